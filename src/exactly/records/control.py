@@ -1,0 +1,70 @@
+"""Control batches: the COMMIT/ABORT transaction markers.
+
+A marker is a one-record batch with the transactional and control attribute bits set, written by
+the broker (never by clients) at the end of a transaction. Key: version int16 = 0, type int16
+(ABORT 0, COMMIT 1). Value: version int16 = 0, coordinator epoch int32. The base sequence is -1:
+markers take no part in the producer's sequence numbering.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from exactly.records.batch import HEADER_SIZE, BatchHeader
+from exactly.records.builder import Record, _read_varint, build_batch
+
+_KEY = struct.Struct(">hh")
+_VALUE = struct.Struct(">hi")
+
+
+class ControlType(enum.IntEnum):
+    ABORT = 0
+    COMMIT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ControlMarker:
+    type: ControlType
+    coordinator_epoch: int
+
+
+def build_control_batch(
+    marker: ControlType,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+    timestamp: int,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    record = Record(key=_KEY.pack(0, int(marker)), value=_VALUE.pack(0, coordinator_epoch))
+    return build_batch(
+        [record],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=-1,
+        transactional=True,
+        control=True,
+        base_timestamp=timestamp,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def read_control_marker(buf: bytes | bytearray | memoryview, header: BatchHeader) -> ControlMarker:
+    """Parse the single control record of a control batch without a full decode."""
+    view = memoryview(buf)
+    pos = header.position + HEADER_SIZE
+    _length, pos = _read_varint(view, pos)
+    pos += 1  # record attributes
+    _ts, pos = _read_varint(view, pos)
+    _off, pos = _read_varint(view, pos)
+    key_len, pos = _read_varint(view, pos)
+    if key_len < 4:
+        raise ValueError("control record key too short")
+    _version, ctype = _KEY.unpack_from(view, pos)
+    pos += key_len
+    val_len, pos = _read_varint(view, pos)
+    coordinator_epoch = _VALUE.unpack_from(view, pos)[1] if val_len >= 6 else -1
+    return ControlMarker(ControlType(ctype), coordinator_epoch)

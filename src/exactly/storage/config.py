@@ -1,0 +1,81 @@
+"""Topic-level log configuration, with Kafka's names and defaults.
+
+Topic configs are stored and described under their Kafka names (``segment.bytes`` ...), so admin
+clients' DescribeConfigs/CreateTopics(configs=...) round-trip unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Kafka name -> (field name, parser)
+_KAFKA_NAMES: dict[str, str] = {
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+    "segment.index.bytes": "segment_index_bytes",
+    "index.interval.bytes": "index_interval_bytes",
+    "retention.bytes": "retention_bytes",
+    "retention.ms": "retention_ms",
+    "flush.messages": "flush_messages",
+    "flush.ms": "flush_ms",
+    "max.message.bytes": "max_message_bytes",
+    "cleanup.policy": "cleanup_policy",
+    "message.timestamp.type": "message_timestamp_type",
+    "min.insync.replicas": "min_insync_replicas",
+}
+
+LONG_MAX = 2**63 - 1
+
+
+class InvalidConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1_073_741_824
+    segment_ms: int = 604_800_000
+    segment_index_bytes: int = 10_485_760
+    index_interval_bytes: int = 4096
+    retention_bytes: int = -1
+    retention_ms: int = 604_800_000
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    max_message_bytes: int = 1_048_588
+    cleanup_policy: str = "delete"
+    message_timestamp_type: str = "CreateTime"
+    min_insync_replicas: int = 1
+
+    @staticmethod
+    def known_names() -> tuple[str, ...]:
+        return tuple(_KAFKA_NAMES)
+
+    def with_overrides(self, overrides: Mapping[str, str | None]) -> LogConfig:
+        """Apply Kafka-named overrides; raises InvalidConfigError for unknown names or values."""
+        changes: dict[str, object] = {}
+        for name, raw in overrides.items():
+            if raw is None:
+                continue
+            attr = _KAFKA_NAMES.get(name)
+            if attr is None:
+                raise InvalidConfigError(f"Unknown topic config name: {name}")
+            current = getattr(self, attr)
+            if isinstance(current, int):
+                try:
+                    changes[attr] = int(raw)
+                except ValueError:
+                    raise InvalidConfigError(f"Invalid value {raw} for configuration {name}") from None
+            else:
+                if name == "cleanup.policy" and raw not in ("delete", "compact", "compact,delete", "delete,compact"):
+                    raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")
+                if name == "message.timestamp.type" and raw not in ("CreateTime", "LogAppendTime"):
+                    raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")
+                changes[attr] = raw
+        if changes.get("segment_bytes", self.segment_bytes) < 14:  # type: ignore[operator]
+            raise InvalidConfigError("segment.bytes must be at least 14")
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def as_kafka_configs(self) -> dict[str, str]:
+        return {name: str(getattr(self, attr)) for name, attr in _KAFKA_NAMES.items()}
