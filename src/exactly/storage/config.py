@@ -68,7 +68,12 @@ class LogConfig:
                 except ValueError:
                     raise InvalidConfigError(f"Invalid value {raw} for configuration {name}") from None
             else:
-                if name == "cleanup.policy" and raw not in ("delete", "compact", "compact,delete", "delete,compact"):
+                if name == "cleanup.policy" and raw not in (
+                    "delete",
+                    "compact",
+                    "compact,delete",
+                    "delete,compact",
+                ):
                     raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")
                 if name == "message.timestamp.type" and raw not in ("CreateTime", "LogAppendTime"):
                     raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# System packages the project needs beyond Python: Java 17 (Spark) and kcat (a C client used by
+# the tests and benchmarks). Installs them with apt when missing and we are root; otherwise says
+# what is missing and carries on (tests that need them skip with that reason).
+set -u
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${missing[*]} with apt-get" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null 2>&1 || true
+  apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || echo "warning: could not install ${missing[*]}" >&2
+else
+  echo "warning: missing ${missing[*]} (install them with apt-get as root)" >&2
+fi
+exit 0

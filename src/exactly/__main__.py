@@ -1,0 +1,5 @@
+import sys
+
+from exactly.cli.main import main
+
+sys.exit(main())

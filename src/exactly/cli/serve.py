@@ -1,0 +1,87 @@
+"""`exactly serve`: run the broker until SIGTERM/SIGINT (clean shutdown) or kill -9 (crash;
+the next start recovers the data directory)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the broker")
+    p.add_argument(
+        "--listen", default=None, help="HOST:PORT to bind (default 127.0.0.1:9092; port 0 picks one)"
+    )
+    p.add_argument("--data-dir", default=None, help="data directory (default ./data, or log.dirs)")
+    p.add_argument(
+        "--config", type=Path, default=None, help="server.properties-style file (Kafka config names)"
+    )
+    p.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="broker config by Kafka name",
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from exactly.server.config import BrokerConfig, ConfigError
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    overrides: dict[str, str] = {}
+    for item in args.override:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"exactly serve: -o expects KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        overrides[key.strip()] = value.strip()
+    if args.listen:
+        overrides["listeners"] = f"PLAINTEXT://{args.listen}"
+    if args.data_dir:
+        overrides["log.dirs"] = args.data_dir
+    try:
+        config = BrokerConfig.load(args.config, overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"exactly serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio still works
+        pass
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: object) -> int:
+    from exactly.server.broker import Broker
+    from exactly.server.config import BrokerConfig
+
+    assert isinstance(config, BrokerConfig)
+    data_dir = Path(config.get("log.dirs").split(",")[0])
+    try:
+        broker = Broker.open(config, data_dir)
+        bound = await broker.start()
+    except OSError as exc:
+        print(f"exactly serve: {exc}", file=sys.stderr)
+        return 1
+    print(f"exactly listening on {bound.host}:{bound.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.shutdown()
+    return 0

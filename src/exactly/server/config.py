@@ -1,0 +1,145 @@
+"""Broker configuration under Kafka's names and defaults.
+
+Users bring their Kafka knowledge: ``-o num.partitions=3`` or a ``server.properties``-style file
+mean what they mean in Kafka. Unknown names are refused at start-up (a typo should not silently
+fall back to a default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exactly.storage.config import LogConfig
+
+_DEFAULTS: dict[str, str] = {
+    "node.id": "0",
+    "listeners": "PLAINTEXT://127.0.0.1:9092",
+    "advertised.listeners": "",
+    "log.dirs": "./data",
+    "num.partitions": "1",
+    "default.replication.factor": "1",
+    "auto.create.topics.enable": "true",
+    "delete.topic.enable": "true",
+    "message.max.bytes": "1048588",
+    "socket.request.max.bytes": "104857600",
+    "log.segment.bytes": "1073741824",
+    "log.roll.ms": "",
+    "log.roll.hours": "168",
+    "log.index.size.max.bytes": "10485760",
+    "log.index.interval.bytes": "4096",
+    "log.retention.bytes": "-1",
+    "log.retention.ms": "",
+    "log.retention.minutes": "",
+    "log.retention.hours": "168",
+    "log.retention.check.interval.ms": "300000",
+    "log.flush.interval.messages": str(2**63 - 1),
+    "log.flush.interval.ms": "",
+    "log.flush.scheduler.interval.ms": str(2**63 - 1),
+    "log.message.timestamp.type": "CreateTime",
+    "min.insync.replicas": "1",
+    "producer.id.expiration.ms": "86400000",
+    "producer.id.expiration.check.interval.ms": "600000",
+    "transaction.max.timeout.ms": "900000",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "10000",
+    "transactional.id.expiration.ms": "604800000",
+    "transaction.state.log.num.partitions": "50",
+    "transaction.state.log.segment.bytes": "104857600",
+    "offsets.topic.num.partitions": "50",
+    "offsets.topic.segment.bytes": "104857600",
+    "offsets.retention.minutes": "10080",
+    "group.initial.rebalance.delay.ms": "3000",
+    "group.min.session.timeout.ms": "6000",
+    "group.max.session.timeout.ms": "1800000",
+    "connections.max.idle.ms": "600000",
+    "metrics.port": "",
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep < 0:
+            raise ConfigError(f"bad config line (expected key=value): {raw!r}")
+        out[line[:sep].strip()] = line[sep + 1 :].strip()
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | None, overrides: Mapping[str, str]) -> BrokerConfig:
+        values = dict(_DEFAULTS)
+        given: dict[str, str] = {}
+        if path is not None:
+            given.update(parse_properties(path.read_text()))
+        given.update(overrides)
+        unknown = sorted(k for k in given if k not in _DEFAULTS)
+        if unknown:
+            raise ConfigError(f"unknown broker config(s): {', '.join(unknown)}")
+        values.update(given)
+        config = cls(values)
+        config.log_config()  # validate numbers early
+        return config
+
+    def get(self, name: str) -> str:
+        return self.values[name]
+
+    def int(self, name: str) -> int:
+        raw = self.values[name]
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+    def bool(self, name: str) -> bool:
+        raw = self.values[name].lower()
+        if raw not in ("true", "false"):
+            raise ConfigError(f"{name} must be true or false, got {raw!r}")
+        return raw == "true"
+
+    @property
+    def node_id(self) -> int:
+        return self.int("node.id")
+
+    def retention_ms(self) -> int:
+        if self.values["log.retention.ms"]:
+            return self.int("log.retention.ms")
+        if self.values["log.retention.minutes"]:
+            return self.int("log.retention.minutes") * 60_000
+        return self.int("log.retention.hours") * 3_600_000
+
+    def flush_ms(self) -> int:
+        if self.values["log.flush.interval.ms"]:
+            return self.int("log.flush.interval.ms")
+        return self.int("log.flush.scheduler.interval.ms")
+
+    def log_config(self) -> LogConfig:
+        """Topic defaults derived from the broker's log.* settings (as Kafka's LogConfig)."""
+        roll_ms = (
+            self.int("log.roll.ms") if self.values["log.roll.ms"] else self.int("log.roll.hours") * 3_600_000
+        )
+        return LogConfig(
+            segment_bytes=self.int("log.segment.bytes"),
+            segment_ms=roll_ms,
+            segment_index_bytes=self.int("log.index.size.max.bytes"),
+            index_interval_bytes=self.int("log.index.interval.bytes"),
+            retention_bytes=self.int("log.retention.bytes"),
+            retention_ms=self.retention_ms(),
+            flush_messages=self.int("log.flush.interval.messages"),
+            flush_ms=self.flush_ms(),
+            max_message_bytes=self.int("message.max.bytes"),
+            message_timestamp_type=self.get("log.message.timestamp.type"),
+            min_insync_replicas=self.int("min.insync.replicas"),
+        )

@@ -1,0 +1,28 @@
+"""ApiVersions (18): advertise exactly the (api, version) ranges the dispatcher accepts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import build
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    from exactly.server.connection import supported_apis
+
+    mod = ctx.api.response_module
+    return build(
+        ctx.api.response_type,
+        error_code=ErrorCode.none,
+        api_keys=tuple(
+            build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
+            for k, (lo, hi) in supported_apis()
+        ),
+        finalized_features_epoch=-1,
+    )

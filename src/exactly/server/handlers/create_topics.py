@@ -1,0 +1,111 @@
+"""CreateTopics (19).
+
+Per-topic errors as Kafka returns them: INVALID_TOPIC_EXCEPTION (illegal name),
+TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS (< 1), INVALID_REPLICATION_FACTOR (anything but 1 on a
+one-broker cluster), INVALID_CONFIG (unknown name or bad value), INVALID_REQUEST (duplicate name
+in one request, manual assignments to brokers that do not exist). validate_only checks without
+creating.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import now_ms, topic_name_error
+from exactly.storage.config import InvalidConfigError
+from exactly.storage.log_manager import TopicExistsError, TopicInfo
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+DEFAULT_CONFIG_SOURCE = 5
+DYNAMIC_TOPIC_CONFIG_SOURCE = 1
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    results = []
+    seen: dict[str, int] = {}
+    for topic in request.topics:
+        seen[topic.name] = seen.get(topic.name, 0) + 1
+    for topic in request.topics:
+        code, message, info = _create_one(broker, topic, seen, request.validate_only)
+        broker.metrics.error(ApiKey.CREATE_TOPICS, code)
+        fields: dict[str, Any] = {"name": topic.name, "error_code": code, "error_message": message}
+        if info is not None:
+            fields.update(
+                topic_id=info.topic_id,
+                num_partitions=info.partitions,
+                replication_factor=1,
+                configs=tuple(
+                    build(
+                        mod.CreatableTopicConfigs,
+                        name=k,
+                        value=v,
+                        read_only=False,
+                        config_source=DYNAMIC_TOPIC_CONFIG_SOURCE
+                        if k in info.overrides
+                        else DEFAULT_CONFIG_SOURCE,
+                        is_sensitive=False,
+                    )
+                    for k, v in sorted(info.config.as_kafka_configs().items())
+                ),
+            )
+        else:
+            fields.update(num_partitions=-1, replication_factor=-1)
+        results.append(build(mod.CreatableTopicResult, **fields))
+    return build(ctx.api.response_type, topics=tuple(results))
+
+
+def _create_one(
+    broker: Broker, topic: Any, seen: dict[str, int], validate_only: bool
+) -> tuple[ErrorCode, str | None, Any]:
+    name = topic.name
+    if seen[name] > 1:
+        return (
+            ErrorCode.invalid_request,
+            f"Create topics request from client contains multiple entries for {name}",
+            None,
+        )
+    problem = topic_name_error(name)
+    if problem is not None:
+        return ErrorCode.invalid_topic_exception, problem, None
+    if broker.logs.topic(name) is not None:
+        return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
+    if topic.assignments:
+        partitions = len(topic.assignments)
+        for a in topic.assignments:
+            if any(b != broker.node_id for b in a.broker_ids):
+                return ErrorCode.invalid_replica_assignment, "Replica assignment names unknown brokers", None
+    else:
+        partitions = broker.num_partitions if topic.num_partitions == -1 else topic.num_partitions
+    if partitions < 1:
+        return ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.", None
+    if topic.replication_factor not in (-1, 1) and not topic.assignments:
+        return (
+            ErrorCode.invalid_replication_factor,
+            f"Unable to replicate the partition {topic.replication_factor} time(s): "
+            "The target replication factor is larger than the number of brokers (1).",
+            None,
+        )
+    overrides = {c.name: c.value for c in topic.configs if c.value is not None}
+    try:
+        config = broker.default_log_config.with_overrides(overrides)
+    except InvalidConfigError as exc:
+        return ErrorCode.invalid_config, str(exc), None
+    if validate_only:
+        return ErrorCode.none, None, TopicInfo(name, uuid.UUID(int=0), partitions, overrides, config, False)
+    try:
+        info = broker.logs.create_topic(name, partitions, overrides, now_ms=now_ms())
+    except TopicExistsError:
+        return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
+    except InvalidConfigError as exc:
+        return ErrorCode.invalid_config, str(exc), None
+    except OSError as exc:
+        return ErrorCode.kafka_storage_error, str(exc), None
+    return ErrorCode.none, None, info

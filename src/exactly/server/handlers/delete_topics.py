@@ -1,0 +1,62 @@
+"""DeleteTopics (20): by name (v1-v5) or by name or id (v6)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import INTERNAL_TOPICS
+from exactly.storage.log_manager import UnknownTopicError
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+ZERO_UUID = uuid.UUID(int=0)
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    if ctx.version >= 6:
+        wanted = [(t.name, t.topic_id) for t in request.topics]
+    else:
+        wanted = [(name, None) for name in request.topic_names]
+    results = []
+    for name, topic_id in wanted:
+        code = ErrorCode.none
+        message = None
+        info = None
+        if name is None and topic_id is not None and topic_id != ZERO_UUID:
+            info = broker.logs.topic_by_id(topic_id)
+            if info is None:
+                code = ErrorCode.unknown_topic_id
+        elif name is not None:
+            info = broker.logs.topic(name)
+            if info is None:
+                code = ErrorCode.unknown_topic_or_partition
+        else:
+            code = ErrorCode.invalid_request
+        if info is not None:
+            if info.name in INTERNAL_TOPICS:
+                code, message = ErrorCode.topic_deletion_disabled, "Internal topics cannot be deleted"
+            elif not broker.config.bool("delete.topic.enable"):
+                code, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
+            else:
+                try:
+                    broker.logs.delete_topic(info.name)
+                except UnknownTopicError:
+                    code = ErrorCode.unknown_topic_or_partition
+        broker.metrics.error(ApiKey.DELETE_TOPICS, code)
+        results.append(
+            build(
+                mod.DeletableTopicResult,
+                name=info.name if info is not None else name,
+                topic_id=info.topic_id if info is not None else (topic_id or ZERO_UUID),
+                error_code=code,
+                error_message=message,
+            )
+        )
+    return build(ctx.api.response_type, responses=tuple(results))

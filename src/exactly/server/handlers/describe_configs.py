@@ -1,0 +1,97 @@
+"""DescribeConfigs (32): topic configs (defaults + overrides) and this broker's configs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_DYNAMIC_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+CONFIG_TYPE_STRING = 2
+CONFIG_TYPE_INT = 3
+CONFIG_TYPE_LONG = 5
+
+
+def _entries(
+    mod: Any, items: dict[str, str], overridden: set[str], keys: Any, override_source: int, synonyms: bool
+) -> tuple[Any, ...]:
+    out = []
+    for name in sorted(items):
+        if keys is not None and name not in keys:
+            continue
+        value = items[name]
+        source = override_source if name in overridden else SOURCE_DEFAULT
+        out.append(
+            build(
+                mod.DescribeConfigsResourceResult,
+                name=name,
+                value=value,
+                read_only=False,
+                config_source=source,
+                is_sensitive=False,
+                synonyms=(build(mod.DescribeConfigsSynonym, name=name, value=value, source=source),)
+                if synonyms
+                else (),
+                config_type=CONFIG_TYPE_LONG if value.lstrip("-").isdigit() else CONFIG_TYPE_STRING,
+                documentation=None,
+            )
+        )
+    return tuple(out)
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    results = []
+    for res in request.resources:
+        keys = None if res.configuration_keys is None else set(res.configuration_keys)
+        code = ErrorCode.none
+        message = None
+        configs: tuple[Any, ...] = ()
+        if res.resource_type == RESOURCE_TOPIC:
+            info = broker.logs.topic(res.resource_name)
+            if info is None:
+                code, message = (
+                    ErrorCode.unknown_topic_or_partition,
+                    f"Topic {res.resource_name} does not exist",
+                )
+            else:
+                configs = _entries(
+                    mod,
+                    info.config.as_kafka_configs(),
+                    set(info.overrides),
+                    keys,
+                    SOURCE_DYNAMIC_TOPIC,
+                    request.include_synonyms,
+                )
+        elif res.resource_type == RESOURCE_BROKER:
+            if res.resource_name not in ("", str(broker.node_id)):
+                code, message = ErrorCode.invalid_request, f"Unknown broker id {res.resource_name}"
+            else:
+                values = dict(broker.config.values)
+                configs = _entries(
+                    mod, values, set(values), keys, SOURCE_STATIC_BROKER, request.include_synonyms
+                )
+        else:
+            code, message = ErrorCode.invalid_request, f"Unsupported resource type {res.resource_type}"
+        broker.metrics.error(ApiKey.DESCRIBE_CONFIGS, code)
+        results.append(
+            build(
+                mod.DescribeConfigsResult,
+                error_code=code,
+                error_message=message,
+                resource_type=res.resource_type,
+                resource_name=res.resource_name,
+                configs=configs,
+            )
+        )
+    return build(ctx.api.response_type, results=tuple(results))

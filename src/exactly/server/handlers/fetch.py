@@ -1,0 +1,129 @@
+"""Fetch (1), v4+: whole batches up to the high watermark (read_uncommitted) or the last stable
+offset (read_committed, with the aborted transactions overlapping the returned range).
+
+Limits follow Kafka (KIP-74): partitions are served in request order, each up to
+min(partition_max_bytes, what is left of max_bytes); the first batch of the first non-empty
+partition is returned even when it exceeds the limits, so a consumer can always make progress.
+
+Long poll: when fewer than min_bytes are available, the request waits (up to max_wait) for an
+append to any of its partitions, then reads again.
+
+Fetch sessions (KIP-227): the broker never creates one (answers session id 0), which clients
+treat as "keep sending full fetches"; a request naming an unknown session gets
+FETCH_SESSION_ID_NOT_FOUND as in Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.storage.partition_log import OffsetOutOfRangeError
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+READ_COMMITTED = 1
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    if request.session_epoch > 0 or (request.session_id != 0 and request.session_epoch != -1):
+        broker.metrics.error(ApiKey.FETCH, ErrorCode.fetch_session_id_not_found)
+        return build(ctx.api.response_type, error_code=ErrorCode.fetch_session_id_not_found, session_id=0)
+    max_wait_s = max(request.max_wait.total_seconds(), 0.0)
+    deadline = time.monotonic() + max_wait_s
+    tps = [TopicPartition(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    while True:
+        responses, total, errors = _read_all(broker, mod, request)
+        remaining = deadline - time.monotonic()
+        if total >= request.min_bytes or errors or remaining <= 0 or not tps:
+            break
+        await broker.waiters.wait(tps, remaining)
+        if time.monotonic() >= deadline:
+            responses, total, errors = _read_all(broker, mod, request)
+            break
+    return build(ctx.api.response_type, error_code=ErrorCode.none, session_id=0, responses=tuple(responses))
+
+
+def _read_all(broker: Broker, mod: Any, request: Any) -> tuple[list[Any], int, bool]:
+    read_committed = request.isolation_level == READ_COMMITTED
+    remaining = request.max_bytes
+    min_one = True
+    total = 0
+    errors = False
+    out = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            plog = broker.partition(topic.topic, p.partition)
+            if plog is None:
+                errors = True
+                broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_topic_or_partition)
+                parts.append(
+                    build(
+                        mod.PartitionData,
+                        partition_index=p.partition,
+                        error_code=ErrorCode.unknown_topic_or_partition,
+                        high_watermark=-1,
+                        last_stable_offset=-1,
+                        log_start_offset=-1,
+                        aborted_transactions=None,
+                        preferred_read_replica=-1,
+                        records=None,
+                    )
+                )
+                continue
+            limit = max(min(p.partition_max_bytes, remaining), 0)
+            try:
+                result = plog.read(
+                    p.fetch_offset, limit, read_committed=read_committed, min_one_batch=min_one
+                )
+            except OffsetOutOfRangeError:
+                errors = True
+                broker.metrics.error(ApiKey.FETCH, ErrorCode.offset_out_of_range)
+                parts.append(
+                    build(
+                        mod.PartitionData,
+                        partition_index=p.partition,
+                        error_code=ErrorCode.offset_out_of_range,
+                        high_watermark=plog.high_watermark,
+                        last_stable_offset=plog.last_stable_offset,
+                        log_start_offset=plog.log_start_offset,
+                        aborted_transactions=None,
+                        preferred_read_replica=-1,
+                        records=None,
+                    )
+                )
+                continue
+            size = len(result.records)
+            if size:
+                min_one = False
+                remaining -= size
+                total += size
+            aborted = None
+            if read_committed:
+                aborted = tuple(
+                    build(mod.AbortedTransaction, producer_id=a.producer_id, first_offset=a.first_offset)
+                    for a in (result.aborted_transactions or ())
+                )
+            parts.append(
+                build(
+                    mod.PartitionData,
+                    partition_index=p.partition,
+                    error_code=ErrorCode.none,
+                    high_watermark=result.high_watermark,
+                    last_stable_offset=result.last_stable_offset,
+                    log_start_offset=result.log_start_offset,
+                    aborted_transactions=aborted,
+                    preferred_read_replica=-1,
+                    records=result.records,
+                )
+            )
+        out.append(build(mod.FetchableTopicResponse, topic=topic.topic, partitions=tuple(parts)))
+    return out, total, errors

@@ -1,0 +1,175 @@
+"""Metadata (3): brokers (just us), and topics with their partitions, all led by us.
+
+The request is parsed by hand rather than by kio because librdkafka's "all topics" request at
+v9+ carries stray bytes that look like an unknown tagged field (kio raises on those; Kafka
+ignores unknown tags and trailing bytes). Parsing it by hand also keeps this frequent request
+cheap.
+
+Auto-creation: a named, unknown topic is created with num.partitions when the request allows it
+(v4+: allow_auto_topic_creation; before v4 always) and auto.create.topics.enable is true. Kafka
+answers such a topic with LEADER_NOT_AVAILABLE until its leader is elected; ours is ready at
+once, so we answer with its partitions.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.protocol.header import read_uvarint, skip_tagged_fields
+from exactly.server.broker import INTERNAL_TOPICS, topic_name_error
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequestData:
+    topics: tuple[tuple[str | None, uuid.UUID | None], ...] | None  # None: all topics
+    allow_auto_topic_creation: bool
+
+
+def parse_request(buf: bytes, pos: int, version: int) -> MetadataRequestData:
+    flexible = version >= 9
+    topics: list[tuple[str | None, uuid.UUID | None]] | None
+    if flexible:
+        n, pos = read_uvarint(buf, pos)
+        count = n - 1
+    else:
+        count = _I32.unpack_from(buf, pos)[0]
+        pos += 4
+    if count < 0 or (version == 0 and count == 0):
+        topics = None
+    else:
+        topics = []
+        for _ in range(count):
+            topic_id: uuid.UUID | None = None
+            if version >= 10:
+                raw = bytes(buf[pos : pos + 16])
+                if len(raw) != 16:
+                    raise ValueError("truncated topic id")
+                pos += 16
+                topic_id = uuid.UUID(bytes=raw)
+                if topic_id.int == 0:
+                    topic_id = None
+            if flexible:
+                n, pos = read_uvarint(buf, pos)
+                if n == 0:
+                    name = None
+                else:
+                    name = buf[pos : pos + n - 1].decode()
+                    pos += n - 1
+                pos = skip_tagged_fields(buf, pos)
+            else:
+                length = _I16.unpack_from(buf, pos)[0]
+                pos += 2
+                name = buf[pos : pos + length].decode()
+                pos += length
+            topics.append((name, topic_id))
+    allow_auto = True
+    if version >= 4 and pos < len(buf):
+        allow_auto = buf[pos] != 0
+    # The remaining fields (authorized-operations flags, tagged fields, librdkafka's stray
+    # bytes) do not change our answer; like Kafka we do not insist on them.
+    return MetadataRequestData(None if topics is None else tuple(topics), allow_auto)
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestData) -> Any:
+    mod = ctx.api.response_module
+    adv = broker.advertised
+    assert adv is not None
+    logs = broker.logs
+    topic_results = []
+    names: list[tuple[str | None, uuid.UUID | None]]
+    if request.topics is None:
+        names = [(name, None) for name in sorted(logs.topics())]
+    else:
+        names = list(request.topics)
+    for name, topic_id in names:
+        info = None
+        if name is None and topic_id is not None:
+            info = logs.topic_by_id(topic_id)
+            if info is None:
+                topic_results.append(
+                    build(
+                        mod.MetadataResponseTopic,
+                        error_code=ErrorCode.unknown_topic_id,
+                        name=None,
+                        topic_id=topic_id,
+                    )
+                )
+                broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_id)
+                continue
+            name = info.name
+        assert name is not None
+        if info is None:
+            info = logs.topic(name)
+        if info is None and request.topics is not None:
+            if topic_name_error(name) is not None:
+                topic_results.append(_error_topic(mod, name, ErrorCode.invalid_topic_exception))
+                broker.metrics.error(ApiKey.METADATA, ErrorCode.invalid_topic_exception)
+                continue
+            if request.allow_auto_topic_creation:
+                info = broker.auto_create(name)
+        if info is None:
+            topic_results.append(_error_topic(mod, name, ErrorCode.unknown_topic_or_partition))
+            broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_or_partition)
+            continue
+        partitions = tuple(
+            build(
+                mod.MetadataResponsePartition,
+                error_code=ErrorCode.none,
+                partition_index=i,
+                leader_id=broker.node_id,
+                leader_epoch=0,
+                replica_nodes=(broker.node_id,),
+                isr_nodes=(broker.node_id,),
+                offline_replicas=(),
+            )
+            for i in range(info.partitions)
+        )
+        topic_results.append(
+            build(
+                mod.MetadataResponseTopic,
+                error_code=ErrorCode.none,
+                name=info.name,
+                topic_id=info.topic_id,
+                is_internal=info.name in INTERNAL_TOPICS,
+                partitions=partitions,
+                topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            )
+        )
+    return build(
+        ctx.api.response_type,
+        brokers=(
+            build(
+                mod.MetadataResponseBroker, node_id=broker.node_id, host=adv.host, port=adv.port, rack=None
+            ),
+        ),
+        cluster_id=broker.logs.cluster_id,
+        controller_id=broker.node_id,
+        topics=tuple(topic_results),
+        cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+    )
+
+
+def _error_topic(mod: Any, name: str, code: ErrorCode) -> Any:
+    return build(
+        mod.MetadataResponseTopic,
+        error_code=code,
+        name=name,
+        topic_id=uuid.UUID(int=0),
+        is_internal=False,
+        partitions=(),
+        topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+    )

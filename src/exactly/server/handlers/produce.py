@@ -1,0 +1,105 @@
+"""Produce (0): validate each partition's single v2 batch in place, append, answer.
+
+No record is decoded: ``validate_produce_records`` reads the 61-byte header and checks the CRC,
+``PartitionLog.append`` patches the base offset and asks producer state whether the batch is a
+duplicate (ack with the original offset, write nothing), out of order (45) or fenced (47).
+
+Errors per partition as Kafka returns them; one partition's failure does not affect the others.
+acks must be 0, 1 or -1 (INVALID_REQUIRED_ACKS otherwise); acks=0 gets no response at all. With a
+single broker the high watermark moves with the log end offset, so acks=1 and acks=all are
+answered the same way (everything in the ISR has it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.records.batch import InvalidRecordError, validate_produce_records
+from exactly.server.broker import INTERNAL_TOPICS, now_ms
+from exactly.storage.producer_state import ProducerStateError
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+log = logging.getLogger("exactly.produce")
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    acks = request.acks
+    now = now_ms()
+    metrics = broker.metrics
+    topics_out = []
+    for topic in request.topic_data:
+        name = topic.name
+        parts_out = []
+        for pdata in topic.partition_data:
+            if acks not in (0, 1, -1):
+                code, message, result = ErrorCode.invalid_required_acks, None, None
+            else:
+                code, message, result = _append(broker, name, pdata.index, pdata.records, request, now)
+            metrics.error(ApiKey.PRODUCE, code)
+            if result is None:
+                parts_out.append(
+                    build(
+                        mod.PartitionProduceResponse,
+                        index=pdata.index,
+                        error_code=code,
+                        base_offset=-1,
+                        log_append_time=None,
+                        log_start_offset=-1,
+                        error_message=message,
+                    )
+                )
+            else:
+                parts_out.append(
+                    build(
+                        mod.PartitionProduceResponse,
+                        index=pdata.index,
+                        error_code=ErrorCode.none,
+                        base_offset=result.first_offset,
+                        log_append_time=None,
+                        log_start_offset=result.log_start_offset,
+                    )
+                )
+        topics_out.append(build(mod.TopicProduceResponse, name=name, partition_responses=tuple(parts_out)))
+    if acks == 0:
+        return None
+    return build(ctx.api.response_type, responses=tuple(topics_out))
+
+
+def _append(
+    broker: Broker, topic: str, partition: int, records: bytes | None, request: Any, now: int
+) -> tuple[ErrorCode, str | None, Any]:
+    plog = broker.partition(topic, partition)
+    if plog is None:
+        return ErrorCode.unknown_topic_or_partition, None, None
+    if topic in INTERNAL_TOPICS:
+        return ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {topic}", None
+    if records is None:
+        return ErrorCode.invalid_record, "produce request has no records", None
+    try:
+        header = validate_produce_records(records)
+        if header.is_transactional and request.transactional_id is None:
+            return ErrorCode.invalid_record, "transactional batch without a transactional id", None
+        result = plog.append(bytearray(records), header, leader_epoch=0, now_ms=now)
+    except InvalidRecordError as exc:
+        log.info("rejected batch for %s-%d: %s", topic, partition, exc)
+        return exc.error_code, str(exc), None
+    except ProducerStateError as exc:
+        log.info("rejected batch for %s-%d: %s", topic, partition, exc)
+        return exc.error_code, str(exc), None
+    except OSError as exc:
+        log.error("storage error appending to %s-%d: %s", topic, partition, exc)
+        return ErrorCode.kafka_storage_error, str(exc), None
+    if result.duplicate:
+        broker.metrics.duplicate_batches += 1
+    else:
+        broker.metrics.messages_in += header.record_count
+        broker.after_append(plog)
+    return ErrorCode.none, None, result
