@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 CATEGORIES = ("books", "electronics", "garden", "grocery", "toys")
 TOPIC = "order-completed"
@@ -88,7 +88,7 @@ def main(orders: int = 20_000) -> int:
                 for msg in consumer.consume(1000, timeout=1.0):
                     if msg.error():
                         continue
-                    event = json.loads(msg.value())
+                    event = json.loads(msg.value() or b"{}")
                     totals[event["category"]] += event["amount"]
                     seen += 1
             consumer.close()

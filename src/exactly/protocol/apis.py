@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import functools
 import io
 import types
 import typing
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -60,7 +62,7 @@ class ApiKey(enum.IntEnum):
 
 # (min, max) versions the broker accepts. Only APIs with a registered handler are advertised
 # (see server.dispatch); this table caps versions to what the handlers implement.
-VERSION_RANGES: dict[ApiKey, tuple[int, int]] = {
+VERSION_RANGES: dict[int, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 11),
     ApiKey.FETCH: (4, 12),
     ApiKey.LIST_OFFSETS: (1, 7),
@@ -160,15 +162,28 @@ _ZERO_BY_KAFKA_TYPE: dict[str, Any] = {
 }
 
 
-@cache
+def _const(value: Any) -> Any:
+    return value
+
+
+_PLANS: dict[type[Any], tuple[tuple[str, Callable[[], Any]], ...]] = {}
+
+
 def _field_plan(cls: type[Any]) -> tuple[tuple[str, Callable[[], Any]], ...]:
     """For each field of ``cls``: its name and a factory for its value when not given."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _make_plan(cls)
+    return plan
+
+
+def _make_plan(cls: type[Any]) -> tuple[tuple[str, Callable[[], Any]], ...]:
     hints = typing.get_type_hints(cls)
     plan: list[tuple[str, Callable[[], Any]]] = []
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING:
             default = f.default
-            plan.append((f.name, lambda d=default: d))
+            plan.append((f.name, functools.partial(_const, default)))
             continue
         if f.default_factory is not dataclasses.MISSING:
             plan.append((f.name, f.default_factory))
@@ -177,19 +192,17 @@ def _field_plan(cls: type[Any]) -> tuple[tuple[str, Callable[[], Any]], ...]:
         if kafka_type is not None:
             zero = _ZERO_BY_KAFKA_TYPE.get(kafka_type)
             if kafka_type == "uuid":
-                import uuid
-
                 zero = uuid.UUID(int=0)
-            plan.append((f.name, lambda z=zero: z))
+            plan.append((f.name, functools.partial(_const, zero)))
             continue
         hint = hints[f.name]
         origin = typing.get_origin(hint)
         if origin is tuple:
             plan.append((f.name, tuple))
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            plan.append((f.name, lambda h=hint: build(h)))
+            plan.append((f.name, functools.partial(build, hint)))
         else:
-            plan.append((f.name, lambda: None))
+            plan.append((f.name, functools.partial(_const, None)))
     return tuple(plan)
 
 

@@ -90,7 +90,37 @@ class BatchHeader:
     @classmethod
     def parse(cls, buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
         """Read a header at ``position``; the caller guarantees 61 bytes are there."""
-        return cls(*_HEADER.unpack_from(buf, position), position)
+        (
+            base_offset,
+            batch_length,
+            leader_epoch,
+            magic,
+            crc,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            record_count,
+        ) = _HEADER.unpack_from(buf, position)
+        return cls(
+            base_offset,
+            batch_length,
+            leader_epoch,
+            magic,
+            crc,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            record_count,
+            position,
+        )
 
     @property
     def size(self) -> int:

@@ -117,9 +117,9 @@ class Broker:
         self.producer_ids = ProducerIdManager(data_dir / "producer-id-block")
         self.listen = parse_listener(config.get("listeners"))
         self.advertised: Endpoint | None = None
-        self.max_request_size = config.int("socket.request.max.bytes")
-        self.auto_create_topics = config.bool("auto.create.topics.enable")
-        self.num_partitions = config.int("num.partitions")
+        self.max_request_size = config.get_int("socket.request.max.bytes")
+        self.auto_create_topics = config.get_bool("auto.create.topics.enable")
+        self.num_partitions = config.get_int("num.partitions")
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -183,7 +183,7 @@ class Broker:
         return bound
 
     async def _maintenance_loop(self) -> None:
-        interval = min(self.config.int("log.retention.check.interval.ms"), 10_000) / 1000
+        interval = min(self.config.get_int("log.retention.check.interval.ms"), 10_000) / 1000
         while True:
             await asyncio.sleep(interval)
             try:

@@ -96,14 +96,14 @@ class BrokerConfig:
     def get(self, name: str) -> str:
         return self.values[name]
 
-    def int(self, name: str) -> int:
+    def get_int(self, name: str) -> int:
         raw = self.values[name]
         try:
             return int(raw)
         except ValueError:
             raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
 
-    def bool(self, name: str) -> bool:
+    def get_bool(self, name: str) -> bool:
         raw = self.values[name].lower()
         if raw not in ("true", "false"):
             raise ConfigError(f"{name} must be true or false, got {raw!r}")
@@ -111,35 +111,35 @@ class BrokerConfig:
 
     @property
     def node_id(self) -> int:
-        return self.int("node.id")
+        return self.get_int("node.id")
 
     def retention_ms(self) -> int:
         if self.values["log.retention.ms"]:
-            return self.int("log.retention.ms")
+            return self.get_int("log.retention.ms")
         if self.values["log.retention.minutes"]:
-            return self.int("log.retention.minutes") * 60_000
-        return self.int("log.retention.hours") * 3_600_000
+            return self.get_int("log.retention.minutes") * 60_000
+        return self.get_int("log.retention.hours") * 3_600_000
 
     def flush_ms(self) -> int:
         if self.values["log.flush.interval.ms"]:
-            return self.int("log.flush.interval.ms")
-        return self.int("log.flush.scheduler.interval.ms")
+            return self.get_int("log.flush.interval.ms")
+        return self.get_int("log.flush.scheduler.interval.ms")
 
     def log_config(self) -> LogConfig:
         """Topic defaults derived from the broker's log.* settings (as Kafka's LogConfig)."""
         roll_ms = (
-            self.int("log.roll.ms") if self.values["log.roll.ms"] else self.int("log.roll.hours") * 3_600_000
+            self.get_int("log.roll.ms") if self.values["log.roll.ms"] else self.get_int("log.roll.hours") * 3_600_000
         )
         return LogConfig(
-            segment_bytes=self.int("log.segment.bytes"),
+            segment_bytes=self.get_int("log.segment.bytes"),
             segment_ms=roll_ms,
-            segment_index_bytes=self.int("log.index.size.max.bytes"),
-            index_interval_bytes=self.int("log.index.interval.bytes"),
-            retention_bytes=self.int("log.retention.bytes"),
+            segment_index_bytes=self.get_int("log.index.size.max.bytes"),
+            index_interval_bytes=self.get_int("log.index.interval.bytes"),
+            retention_bytes=self.get_int("log.retention.bytes"),
             retention_ms=self.retention_ms(),
-            flush_messages=self.int("log.flush.interval.messages"),
+            flush_messages=self.get_int("log.flush.interval.messages"),
             flush_ms=self.flush_ms(),
-            max_message_bytes=self.int("message.max.bytes"),
+            max_message_bytes=self.get_int("message.max.bytes"),
             message_timestamp_type=self.get("log.message.timestamp.type"),
-            min_insync_replicas=self.int("min.insync.replicas"),
+            min_insync_replicas=self.get_int("min.insync.replicas"),
         )

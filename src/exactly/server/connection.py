@@ -123,7 +123,7 @@ async def dispatch(broker: Broker, payload: bytes, peer: str) -> bytes | None:
     handler = HANDLERS.get(key)
     if handler is None:
         raise CloseConnection(f"unknown or unsupported API key {key}")
-    lo, hi = VERSION_RANGES[ApiKey(key)]
+    lo, hi = VERSION_RANGES[key]
     if not lo <= header.api_version <= hi:
         if key == ApiKey.API_VERSIONS:
             broker.metrics.error(key, ErrorCode.unsupported_version)

@@ -1,29 +1,62 @@
 """All partitions of one broker's data directory (Kafka's LogManager).
 
-CONTRACT STUB — the public API below is fixed; the implementation is being written.
-
 Layout of ``data_dir``::
 
     meta.properties                       broker/cluster id
     topics.json                           topic name -> id, partition count, config overrides
                                           (written atomically: tmp + fsync + rename)
-    recovery-point-offset-checkpoint      per partition recovery point (clean shutdown)
+    recovery-point-offset-checkpoint      per partition recovery point
     .clean_shutdown                       present only after a clean close
     <topic>-<partition>/                  one PartitionLog each
 
 Topics named ``__consumer_offsets`` / ``__transaction_state`` are ordinary topics here.
+
+Theory of operation
+-------------------
+A partition's *recovery point* is the offset below which its data was fsynced. The checkpoint
+file holds the recovery points as of the last checkpoint: written by ``run_maintenance``
+periodically (it only ever records flushed data, because recovery points only move on flush) and by
+``close`` after every partition was flushed. Opening a partition validates everything after its
+checkpointed recovery point, so after ``kill -9`` only the unflushed tail is scanned; a partition
+missing from the checkpoint is validated from its start.
+
+The ``.clean_shutdown`` marker is written last by ``close`` and removed as soon as the logs are
+open, so its presence at start-up means the previous process shut down cleanly (every recovery
+point then equals its log end offset and recovery reads nothing). ``had_clean_shutdown`` reports it.
+
+Topic metadata changes write topics.json *before* touching partition directories: a crash in
+between leaves either a listed topic whose missing directories are created on open, or unlisted
+directories that start-up deletes.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
+import re
+import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
+from exactly.storage.checkpoint import atomic_write, read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+META_PROPERTIES = "meta.properties"
+TOPICS_FILE = "topics.json"
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
+DEFAULT_CHECKPOINT_INTERVAL_MS = 60_000  # Kafka's log.flush.offset.checkpoint.interval.ms
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 
 class TopicExistsError(Exception):
@@ -32,6 +65,14 @@ class TopicExistsError(Exception):
 
 class UnknownTopicError(Exception):
     pass
+
+
+class InvalidTopicError(ValueError):
+    """A topic name Kafka would refuse (INVALID_TOPIC_EXCEPTION)."""
+
+
+class InvalidPartitionsError(ValueError):
+    """A partition count below 1 (INVALID_PARTITIONS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,49 +85,214 @@ class TopicInfo:
     internal: bool
 
 
+def validate_topic_name(name: str) -> None:
+    """Kafka's Topic.validate: 1..249 chars of [a-zA-Z0-9._-], not '.' or '..'."""
+    if not name or name in (".", ".."):
+        raise InvalidTopicError(f"Topic name {name!r} is illegal")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(f"Topic name {name!r} is longer than {MAX_TOPIC_NAME_LENGTH} characters")
+    if not _LEGAL_TOPIC.match(name):
+        raise InvalidTopicError(
+            f"Topic name {name!r} contains characters other than ASCII alphanumerics, '.', '_', '-'"
+        )
+
+
+def new_cluster_id() -> str:
+    """Kafka's Uuid.randomUuid().toString(): URL-safe base64 of 16 random bytes, no padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
 class LogManager:
-    def __init__(self, data_dir: Path, default_config: LogConfig, *, now_ms: int) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        default_config: LogConfig,
+        *,
+        now_ms: int,
+        checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS,
+    ) -> None:
         """Open every topic found in topics.json, recovering partitions (the recovery point
         comes from the checkpoint; after an unclean shutdown everything after it is validated)."""
-        raise NotImplementedError
+        self.data_dir = data_dir
+        self.default_config = default_config
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._cluster_id = self._load_or_create_meta()
+        marker = data_dir / CLEAN_SHUTDOWN_MARKER
+        self.had_clean_shutdown = marker.exists()
+        if not self.had_clean_shutdown:
+            log.warning("%s was not shut down cleanly: validating unflushed data", data_dir)
+        self._topics: dict[str, TopicInfo] = self._load_topics()
+        self._logs: dict[TopicPartition, PartitionLog] = {}
+        recovery_points = read_offset_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT) or {}
+        self._remove_orphan_directories()
+        for info in self._topics.values():
+            for partition in range(info.partitions):
+                tp = TopicPartition(info.name, partition)
+                self._logs[tp] = PartitionLog.open(
+                    self._partition_dir(tp),
+                    tp,
+                    info.config,
+                    recovery_point=recovery_points.get(tp),
+                    now_ms=now_ms,
+                )
+        # From here on a crash is an unclean shutdown.
+        marker.unlink(missing_ok=True)
+        self._last_checkpoint_ms = now_ms
+        self._closed = False
 
+    # --- metadata files ------------------------------------------------------------------
+    def _load_or_create_meta(self) -> str:
+        path = self.data_dir / META_PROPERTIES
+        if path.exists():
+            for line in path.read_text().splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "cluster.id" and value.strip():
+                    return value.strip()
+        cluster_id = new_cluster_id()
+        atomic_write(path, f"version=0\nbroker.id=0\ncluster.id={cluster_id}\n".encode())
+        return cluster_id
+
+    def _load_topics(self) -> dict[str, TopicInfo]:
+        path = self.data_dir / TOPICS_FILE
+        if not path.exists():
+            return {}
+        doc = json.loads(path.read_text())
+        topics: dict[str, TopicInfo] = {}
+        for name, entry in doc["topics"].items():
+            overrides = {str(k): str(v) for k, v in entry.get("configs", {}).items()}
+            topics[name] = TopicInfo(
+                name=name,
+                topic_id=uuid.UUID(entry["id"]),
+                partitions=int(entry["partitions"]),
+                overrides=MappingProxyType(overrides),
+                config=self.default_config.with_overrides(overrides),
+                internal=bool(entry.get("internal", False)),
+            )
+        return topics
+
+    def _write_topics(self) -> None:
+        doc = {
+            "version": 1,
+            "topics": {
+                info.name: {
+                    "id": str(info.topic_id),
+                    "partitions": info.partitions,
+                    "configs": dict(info.overrides),
+                    "internal": info.internal,
+                }
+                for info in self._topics.values()
+            },
+        }
+        atomic_write(self.data_dir / TOPICS_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+    def _partition_dir(self, tp: TopicPartition) -> Path:
+        return self.data_dir / f"{tp.topic}-{tp.partition}"
+
+    def _remove_orphan_directories(self) -> None:
+        """Partition directories of topics that are not listed (a delete interrupted by a crash)."""
+        for path in self.data_dir.iterdir():
+            match = _PARTITION_DIR.match(path.name)
+            if not (path.is_dir() and match):
+                continue
+            topic, partition = match.group(1), int(match.group(2))
+            info = self._topics.get(topic)
+            if info is None or partition >= info.partitions:
+                log.warning("deleting %s: no such topic partition in %s", path, TOPICS_FILE)
+                shutil.rmtree(path, ignore_errors=True)
+
+    # --- topics ----------------------------------------------------------------------------
     @property
     def cluster_id(self) -> str:
-        raise NotImplementedError
+        return self._cluster_id
 
     def topics(self) -> dict[str, TopicInfo]:
-        raise NotImplementedError
+        return dict(self._topics)
 
     def topic(self, name: str) -> TopicInfo | None:
-        raise NotImplementedError
+        return self._topics.get(name)
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicInfo | None:
-        raise NotImplementedError
+        for info in self._topics.values():
+            if info.topic_id == topic_id:
+                return info
+        return None
 
     def create_topic(
         self, name: str, partitions: int, overrides: Mapping[str, str], *, now_ms: int, internal: bool = False
     ) -> TopicInfo:
-        """Raises TopicExistsError, InvalidConfigError (bad overrides)."""
-        raise NotImplementedError
+        """Raises TopicExistsError, InvalidConfigError (bad overrides), InvalidTopicError,
+        InvalidPartitionsError."""
+        if name in self._topics:
+            raise TopicExistsError(f"Topic '{name}' already exists.")
+        validate_topic_name(name)
+        if partitions < 1:
+            raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {partitions}")
+        clean = {k: str(v) for k, v in overrides.items() if v is not None}
+        config = self.default_config.with_overrides(clean)
+        info = TopicInfo(
+            name=name,
+            topic_id=uuid.uuid4(),
+            partitions=partitions,
+            overrides=MappingProxyType(clean),
+            config=config,
+            internal=internal,
+        )
+        self._topics[name] = info
+        self._write_topics()
+        for partition in range(partitions):
+            tp = TopicPartition(name, partition)
+            directory = self._partition_dir(tp)
+            shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
+            self._logs[tp] = PartitionLog.open(directory, tp, config, recovery_point=0, now_ms=now_ms)
+        return info
 
     def delete_topic(self, name: str) -> TopicInfo:
         """Close and delete the topic's partitions. Raises UnknownTopicError."""
-        raise NotImplementedError
+        info = self._topics.pop(name, None)
+        if info is None:
+            raise UnknownTopicError(f"Topic '{name}' does not exist.")
+        self._write_topics()
+        for partition in range(info.partitions):
+            partition_log = self._logs.pop(TopicPartition(name, partition), None)
+            if partition_log is not None:
+                partition_log.delete()
+        return info
 
     def get_partition(self, tp: TopicPartition) -> PartitionLog | None:
-        raise NotImplementedError
+        return self._logs.get(tp)
 
     def partitions(self) -> Iterator[PartitionLog]:
-        raise NotImplementedError
+        return iter(list(self._logs.values()))
 
+    # --- maintenance -----------------------------------------------------------------------
     def run_maintenance(self, now_ms: int) -> None:
-        """Periodic: segment roll by age, retention, flush.ms, producer-id expiration."""
-        raise NotImplementedError
+        """Periodic: segment roll by age, retention, flush.ms, fsync of rolled segments,
+        producer-id expiration, and the recovery-point checkpoint every checkpoint interval."""
+        for partition_log in list(self._logs.values()):
+            partition_log.maybe_roll(now_ms)
+            partition_log.apply_retention(now_ms)
+            partition_log.maybe_flush(now_ms)
+            partition_log.flush_rolled_segments()
+            partition_log.producer_state.remove_expired_producers(now_ms)
+        if now_ms - self._last_checkpoint_ms >= self.checkpoint_interval_ms:
+            self.checkpoint_recovery_points()
+            self._last_checkpoint_ms = now_ms
 
     def checkpoint_recovery_points(self) -> None:
-        raise NotImplementedError
+        """Write every partition's recovery point (flushed data only, by construction)."""
+        write_offset_checkpoint(
+            self.data_dir / RECOVERY_POINT_CHECKPOINT,
+            {tp: partition_log.recovery_point for tp, partition_log in self._logs.items()},
+        )
 
     def close(self) -> None:
         """Clean shutdown: close every partition (flush + producer snapshot), write the recovery
         checkpoint and the clean-shutdown marker."""
-        raise NotImplementedError
+        if self._closed:
+            return
+        for partition_log in self._logs.values():
+            partition_log.close()
+        self.checkpoint_recovery_points()
+        atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
+        self._closed = True

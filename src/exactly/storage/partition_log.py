@@ -1,21 +1,73 @@
-"""One partition's log: segments, indexes, producer state, transaction index, offsets.
-
-CONTRACT STUB — the public API below is fixed; the implementation is being written.
+"""One partition's log: segments, indexes, producer state, transaction index, offsets
+(Kafka's UnifiedLog + LocalLog).
 
 The server calls only what is here (and LogManager). Everything is synchronous (sans-IO with
 respect to the network: plain file I/O, no asyncio); appends to one partition are serialised by
 the single event loop.
+
+Theory of operation
+-------------------
+*Append* (the hot path) touches only the 61-byte batch header: check max.message.bytes, patch the
+base offset and partition leader epoch in place (both lie outside the CRC), stage the producer-state
+change (``prepare_append``; a duplicate returns the original offsets and writes nothing), roll the
+active segment if the batch does not fit, ``pwrite`` the bytes, then apply the staged change
+(prepare -> persist -> complete). A COMMIT/ABORT marker completes a transaction: an aborted one
+gets a transaction-index entry, and the first unstable offset (which holds back the LSO) moves.
+Nothing is fsynced unless flush.messages says so; durability comes from ``flush`` (flush.ms via
+the log manager, segment roll via ``flush_rolled_segments``, close).
+
+*Read* finds the segment by base offset, the batch containing the fetch offset via the sparse
+index, and returns whole batches with one ``pread`` up to the high watermark (or the LSO for
+read_committed) and max_bytes, or at least one batch.
+
+Offsets
+-------
+``log_start_offset <= last_stable_offset <= high_watermark <= log_end_offset`` and
+``log_start_offset <= recovery_point <= log_end_offset``. The high watermark is separate from the
+log end offset so replication can hold it back later; a single broker advances it right after each
+append (``update_high_watermark``) and, on open, sets it to the recovered log end (everything that
+survived on a single broker's disk was acknowledged or is acknowledgeable).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactly.records.batch import BatchHeader
+from kio.schema.errors import ErrorCode
+
+from exactly.records.batch import (
+    ATTRIBUTES_OFFSET,
+    CRC_OFFSET,
+    HEADER_SIZE,
+    MAX_TIMESTAMP_OFFSET,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+    InvalidRecordError,
+    compute_crc,
+    iter_batches,
+    patch_base_offset,
+    patch_partition_leader_epoch,
+)
+from exactly.records.control import ControlType, read_control_marker
 from exactly.storage.config import LogConfig
-from exactly.storage.producer_state import AppendOrigin, ProducerStateEntry
+from exactly.storage.leader_epoch import LeaderEpochCache
+from exactly.storage.log_loader import LoadResult, load_log, new_segment
+from exactly.storage.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    AppendOrigin,
+    DuplicateBatch,
+    ProducerStateEntry,
+    ProducerStateManager,
+)
+from exactly.storage.segment import LogSegment
+from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
+
+_MAX_RELATIVE_OFFSET = 2**31 - 1  # Kafka keeps relative offsets within an Int32
 
 
 class OffsetOutOfRangeError(Exception):
@@ -47,9 +99,37 @@ class ReadResult:
 
 
 class PartitionLog:
+    """See the module docstring. Create with ``open``."""
+
     tp: TopicPartition
     directory: Path
     config: LogConfig
+
+    def __init__(
+        self,
+        directory: Path,
+        tp: TopicPartition,
+        config: LogConfig,
+        *,
+        loaded: LoadResult,
+        producer_state: ProducerStateManager,
+        leader_epochs: LeaderEpochCache,
+        now_ms: int,
+    ) -> None:
+        self.directory = directory
+        self.tp = tp
+        self.config = config
+        self.producer_state = producer_state
+        self.leader_epochs = leader_epochs
+        self.load_result = loaded  # what recovery did (tests, logs)
+        self._segments: list[LogSegment] = loaded.segments
+        self._bases: list[int] = [s.base_offset for s in self._segments]
+        self._recovery_point = loaded.recovery_point
+        self._high_watermark = self._segments[-1].next_offset
+        self._first_unstable: int | None = producer_state.first_unstable_offset()
+        self._unflushed_messages = 0
+        self._last_flush_ms = now_ms
+        self._closed = False
 
     @classmethod
     def open(
@@ -60,39 +140,72 @@ class PartitionLog:
         *,
         recovery_point: int | None,
         now_ms: int,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ) -> PartitionLog:
-        """Open (creating if absent). ``recovery_point`` None means 'clean shutdown, trust
-        everything' is NOT assumed: callers pass the checkpointed recovery point, and recovery
-        validates every batch after it (CRC, lengths), truncates a torn tail, rebuilds indexes that
-        are missing or corrupt, loads producer state from snapshot + replay of the tail."""
-        raise NotImplementedError
+        """Open (creating if absent). ``recovery_point`` None means 'nothing is known to be
+        flushed': the whole log is validated. Callers pass the checkpointed recovery point, and
+        recovery validates every batch after it (CRC, lengths), truncates a torn tail, rebuilds
+        indexes that are missing or corrupt, loads producer state from snapshot + replay of the
+        tail (see log_loader)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
+        leader_epochs = LeaderEpochCache(directory)
+        loaded = load_log(
+            directory,
+            config,
+            recovery_point=recovery_point,
+            producer_state=producer_state,
+            leader_epochs=leader_epochs,
+            now_ms=now_ms,
+        )
+        return cls(
+            directory,
+            tp,
+            config,
+            loaded=loaded,
+            producer_state=producer_state,
+            leader_epochs=leader_epochs,
+            now_ms=now_ms,
+        )
 
     # --- offsets --------------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
-        raise NotImplementedError
+        return self._segments[0].base_offset
 
     @property
     def log_end_offset(self) -> int:
-        raise NotImplementedError
+        return self._segments[-1].next_offset
 
     @property
     def high_watermark(self) -> int:
         """Separate from LEO (replication later). Single broker: advanced by
         ``update_high_watermark`` right after each append."""
-        raise NotImplementedError
+        return self._high_watermark
 
     def update_high_watermark(self, offset: int) -> None:
-        raise NotImplementedError
+        """Set the high watermark, clamped to [log_start_offset, log_end_offset]."""
+        self._high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
 
     @property
     def last_stable_offset(self) -> int:
         """min(first unstable offset, high watermark)."""
-        raise NotImplementedError
+        if self._first_unstable is None:
+            return self._high_watermark
+        return max(min(self._first_unstable, self._high_watermark), self.log_start_offset)
 
     @property
     def recovery_point(self) -> int:
-        raise NotImplementedError
+        return self._recovery_point
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        """Oldest first; the last one is the active segment."""
+        return tuple(self._segments)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
 
     # --- writes ---------------------------------------------------------------------------
     def append(
@@ -104,13 +217,116 @@ class PartitionLog:
         now_ms: int,
         origin: AppendOrigin = AppendOrigin.CLIENT,
     ) -> AppendResult:
-        """Append one validated batch (``header`` parsed from ``batch``). Assigns offsets by
-        patching the base offset and partition leader epoch in place, asks producer state
-        (duplicate -> original offsets, nothing written; errors raise ProducerStateError), writes,
-        indexes, rolls segments by size/age (snapshotting producer state on roll), applies the
-        producer state, honours flush.messages/flush.ms. Raises RecordTooLargeError... via
+        """Append one validated batch (``header`` parsed from ``batch`` at ``header.position``).
+        Assigns offsets by patching the base offset and partition leader epoch in place, asks
+        producer state (duplicate -> original offsets, nothing written; errors raise
+        ProducerStateError), writes, indexes, rolls segments by size/age (snapshotting producer
+        state on roll), applies the producer state, honours flush.messages. Raises
         InvalidRecordError(MESSAGE_TOO_LARGE) when the batch exceeds max.message.bytes."""
-        raise NotImplementedError
+        size = header.size
+        position = header.position
+        if size > self.config.max_message_bytes:
+            raise InvalidRecordError(
+                ErrorCode.message_too_large,
+                f"batch of {size} bytes exceeds max.message.bytes {self.config.max_message_bytes}",
+            )
+        control_type: ControlType | None = None
+        coordinator_epoch = -1
+        if header.is_control:
+            try:
+                marker = read_control_marker(batch, header)
+            except (ValueError, IndexError) as exc:
+                raise InvalidRecordError(
+                    ErrorCode.invalid_record, f"unreadable control batch: {exc}"
+                ) from None
+            control_type, coordinator_epoch = marker.type, marker.coordinator_epoch
+        base_offset = self.log_end_offset
+        log_append_time = -1
+        if self.config.message_timestamp_type == "LogAppendTime":
+            header = _stamp_log_append_time(batch, header, now_ms)
+            log_append_time = now_ms
+        patch_base_offset(batch, position, base_offset)
+        patch_partition_leader_epoch(batch, position, leader_epoch)
+        header = dataclasses.replace(header, base_offset=base_offset, partition_leader_epoch=leader_epoch)
+
+        staged = self.producer_state.prepare_append(
+            header,
+            origin=origin,
+            now_ms=now_ms,
+            control_type=control_type,
+            coordinator_epoch=coordinator_epoch,
+        )
+        if isinstance(staged, DuplicateBatch):
+            return AppendResult(
+                first_offset=staged.first_offset,
+                last_offset=staged.last_offset,
+                log_append_time=staged.timestamp if log_append_time >= 0 else -1,
+                log_start_offset=self.log_start_offset,
+                duplicate=True,
+            )
+
+        self._maybe_roll_for(header, now_ms)
+        active = self._segments[-1]
+        with memoryview(batch) as view:
+            active.append(view[position : position + size], header)
+        completed = self.producer_state.complete_append(staged)
+        self.producer_state.update_map_end_offset(header.next_offset)
+        if completed is not None:
+            self._first_unstable = self.producer_state.first_unstable_offset()
+            if completed.is_aborted:
+                lso = completed.last_offset + 1 if self._first_unstable is None else self._first_unstable
+                active.txn_index.append(
+                    AbortedTxnEntry(completed.producer_id, completed.first_offset, completed.last_offset, lso)
+                )
+        elif header.is_transactional and self._first_unstable is None:
+            self._first_unstable = self.producer_state.first_unstable_offset()
+        self.leader_epochs.assign(leader_epoch, base_offset)
+        self._unflushed_messages += header.record_count
+        if self._unflushed_messages >= self.config.flush_messages:
+            self.flush(now_ms=now_ms)
+        return AppendResult(
+            first_offset=base_offset,
+            last_offset=header.last_offset,
+            log_append_time=log_append_time,
+            log_start_offset=self.log_start_offset,
+            duplicate=False,
+        )
+
+    def _maybe_roll_for(self, header: BatchHeader, now_ms: int) -> None:
+        """Roll before writing ``header``'s batch when the active segment would overflow
+        segment.bytes, is older than segment.ms, has a full index, or could not express the
+        batch's offsets relative to its base (Kafka's LocalLog.shouldRoll)."""
+        active = self._segments[-1]
+        if active.is_empty:
+            return
+        if (
+            active.size + header.size > self.config.segment_bytes
+            or now_ms - active.rolling_timestamp > self.config.segment_ms
+            or active.offset_index.is_full
+            or active.time_index.is_full
+            or header.last_offset - active.base_offset > _MAX_RELATIVE_OFFSET
+        ):
+            self.roll(now_ms)
+
+    def roll(self, now_ms: int) -> LogSegment:
+        """Start a new active segment at the log end offset and snapshot producer state there
+        (so recovery never replays more than one segment). The old segment is not fsynced here:
+        ``flush_rolled_segments`` (log manager maintenance) does that off the append path."""
+        active = self._segments[-1]
+        if active.is_empty:
+            return active
+        active.on_become_inactive()
+        segment = new_segment(self.directory, self.log_end_offset, self.config, now_ms)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        self.producer_state.take_snapshot()
+        return segment
+
+    def maybe_roll(self, now_ms: int) -> None:
+        """Roll by age (segment.ms) even when nothing is being appended."""
+        active = self._segments[-1]
+        if not active.is_empty and now_ms - active.rolling_timestamp > self.config.segment_ms:
+            self.roll(now_ms)
 
     # --- reads ----------------------------------------------------------------------------
     def read(
@@ -123,31 +339,177 @@ class PartitionLog:
     ) -> ReadResult:
         """Whole batches starting at the batch containing ``fetch_offset``, bounded by the high
         watermark (or the LSO when read_committed), up to max_bytes (but at least one batch when
-        min_one_batch). Raises OffsetOutOfRangeError outside [log_start_offset, LEO]."""
-        raise NotImplementedError
+        min_one_batch). Data comes from one segment per call, as in Kafka. Raises
+        OffsetOutOfRangeError outside [log_start_offset, LEO]."""
+        log_start, log_end = self.log_start_offset, self.log_end_offset
+        if fetch_offset < log_start or fetch_offset > log_end:
+            raise OffsetOutOfRangeError(
+                f"{self.tp}: offset {fetch_offset} is outside [{log_start}, {log_end}]"
+            )
+        hw = self._high_watermark
+        lso = self.last_stable_offset
+        bound = lso if read_committed else hw
+        records, upper = self._read_batches(fetch_offset, bound, max_bytes, min_one_batch)
+        aborted: tuple[AbortedTxn, ...] | None = None
+        if read_committed:
+            aborted = self.collect_aborted_transactions(fetch_offset, upper) if records else ()
+        return ReadResult(records, hw, lso, log_start, aborted)
+
+    def _read_batches(
+        self, fetch_offset: int, bound: int, max_bytes: int, min_one: bool
+    ) -> tuple[bytes, int]:
+        """(bytes, offset after the returned data) for ``read``."""
+        i = bisect_right(self._bases, fetch_offset) - 1
+        while fetch_offset < bound and i < len(self._segments):
+            segment = self._segments[i]
+            segment_end = self._bases[i + 1] if i + 1 < len(self._bases) else self.log_end_offset
+            found = segment.find_batch(fetch_offset)
+            if found is None:  # an offset gap at the end of this segment
+                i += 1
+                continue
+            position, first = found
+            if first.last_offset >= bound:
+                break
+            if bound >= segment_end:
+                end_position, upper = segment.size, segment_end
+            else:
+                limit = segment.find_batch(bound)
+                end_position, upper = (
+                    (limit[0], limit[1].base_offset) if limit else (segment.size, segment_end)
+                )
+            available = end_position - position
+            if available <= max_bytes:
+                return segment.read(position, available), upper
+            data = segment.read(position, max_bytes) if max_bytes >= HEADER_SIZE else b""
+            cut = 0
+            for header in iter_batches(data):
+                cut = header.position + header.size
+                upper = header.next_offset
+            if cut:
+                return (data if cut == len(data) else data[:cut]), upper
+            if min_one:
+                return segment.read(position, first.size), first.next_offset
+            break
+        return b"", fetch_offset
+
+    def collect_aborted_transactions(self, fetch_offset: int, upper_bound: int) -> tuple[AbortedTxn, ...]:
+        """Aborted transactions overlapping [fetch_offset, upper_bound), from the transaction
+        indexes of the segment holding ``fetch_offset`` and the ones after it."""
+        found: list[AbortedTxnEntry] = []
+        start = max(bisect_right(self._bases, fetch_offset) - 1, 0)
+        for segment in self._segments[start:]:
+            if segment.txn_index.collect(fetch_offset, upper_bound, found):
+                break
+        return tuple(AbortedTxn(e.producer_id, e.first_offset) for e in found)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record batch with max timestamp >= timestamp."""
-        raise NotImplementedError
+        """(offset, timestamp) of the first record batch with max timestamp >= timestamp: its base
+        offset (at least the log start) and its max timestamp. Batch granularity: records are not
+        decoded. Not bounded by the high watermark; the caller filters."""
+        for segment in self._segments:
+            if segment.max_timestamp >= timestamp:
+                header = segment.find_by_timestamp(timestamp)
+                if header is not None:
+                    return max(header.base_offset, self.log_start_offset), header.max_timestamp
+        return None
 
     def producers(self) -> dict[int, ProducerStateEntry]:
-        raise NotImplementedError
+        return self.producer_state.active_producers()
 
     # --- maintenance ----------------------------------------------------------------------
-    def flush(self) -> None:
-        raise NotImplementedError
+    def flush(self, *, now_ms: int | None = None) -> None:
+        """fsync every segment with unflushed data and advance the recovery point to the LEO."""
+        for segment in self._segments:
+            segment.flush()
+        self._recovery_point = self.log_end_offset
+        self._unflushed_messages = 0
+        if now_ms is not None:
+            self._last_flush_ms = now_ms
+
+    def maybe_flush(self, now_ms: int) -> bool:
+        """flush.ms: flush when the last flush is older than that. True when it flushed."""
+        if self._unflushed_messages and now_ms - self._last_flush_ms >= self.config.flush_ms:
+            self.flush(now_ms=now_ms)
+            return True
+        return False
+
+    def flush_rolled_segments(self) -> None:
+        """fsync the segments before the active one and move the recovery point to the active
+        segment's base (Kafka flushes on roll, in the background). Bounds recovery after a crash
+        to the active segment even when flush.messages/flush.ms are off."""
+        for segment in self._segments[:-1]:
+            segment.flush()
+        self._recovery_point = max(self._recovery_point, self._segments[-1].base_offset)
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete whole segments past retention.ms / retention.bytes (never the active one).
-        Returns the number of segments deleted."""
-        raise NotImplementedError
+        Returns the number of segments deleted. Only for cleanup.policy containing delete."""
+        if "delete" not in self.config.cleanup_policy:
+            return 0
+        deletable = 0
+        retention_ms = self.config.retention_ms
+        if retention_ms >= 0:
+            while (
+                deletable < len(self._segments) - 1
+                and now_ms - self._segments[deletable].retention_timestamp() > retention_ms
+            ):
+                deletable += 1
+        retention_bytes = self.config.retention_bytes
+        if retention_bytes >= 0:
+            excess = self.size_in_bytes - retention_bytes
+            for segment in self._segments[:deletable]:
+                excess -= segment.size
+            while deletable < len(self._segments) - 1 and excess - self._segments[deletable].size >= 0:
+                excess -= self._segments[deletable].size
+                deletable += 1
+        if deletable:
+            self._delete_oldest(deletable)
+        return deletable
 
-    def maybe_roll(self, now_ms: int) -> None:
-        raise NotImplementedError
+    def _delete_oldest(self, count: int) -> None:
+        for segment in self._segments[:count]:
+            segment.delete()
+        del self._segments[:count]
+        del self._bases[:count]
+        start = self.log_start_offset
+        self._high_watermark = max(self._high_watermark, start)
+        self._recovery_point = max(self._recovery_point, start)
+        self.producer_state.delete_snapshots_before(start)
+        self.leader_epochs.truncate_from_start(start)
 
     def close(self) -> None:
         """Flush, snapshot producer state; the caller then writes the recovery checkpoint."""
-        raise NotImplementedError
+        if self._closed:
+            return
+        self._segments[-1].on_become_inactive()
+        self.flush()
+        self.producer_state.take_snapshot()
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
 
     def delete(self) -> None:
-        raise NotImplementedError
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.tp}, start={self.log_start_offset}, end={self.log_end_offset}, "
+            f"hw={self._high_watermark}, segments={len(self._segments)})"
+        )
+
+
+def _stamp_log_append_time(batch: bytearray, header: BatchHeader, now_ms: int) -> BatchHeader:
+    """message.timestamp.type=LogAppendTime: set the timestamp-type bit and the max timestamp to
+    the broker's clock and recompute the CRC (both fields are covered by it), as Kafka does."""
+    position = header.position
+    attributes = header.attributes | TIMESTAMP_TYPE_MASK
+    batch[position + ATTRIBUTES_OFFSET : position + ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big")
+    batch[position + MAX_TIMESTAMP_OFFSET : position + MAX_TIMESTAMP_OFFSET + 8] = now_ms.to_bytes(
+        8, "big", signed=True
+    )
+    crc = compute_crc(batch, position, header.size)
+    batch[position + CRC_OFFSET : position + CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+    return dataclasses.replace(header, attributes=attributes, max_timestamp=now_ms, crc=crc)

@@ -1,25 +1,59 @@
 """Per-partition producer state: idempotence and transaction bookkeeping (Kafka's
 ProducerStateManager, ProducerAppendInfo, ProducerStateEntry).
 
-CONTRACT STUB — the public API below is fixed; the implementation is being written.
-
 Theory of operation
 -------------------
 For every producer id that wrote to this partition the manager keeps the epoch, the metadata of
 the last 5 batches (first/last sequence, last offset, timestamp), the coordinator epoch and the
-first offset of its ongoing transaction, if any.
+first offset of its ongoing transaction, if any. Five, because that is the most batches an
+idempotent producer keeps in flight per partition (max.in.flight.requests.per.connection <= 5):
+any retry the client can send is one of them.
 
 Appends follow prepare -> persist -> complete:
   1. ``prepare_append(header, origin, now_ms)`` validates one batch whose offsets are already
      assigned and returns either ``DuplicateBatch`` (ack with the original offsets, write nothing)
      or a ``ProducerAppendInfo`` (staged, not yet visible). Raises ``ProducerStateError`` with
-     OUT_OF_ORDER_SEQUENCE_NUMBER (45), INVALID_PRODUCER_EPOCH (47), INVALID_TXN_STATE (48) ...
+     OUT_OF_ORDER_SEQUENCE_NUMBER (45), INVALID_PRODUCER_EPOCH (47), INVALID_TXN_STATE (48),
+     TRANSACTION_COORDINATOR_FENCED (52).
   2. The log appends the bytes.
-  3. ``complete_append(info)`` applies the staged change; ``update_map_end_offset(next_offset)``.
+  3. ``complete_append(info)`` applies the staged change (and advances the map end offset to the
+     batch's next offset); ``update_map_end_offset(next_offset)`` may also be called explicitly.
      For a control batch the result is a ``CompletedTxn`` the log turns into a transaction-index
      entry (aborted ones) and an LSO move.
 
-Recovery = newest valid snapshot at or below the recovery point + ``replay`` of the log tail.
+Rules (Kafka's, see ProducerAppendInfo.checkProducerEpoch/checkSequence/appendEndTxnMarker)
+----------------------------------------------------------------------------------------------
+* Duplicate (CLIENT origin only): same epoch and the same (first seq, last seq) as one of the
+  cached batches -> ``DuplicateBatch`` with the original offsets and timestamp.
+* Epoch lower than the last one seen -> INVALID_PRODUCER_EPOCH, for data and markers.
+* Sequence (CLIENT origin only): a higher epoch must start at 0; within the epoch the first
+  sequence must be last seq + 1 (0 after Int32 max); a producer with no state (KIP-360) or no
+  known epoch is accepted at any sequence. Otherwise OUT_OF_ORDER_SEQUENCE_NUMBER.
+* Transactions: the first transactional data batch opens the producer's transaction at its base
+  offset; a non-transactional data batch while one is open -> INVALID_TXN_STATE. A marker whose
+  coordinator epoch is below the last one seen -> TRANSACTION_COORDINATOR_FENCED. A marker closes
+  the transaction (``CompletedTxn``); a marker with no open transaction still updates the epoch
+  and coordinator epoch but yields no ``CompletedTxn`` (nothing to index, LSO unaffected).
+* REPLICATION origin (recovery replay, later follower fetch) never raises: the log is the truth.
+
+Differences from Kafka, on purpose
+----------------------------------
+* ``ProducerStateEntry.last_timestamp`` is the *broker* time of the producer's last append (the
+  ``now_ms`` given to ``prepare_append``), not the batch's CreateTime. Producer expiration uses it,
+  and a client with a skewed clock must not lose its dedup state early. ``BatchMetadata.timestamp``
+  keeps the batch's max timestamp, which is what a duplicate is acked with.
+* Snapshots keep every retained batch, not only the last (see ``producer_snapshot``), so dedup
+  of all 5 in-flight batches survives a restart.
+* ``first_unstable_offset`` counts undecided transactions only. Kafka also holds the LSO back for
+  completed transactions whose marker is above the high watermark; with one replica the high
+  watermark reaches the marker at once, and ``PartitionLog`` caps the LSO at the high watermark.
+
+Invariants
+----------
+* Single-threaded: prepare/complete pairs for one partition never interleave (the event loop
+  serialises appends), so a staged ``ProducerAppendInfo`` is always based on the current entry.
+* ``_ongoing`` maps producer id -> first offset of its open transaction and agrees with
+  ``current_txn_first_offset`` of every entry; ``_first_unstable`` is the minimum of its values.
 """
 
 from __future__ import annotations
@@ -30,11 +64,15 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
+import exactly.storage.producer_snapshot as snap
 from exactly.records.batch import BatchHeader
 from exactly.records.control import ControlType
 
 NUM_BATCHES_TO_RETAIN = 5
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
+NO_PRODUCER_EPOCH = -1
+NO_COORDINATOR_EPOCH = -1
+_INT32_MAX = 2**31 - 1
 
 
 class AppendOrigin(enum.Enum):
@@ -101,22 +139,47 @@ class ProducerStateEntry:
 
 @dataclass(frozen=True, slots=True)
 class ProducerAppendInfo:
-    """A staged change for one producer; applied by ``complete_append`` after the log write."""
+    """A staged change for one producer; applied by ``complete_append`` after the log write.
+
+    ``next_offset`` (an addition to the original contract) is the offset after the batch, so
+    ``complete_append`` keeps the map end offset right even if the caller forgets to call
+    ``update_map_end_offset``. ``producer_id`` -1 marks a batch without a producer id: applying it
+    changes nothing but the map end offset.
+    """
 
     producer_id: int
     updated: ProducerStateEntry
     completed_txn: CompletedTxn | None
     started_txn_first_offset: int | None
+    next_offset: int = -1
+
+
+_NO_PRODUCER_ENTRY = ProducerStateEntry(-1, NO_PRODUCER_EPOCH, (), NO_COORDINATOR_EPOCH, -1, None)
+
+
+def _fail(origin: AppendOrigin, error_code: ErrorCode, message: str) -> None:
+    """Raise for CLIENT/COORDINATOR appends; the log is the truth for REPLICATION."""
+    if origin is not AppendOrigin.REPLICATION:
+        raise ProducerStateError(error_code, message)
 
 
 class ProducerStateManager:
+    """Producer state of one partition plus its snapshot files (``<offset:020d>.snapshot``)."""
+
     def __init__(
         self,
         directory: Path,
         *,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ) -> None:
-        raise NotImplementedError
+        self.directory = directory
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        self._producers: dict[int, ProducerStateEntry] = {}
+        self._ongoing: dict[int, int] = {}  # producer id -> first offset of the open txn
+        self._first_unstable: int | None = None
+        self._map_end_offset = 0
+        self._last_snap_offset = 0
+        self._snapshots: dict[int, Path] = snap.list_snapshots(directory)
 
     # --- the append path -------------------------------------------------------------------
     def prepare_append(
@@ -126,64 +189,266 @@ class ProducerStateManager:
         origin: AppendOrigin,
         now_ms: int,
         control_type: ControlType | None = None,
+        coordinator_epoch: int = NO_COORDINATOR_EPOCH,
     ) -> ProducerAppendInfo | DuplicateBatch:
         """Validate one batch (offsets already assigned). ``control_type`` is given for control
-        batches. Raises ProducerStateError for CLIENT/COORDINATOR origins; REPLICATION never raises
-        on sequence/epoch (the log is the truth)."""
-        raise NotImplementedError
+        batches, with the marker's ``coordinator_epoch`` (an addition to the contract). Raises
+        ProducerStateError for CLIENT/COORDINATOR origins; REPLICATION never raises on
+        sequence/epoch (the log is the truth). Constant work per batch: no record is read."""
+        pid = header.producer_id
+        if pid < 0:
+            if control_type is not None:
+                raise ValueError("a control batch must carry a producer id")
+            return ProducerAppendInfo(-1, _NO_PRODUCER_ENTRY, None, None, header.next_offset)
+        entry = self._producers.get(pid)
+        epoch = header.producer_epoch
+        current_epoch = NO_PRODUCER_EPOCH if entry is None else entry.producer_epoch
+        if control_type is None:
+            if header.is_control:
+                # Kafka skips a control batch with no record (cleaned away) during replay; an
+                # unreadable marker in the log is treated the same. Elsewhere it is a bug.
+                if origin is not AppendOrigin.REPLICATION:
+                    raise ValueError("control batch without its control type (parse the marker first)")
+                return ProducerAppendInfo(-1, _NO_PRODUCER_ENTRY, None, None, header.next_offset)
+            return self._prepare_data(header, entry, pid, epoch, current_epoch, origin, now_ms)
+
+        # --- transaction marker ---
+        if epoch < current_epoch:
+            _fail(
+                origin,
+                ErrorCode.invalid_producer_epoch,
+                f"marker epoch {epoch} of producer {pid} is older than the current epoch {current_epoch}",
+            )
+        if entry is not None and entry.coordinator_epoch > coordinator_epoch:
+            _fail(
+                origin,
+                ErrorCode.transaction_coordinator_fenced,
+                f"marker coordinator epoch {coordinator_epoch} for producer {pid} is older than "
+                f"{entry.coordinator_epoch}",
+            )
+        txn_first = None if entry is None else entry.current_txn_first_offset
+        completed = (
+            None
+            if txn_first is None
+            else CompletedTxn(pid, txn_first, header.base_offset, control_type is ControlType.ABORT)
+        )
+        batches = () if entry is None or epoch != current_epoch else entry.batches
+        updated = ProducerStateEntry(pid, epoch, batches, coordinator_epoch, now_ms, None)
+        return ProducerAppendInfo(pid, updated, completed, None, header.next_offset)
+
+    def _prepare_data(
+        self,
+        header: BatchHeader,
+        entry: ProducerStateEntry | None,
+        pid: int,
+        epoch: int,
+        current_epoch: int,
+        origin: AppendOrigin,
+        now_ms: int,
+    ) -> ProducerAppendInfo | DuplicateBatch:
+        first_seq = header.base_sequence
+        last_seq = header.last_sequence
+        if entry is not None and origin is AppendOrigin.CLIENT and epoch == current_epoch:
+            for cached in entry.batches:
+                if cached.first_seq == first_seq and cached.last_seq == last_seq:
+                    return DuplicateBatch(cached.first_offset, cached.last_offset, cached.timestamp)
+        if epoch < current_epoch:
+            _fail(
+                origin,
+                ErrorCode.invalid_producer_epoch,
+                f"epoch {epoch} of producer {pid} is older than the current epoch {current_epoch}",
+            )
+        if origin is AppendOrigin.CLIENT and current_epoch != NO_PRODUCER_EPOCH:
+            if epoch != current_epoch:
+                if first_seq != 0:
+                    _fail(
+                        origin,
+                        ErrorCode.out_of_order_sequence_number,
+                        f"producer {pid} started epoch {epoch} at sequence {first_seq}, expected 0",
+                    )
+            else:
+                expected_after = entry.last_seq if entry is not None else -1
+                if first_seq != expected_after + 1 and not (first_seq == 0 and expected_after == _INT32_MAX):
+                    _fail(
+                        origin,
+                        ErrorCode.out_of_order_sequence_number,
+                        f"out of order sequence {first_seq} for producer {pid} (epoch {epoch}), "
+                        f"last sequence {expected_after}",
+                    )
+        offset_delta = header.last_offset_delta
+        meta = BatchMetadata(
+            first_seq, last_seq, header.base_offset + offset_delta, offset_delta, header.max_timestamp
+        )
+        if entry is None or epoch != current_epoch:
+            batches: tuple[BatchMetadata, ...] = (meta,)
+        elif len(entry.batches) >= NUM_BATCHES_TO_RETAIN:
+            batches = (*entry.batches[1 - NUM_BATCHES_TO_RETAIN :], meta)
+        else:
+            batches = (*entry.batches, meta)
+        txn_first = None if entry is None else entry.current_txn_first_offset
+        started = None
+        if header.is_transactional:
+            if txn_first is None:
+                txn_first = started = header.base_offset
+        elif txn_first is not None:
+            _fail(
+                origin,
+                ErrorCode.invalid_txn_state,
+                f"non-transactional batch from producer {pid} while its transaction from offset "
+                f"{txn_first} is open",
+            )
+        coordinator_epoch = NO_COORDINATOR_EPOCH if entry is None else entry.coordinator_epoch
+        updated = ProducerStateEntry(pid, epoch, batches, coordinator_epoch, now_ms, txn_first)
+        return ProducerAppendInfo(pid, updated, None, started, header.next_offset)
 
     def complete_append(self, info: ProducerAppendInfo) -> CompletedTxn | None:
-        raise NotImplementedError
+        """Apply a staged change after the log write succeeded."""
+        if info.next_offset > self._map_end_offset:
+            self._map_end_offset = info.next_offset
+        pid = info.producer_id
+        if pid < 0:
+            return None
+        self._producers[pid] = info.updated
+        if info.started_txn_first_offset is not None:
+            self._ongoing[pid] = info.started_txn_first_offset
+            if self._first_unstable is None:
+                self._first_unstable = info.started_txn_first_offset
+            else:
+                self._first_unstable = min(self._first_unstable, info.started_txn_first_offset)
+        completed = info.completed_txn
+        if completed is not None and self._ongoing.pop(pid, None) == self._first_unstable:
+            self._first_unstable = min(self._ongoing.values(), default=None)
+        return completed
 
     def update_map_end_offset(self, offset: int) -> None:
-        raise NotImplementedError
+        """``offset`` is exclusive: the next offset the log will assign."""
+        self._map_end_offset = offset
 
     @property
     def map_end_offset(self) -> int:
-        raise NotImplementedError
+        return self._map_end_offset
 
     # --- transactions / LSO -----------------------------------------------------------------
     def first_unstable_offset(self) -> int | None:
         """Smallest first offset among ongoing transactions (None when none is open)."""
-        raise NotImplementedError
+        return self._first_unstable
 
     def ongoing_transactions(self) -> dict[int, int]:
         """producer id -> first offset of its open transaction."""
-        raise NotImplementedError
+        return dict(self._ongoing)
 
     # --- introspection ---------------------------------------------------------------------
     def active_producers(self) -> dict[int, ProducerStateEntry]:
-        raise NotImplementedError
+        return dict(self._producers)
 
     def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
-        raise NotImplementedError
+        return self._producers.get(producer_id)
 
     def remove_expired_producers(self, now_ms: int) -> int:
         """Forget producers idle longer than producer.id.expiration.ms that have no open
-        transaction. Returns how many were removed."""
-        raise NotImplementedError
+        transaction. Returns how many were removed. Like Kafka, idle for exactly the expiration
+        time counts as expired."""
+        limit = self.producer_id_expiration_ms
+        expired = [
+            pid
+            for pid, entry in self._producers.items()
+            if entry.current_txn_first_offset is None and now_ms - entry.last_timestamp >= limit
+        ]
+        for pid in expired:
+            del self._producers[pid]
+        return len(expired)
 
     # --- snapshots and recovery ------------------------------------------------------------
     def take_snapshot(self) -> Path | None:
-        """Write ``<map_end_offset:020d>.snapshot`` (CRC32C-checked) atomically."""
-        raise NotImplementedError
+        """Write ``<map_end_offset:020d>.snapshot`` (CRC32C-checked) atomically. Like Kafka, does
+        nothing (returns None) unless the map end offset moved past the last snapshot."""
+        offset = self._map_end_offset
+        if offset <= self._last_snap_offset or offset in self._snapshots:
+            return None
+        path = snap.write_snapshot(self.directory, offset, self._producers.values())
+        self._snapshots[offset] = path
+        self._last_snap_offset = offset
+        return path
 
     def load(self, *, log_start_offset: int, recovery_point: int) -> int:
         """Load the newest valid snapshot with offset in [log_start_offset, recovery_point],
-        skipping corrupt ones (deleting them). Returns the offset replay must start from
-        (the snapshot offset, or log_start_offset when none is usable)."""
-        raise NotImplementedError
+        skipping corrupt ones (deleting them). Snapshots above the recovery point describe log
+        that recovery may truncate away: they are deleted too. Returns the offset replay must
+        start from (the snapshot offset, or log_start_offset when none is usable); the map end
+        offset is set to it."""
+        snap.remove_temp_files(self.directory)
+        self._snapshots = snap.list_snapshots(self.directory)
+        for offset in [o for o in self._snapshots if o > recovery_point]:
+            self._delete_snapshot(offset)
+        return self._load_newest(log_start_offset, recovery_point)
 
-    def replay(self, header: BatchHeader, control_type: ControlType | None = None) -> CompletedTxn | None:
-        """Apply a batch read back from the log during recovery (origin REPLICATION)."""
-        raise NotImplementedError
+    def _load_newest(self, low: int, high: int) -> int:
+        self._clear()
+        for offset in sorted((o for o in self._snapshots if low <= o <= high), reverse=True):
+            try:
+                entries = snap.read_snapshot(self._snapshots[offset])
+            except snap.CorruptSnapshotError:
+                self._delete_snapshot(offset)
+                continue
+            for entry in entries:
+                self._producers[entry.producer_id] = entry
+                if entry.current_txn_first_offset is not None:
+                    self._ongoing[entry.producer_id] = entry.current_txn_first_offset
+            self._first_unstable = min(self._ongoing.values(), default=None)
+            self._map_end_offset = self._last_snap_offset = offset
+            return offset
+        self._map_end_offset = self._last_snap_offset = low
+        return low
+
+    def replay(
+        self,
+        header: BatchHeader,
+        control_type: ControlType | None = None,
+        *,
+        coordinator_epoch: int = NO_COORDINATOR_EPOCH,
+        now_ms: int | None = None,
+    ) -> CompletedTxn | None:
+        """Apply a batch read back from the log during recovery (origin REPLICATION) and advance
+        the map end offset past it. ``coordinator_epoch`` is the marker's (control batches);
+        ``now_ms`` defaults to the batch's max timestamp (the producer's last-seen time)."""
+        info = self.prepare_append(
+            header,
+            origin=AppendOrigin.REPLICATION,
+            now_ms=header.max_timestamp if now_ms is None else now_ms,
+            control_type=control_type,
+            coordinator_epoch=coordinator_epoch,
+        )
+        if isinstance(info, DuplicateBatch):  # pragma: no cover - REPLICATION has no dedup
+            return None
+        completed = self.complete_append(info)
+        self._map_end_offset = header.next_offset
+        return completed
 
     def truncate_and_reload(self, *, log_start_offset: int, log_end_offset: int) -> None:
-        """Drop state and snapshots above log_end_offset / below log_start_offset."""
-        raise NotImplementedError
+        """Drop snapshots above log_end_offset / below log_start_offset. If the state no longer
+        matches the log end, reload from the newest remaining snapshot: the caller then replays
+        the log from ``map_end_offset`` to ``log_end_offset``."""
+        for offset in [o for o in self._snapshots if o > log_end_offset or o < log_start_offset]:
+            self._delete_snapshot(offset)
+        if log_end_offset != self._map_end_offset:
+            self._load_newest(log_start_offset, log_end_offset)
+        else:
+            self._map_end_offset = max(self._map_end_offset, log_start_offset)
+            self._last_snap_offset = max(self._snapshots, default=log_start_offset)
 
     def delete_snapshots_before(self, offset: int) -> None:
-        raise NotImplementedError
+        for snap_offset in [o for o in self._snapshots if o < offset]:
+            self._delete_snapshot(snap_offset)
 
     def latest_snapshot_offset(self) -> int | None:
-        raise NotImplementedError
+        return max(self._snapshots, default=None)
+
+    def _delete_snapshot(self, offset: int) -> None:
+        path = self._snapshots.pop(offset, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _clear(self) -> None:
+        self._producers.clear()
+        self._ongoing.clear()
+        self._first_unstable = None

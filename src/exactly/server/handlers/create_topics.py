@@ -37,7 +37,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         code, message, info = _create_one(broker, topic, seen, request.validate_only)
         broker.metrics.error(ApiKey.CREATE_TOPICS, code)
         fields: dict[str, Any] = {"name": topic.name, "error_code": code, "error_message": message}
-        if info is not None:
+        if info is not None and hasattr(mod, "CreatableTopicConfigs"):
             fields.update(
                 topic_id=info.topic_id,
                 num_partitions=info.partitions,
@@ -56,6 +56,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                     for k, v in sorted(info.config.as_kafka_configs().items())
                 ),
             )
+        elif info is not None:
+            fields.update(topic_id=info.topic_id)
         else:
             fields.update(num_partitions=-1, replication_factor=-1)
         results.append(build(mod.CreatableTopicResult, **fields))

@@ -42,7 +42,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         if info is not None:
             if info.name in INTERNAL_TOPICS:
                 code, message = ErrorCode.topic_deletion_disabled, "Internal topics cannot be deleted"
-            elif not broker.config.bool("delete.topic.enable"):
+            elif not broker.config.get_bool("delete.topic.enable"):
                 code, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
             else:
                 try:

@@ -1,0 +1,406 @@
+"""Byte-exact key/value codecs for the group records of ``__consumer_offsets``.
+
+Kafka stores two record kinds for classic groups, each as ``int16 version`` followed by the fields of
+the message at that version (the generated ``*Key``/``*Value`` JSON specs of the group-coordinator
+module):
+
+- key version 0 or 1 -> ``OffsetCommitKey`` (group, topic, partition); 1 is what Kafka writes.
+- key version 2      -> ``GroupMetadataKey`` (group).
+- ``OffsetCommitValue`` v0..v4: offset, leaderEpoch (v3+), metadata, commitTimestamp,
+  expireTimestamp (v1 only). Kafka writes v3, or v1 when the commit carries a retention time.
+  v4 is the first flexible version (compact strings + tagged fields).
+- ``GroupMetadataValue`` v0..v4: protocolType, generation, protocol?, leader?,
+  currentStateTimestamp (v2+), members[memberId, groupInstanceId? (v3+), clientId, clientHost,
+  rebalanceTimeout (v1+), sessionTimeout, subscription, assignment]. Kafka writes v3; v4 is flexible.
+
+A null value is a tombstone: it deletes the committed offset or the group. Decoders accept every
+version (other tools or an older Kafka may have written the log); encoders default to the versions
+Kafka itself writes so that Kafka's own tools can read our log. Unknown tagged fields are skipped.
+
+``partition_for`` maps a group id to its ``__consumer_offsets`` partition exactly as Kafka does:
+``Utils.abs(groupId.hashCode()) % n`` where ``hashCode`` is Java's over UTF-16 code units and
+``Utils.abs(Integer.MIN_VALUE) == 0`` (unlike ``Math.abs``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+OFFSET_COMMIT_KEY_VERSION = 1
+GROUP_METADATA_KEY_VERSION = 2
+OFFSET_COMMIT_VALUE_VERSION = 3
+OFFSET_COMMIT_VALUE_VERSION_WITH_EXPIRY = 1
+GROUP_METADATA_VALUE_VERSION = 3
+DEFAULT_NUM_PARTITIONS = 50
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+class RecordDecodeError(ValueError):
+    """The bytes are not a record of a known type/version (or are truncated)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitKey:
+    group: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMetadataKey:
+    group: str
+
+
+RecordKey = OffsetCommitKey | GroupMetadataKey
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetCommitValue:
+    offset: int
+    metadata: str = ""
+    commit_timestamp: int = -1
+    leader_epoch: int = -1
+    expire_timestamp: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberMetadata:
+    member_id: str
+    group_instance_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout: int = -1
+    session_timeout: int = 0
+    subscription: bytes = b""
+    assignment: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupMetadataValue:
+    protocol_type: str
+    generation: int
+    protocol: str | None = None
+    leader: str | None = None
+    current_state_timestamp: int = -1
+    members: tuple[MemberMetadata, ...] = field(default=())
+
+
+# ---------------------------------------------------------------------------------------------
+# partition_for
+# ---------------------------------------------------------------------------------------------
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: ``h = 31*h + c`` over UTF-16 code units, as a signed int32."""
+    h = 0
+    encoded = text.encode("utf-16-be", "surrogatepass")
+    for i in range(0, len(encoded), 2):
+        h = (31 * h + ((encoded[i] << 8) | encoded[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def kafka_abs(n: int) -> int:
+    """Kafka ``Utils.abs``: like abs, but ``Integer.MIN_VALUE`` maps to 0, not to itself."""
+    return 0 if n == -(2**31) else abs(n)
+
+
+def partition_for(group_id: str, num_partitions: int = DEFAULT_NUM_PARTITIONS) -> int:
+    """The ``__consumer_offsets`` partition that owns ``group_id`` (Kafka's mapping)."""
+    return kafka_abs(java_string_hash(group_id)) % num_partitions
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitive writers/readers
+# ---------------------------------------------------------------------------------------------
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(value: str | None, flexible: bool) -> bytes:
+    if value is None:
+        return b"\x00" if flexible else _I16.pack(-1)
+    raw = value.encode("utf-8")
+    return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+
+
+def _bytes(value: bytes, flexible: bool) -> bytes:
+    return (_uvarint(len(value) + 1) if flexible else _I32.pack(len(value))) + value
+
+
+class _Reader:
+    """Cursor over a record's bytes; every read checks bounds so truncation raises cleanly."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def _take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise RecordDecodeError("record truncated")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def i16(self) -> int:
+        return int(_I16.unpack(self._take(2))[0])
+
+    def i32(self) -> int:
+        return int(_I32.unpack(self._take(4))[0])
+
+    def i64(self) -> int:
+        return int(_I64.unpack(self._take(8))[0])
+
+    def uvarint(self) -> int:
+        shift = 0
+        result = 0
+        while True:
+            byte = self._take(1)[0]
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+            if shift > 35:
+                raise RecordDecodeError("varint too long")
+
+    def string(self, flexible: bool) -> str | None:
+        n = self.uvarint() - 1 if flexible else self.i16()
+        if n < 0:
+            return None
+        try:
+            return self._take(n).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordDecodeError("invalid utf-8 in string") from exc
+
+    def required_string(self, flexible: bool) -> str:
+        value = self.string(flexible)
+        if value is None:
+            raise RecordDecodeError("null in a non-nullable string")
+        return value
+
+    def bytes_(self, flexible: bool) -> bytes:
+        n = self.uvarint() - 1 if flexible else self.i32()
+        return b"" if n < 0 else self._take(n)
+
+    def array_len(self, flexible: bool) -> int:
+        n = self.uvarint() - 1 if flexible else self.i32()
+        return max(n, 0)
+
+    def skip_tagged_fields(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            self._take(self.uvarint())
+
+    def done(self) -> bool:
+        return self.pos == len(self.buf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_key(key: RecordKey) -> bytes:
+    """Encode a key at the version Kafka writes (1 for offsets, 2 for group metadata)."""
+    if isinstance(key, OffsetCommitKey):
+        return (
+            _I16.pack(OFFSET_COMMIT_KEY_VERSION)
+            + _string(key.group, False)
+            + _string(key.topic, False)
+            + _I32.pack(key.partition)
+        )
+    return _I16.pack(GROUP_METADATA_KEY_VERSION) + _string(key.group, False)
+
+
+def decode_key(data: bytes) -> RecordKey | None:
+    """Decode a key; None for record types this coordinator does not own (e.g. KIP-848 ones)."""
+    r = _Reader(data)
+    version = r.i16()
+    if version in (0, 1):
+        return OffsetCommitKey(r.required_string(False), r.required_string(False), r.i32())
+    if version == 2:
+        return GroupMetadataKey(r.required_string(False))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# OffsetCommitValue
+# ---------------------------------------------------------------------------------------------
+
+
+def offset_commit_value_version(value: OffsetCommitValue) -> int:
+    """The version Kafka would write: 1 when an expiry is set, else 3."""
+    return OFFSET_COMMIT_VALUE_VERSION_WITH_EXPIRY if value.expire_timestamp >= 0 else OFFSET_COMMIT_VALUE_VERSION
+
+
+def encode_offset_commit_value(value: OffsetCommitValue, version: int | None = None) -> bytes:
+    """Encode at ``version`` (default: what Kafka writes). Fields absent in a version are dropped."""
+    v = offset_commit_value_version(value) if version is None else version
+    if not 0 <= v <= 4:
+        raise ValueError(f"OffsetCommitValue version {v} not supported")
+    flexible = v >= 4
+    out = [_I16.pack(v), _I64.pack(value.offset)]
+    if v >= 3:
+        out.append(_I32.pack(value.leader_epoch))
+    out.append(_string(value.metadata, flexible))
+    out.append(_I64.pack(value.commit_timestamp))
+    if v == 1:
+        out.append(_I64.pack(value.expire_timestamp))
+    if flexible:
+        out.append(b"\x00")
+    return b"".join(out)
+
+
+def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
+    r = _Reader(data)
+    v = r.i16()
+    if not 0 <= v <= 4:
+        raise RecordDecodeError(f"OffsetCommitValue version {v} not supported")
+    flexible = v >= 4
+    offset = r.i64()
+    leader_epoch = r.i32() if v >= 3 else -1
+    metadata = r.string(flexible) or ""
+    commit_timestamp = r.i64()
+    expire_timestamp = r.i64() if v == 1 else -1
+    if flexible:
+        r.skip_tagged_fields()
+    return OffsetCommitValue(
+        offset=offset,
+        metadata=metadata,
+        commit_timestamp=commit_timestamp,
+        leader_epoch=leader_epoch,
+        expire_timestamp=expire_timestamp,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# GroupMetadataValue
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_group_metadata_value(value: GroupMetadataValue, version: int = GROUP_METADATA_VALUE_VERSION) -> bytes:
+    """Encode at ``version`` (default 3, what Kafka writes)."""
+    v = version
+    if not 0 <= v <= 4:
+        raise ValueError(f"GroupMetadataValue version {v} not supported")
+    flexible = v >= 4
+    out = [
+        _I16.pack(v),
+        _string(value.protocol_type, flexible),
+        _I32.pack(value.generation),
+        _string(value.protocol, flexible),
+        _string(value.leader, flexible),
+    ]
+    if v >= 2:
+        out.append(_I64.pack(value.current_state_timestamp))
+    out.append(_uvarint(len(value.members) + 1) if flexible else _I32.pack(len(value.members)))
+    for m in value.members:
+        out.append(_string(m.member_id, flexible))
+        if v >= 3:
+            out.append(_string(m.group_instance_id, flexible))
+        out.append(_string(m.client_id, flexible))
+        out.append(_string(m.client_host, flexible))
+        if v >= 1:
+            out.append(_I32.pack(m.rebalance_timeout))
+        out.append(_I32.pack(m.session_timeout))
+        out.append(_bytes(m.subscription, flexible))
+        out.append(_bytes(m.assignment, flexible))
+        if flexible:
+            out.append(b"\x00")
+    if flexible:
+        out.append(b"\x00")
+    return b"".join(out)
+
+
+def decode_group_metadata_value(data: bytes) -> GroupMetadataValue:
+    r = _Reader(data)
+    v = r.i16()
+    if not 0 <= v <= 4:
+        raise RecordDecodeError(f"GroupMetadataValue version {v} not supported")
+    flexible = v >= 4
+    protocol_type = r.required_string(flexible)
+    generation = r.i32()
+    protocol = r.string(flexible)
+    leader = r.string(flexible)
+    timestamp = r.i64() if v >= 2 else -1
+    members = []
+    for _ in range(r.array_len(flexible)):
+        member_id = r.required_string(flexible)
+        instance_id = r.string(flexible) if v >= 3 else None
+        client_id = r.required_string(flexible)
+        client_host = r.required_string(flexible)
+        rebalance_timeout = r.i32() if v >= 1 else -1
+        session_timeout = r.i32()
+        subscription = r.bytes_(flexible)
+        assignment = r.bytes_(flexible)
+        if flexible:
+            r.skip_tagged_fields()
+        members.append(
+            MemberMetadata(
+                member_id=member_id,
+                group_instance_id=instance_id,
+                client_id=client_id,
+                client_host=client_host,
+                rebalance_timeout=rebalance_timeout,
+                session_timeout=session_timeout,
+                subscription=subscription,
+                assignment=assignment,
+            )
+        )
+    if flexible:
+        r.skip_tagged_fields()
+    return GroupMetadataValue(
+        protocol_type=protocol_type,
+        generation=generation,
+        protocol=protocol,
+        leader=leader,
+        current_state_timestamp=timestamp,
+        members=tuple(members),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole records
+# ---------------------------------------------------------------------------------------------
+
+RecordValue = OffsetCommitValue | GroupMetadataValue
+
+
+def encode_record(key: RecordKey, value: RecordValue | None) -> tuple[bytes, bytes | None]:
+    """Encode a (key, value) pair; ``value=None`` gives a tombstone."""
+    if value is None:
+        return encode_key(key), None
+    if isinstance(key, OffsetCommitKey) and isinstance(value, OffsetCommitValue):
+        return encode_key(key), encode_offset_commit_value(value)
+    if isinstance(key, GroupMetadataKey) and isinstance(value, GroupMetadataValue):
+        return encode_key(key), encode_group_metadata_value(value)
+    raise TypeError(f"key {type(key).__name__} does not match value {type(value).__name__}")
+
+
+def decode_record(key: bytes, value: bytes | None) -> tuple[RecordKey, RecordValue | None] | None:
+    """Decode a ``__consumer_offsets`` record; None if its type is not one this coordinator owns."""
+    decoded_key = decode_key(key)
+    if decoded_key is None:
+        return None
+    if value is None:
+        return decoded_key, None
+    if isinstance(decoded_key, OffsetCommitKey):
+        return decoded_key, decode_offset_commit_value(value)
+    return decoded_key, decode_group_metadata_value(value)

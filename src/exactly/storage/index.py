@@ -1,0 +1,282 @@
+"""Sparse per-segment indexes: offset -> file position (``.index``) and timestamp -> offset
+(``.timeindex``), Kafka's OffsetIndex and TimeIndex.
+
+Theory of operation
+-------------------
+A segment adds one entry every ``index.interval.bytes`` of appended data, so an index is small
+(a 1 GiB segment with the 4 KiB default has at most ~256 Ki entries) and a lookup is a binary
+search followed by a short scan of batch headers in the log. Entries are kept in memory in
+``array`` columns (no per-entry Python objects) and appended to the file as they are created;
+unlike Kafka the files are not preallocated or memory-mapped, so an index file is always exactly
+``entries * entry_size`` bytes and needs no trimming at roll.
+
+Loading is lazy: opening a segment only checks an index's size (``quick_check``); the entries are
+read on first use. An index that is missing, has a size that is not a multiple of its entry size,
+or whose entries do not increase is *corrupt*: ``load`` returns False and the owning segment
+rebuilds it from the log. Nothing here ever trusts an index more than the log.
+
+Invariants
+----------
+* OffsetIndex: relative offsets strictly increase, positions strictly increase, and every
+  position is the start of a batch whose base offset is ``base_offset + relative offset``.
+* TimeIndex: timestamps strictly increase and offsets never decrease; an entry ``(t, o)`` means
+  "no batch before the one at offset ``o`` in this segment has a max timestamp >= t", which is what
+  makes ``lookup`` a safe lower bound.
+* On disk both are big-endian, like Kafka's (relative offset u32 + position u32; timestamp i64 +
+  relative offset u32).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+import sys
+from array import array
+from bisect import bisect_left, bisect_right
+from pathlib import Path
+
+OFFSET_ENTRY = struct.Struct(">II")
+TIME_ENTRY = struct.Struct(">qI")
+_LITTLE = sys.byteorder == "little"
+
+
+def _append_file(path: Path, data: bytes) -> int:
+    """Open ``path`` for appending (creating it), write ``data``; returns the descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    if data:
+        os.write(fd, data)
+    return fd
+
+
+def _strictly_increasing(values: array[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(values))
+
+
+class OffsetIndex:
+    """Sparse offset -> position map of one segment (``<base>.index``)."""
+
+    __slots__ = ("_fd", "_loaded", "_offsets", "_positions", "base_offset", "max_entries", "path")
+
+    def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.max_entries = max(1, max_entries)
+        self._offsets: array[int] = array("I")  # relative offsets
+        self._positions: array[int] = array("I")
+        self._fd = -1
+        self._loaded = False
+
+    # --- loading ----------------------------------------------------------------------------
+    def quick_check(self) -> bool:
+        """Cheap test used when a segment is opened: the file exists with a sane size."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return False
+        return size % OFFSET_ENTRY.size == 0
+
+    def load(self, log_size: int) -> bool:
+        """Read the entries; False (and empty) when the file is missing or corrupt."""
+        self._loaded = True
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(data) % OFFSET_ENTRY.size:
+            return False
+        cols: array[int] = array("I")
+        cols.frombytes(data)
+        if _LITTLE:
+            cols.byteswap()
+        offsets, positions = cols[0::2], cols[1::2]
+        if not (_strictly_increasing(offsets) and _strictly_increasing(positions)):
+            return False
+        if positions and positions[-1] >= log_size:
+            return False
+        self._offsets, self._positions = offsets, positions
+        return True
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def reset(self) -> None:
+        """Forget every entry and empty the file (before a rebuild)."""
+        self.close()
+        self._offsets = array("I")
+        self._positions = array("I")
+        self._loaded = True
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+
+    # --- entries ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @property
+    def is_full(self) -> bool:
+        return len(self._offsets) >= self.max_entries
+
+    def last_entry(self) -> tuple[int, int]:
+        """(offset, position) of the last entry, or (base_offset, 0) when empty."""
+        if not self._offsets:
+            return self.base_offset, 0
+        return self.base_offset + self._offsets[-1], self._positions[-1]
+
+    def append(self, offset: int, position: int) -> None:
+        rel = offset - self.base_offset
+        if self._offsets and (rel <= self._offsets[-1] or position <= self._positions[-1]):
+            raise ValueError(f"index entry ({offset}, {position}) does not follow the last one")
+        self._offsets.append(rel)
+        self._positions.append(position)
+        if self._fd < 0:
+            self._fd = _append_file(self.path, b"")
+        os.write(self._fd, OFFSET_ENTRY.pack(rel, position))
+
+    def lookup(self, offset: int) -> tuple[int, int]:
+        """(offset, position) of the last entry with offset <= ``offset`` (the segment start when
+        there is none): the place to start scanning for ``offset``."""
+        i = bisect_right(self._offsets, offset - self.base_offset) - 1
+        if i < 0:
+            return self.base_offset, 0
+        return self.base_offset + self._offsets[i], self._positions[i]
+
+    def truncate_to_position(self, position: int) -> None:
+        """Drop entries at or after ``position`` (the log is being cut there)."""
+        keep = bisect_left(self._positions, position)
+        if keep == len(self._positions):
+            return
+        del self._offsets[keep:]
+        del self._positions[keep:]
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        cols: array[int] = array("I")
+        for rel, pos in zip(self._offsets, self._positions):
+            cols.append(rel)
+            cols.append(pos)
+        if _LITTLE:
+            cols.byteswap()
+        self.close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.write(self._fd, cols.tobytes())
+
+    # --- durability -------------------------------------------------------------------------
+    def flush(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class TimeIndex:
+    """Sparse max-timestamp -> offset map of one segment (``<base>.timeindex``)."""
+
+    __slots__ = ("_fd", "_loaded", "_offsets", "_timestamps", "base_offset", "max_entries", "path")
+
+    def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.max_entries = max(1, max_entries)
+        self._timestamps: array[int] = array("q")
+        self._offsets: array[int] = array("I")  # relative offsets
+        self._fd = -1
+        self._loaded = False
+
+    def quick_check(self) -> bool:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return False
+        return size % TIME_ENTRY.size == 0
+
+    def load(self) -> bool:
+        """Read the entries; False (and empty) when the file is missing or corrupt."""
+        self._loaded = True
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(data) % TIME_ENTRY.size:
+            return False
+        timestamps: array[int] = array("q")
+        offsets: array[int] = array("I")
+        for ts, rel in TIME_ENTRY.iter_unpack(data):
+            timestamps.append(ts)
+            offsets.append(rel)
+        if not _strictly_increasing(timestamps) or any(a > b for a, b in itertools.pairwise(offsets)):
+            return False
+        self._timestamps, self._offsets = timestamps, offsets
+        return True
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def reset(self) -> None:
+        self.close()
+        self._timestamps = array("q")
+        self._offsets = array("I")
+        self._loaded = True
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+
+    def __len__(self) -> int:
+        return len(self._timestamps)
+
+    @property
+    def is_full(self) -> bool:
+        return len(self._timestamps) >= self.max_entries
+
+    def last_entry(self) -> tuple[int, int] | None:
+        """(timestamp, offset) of the last entry."""
+        if not self._timestamps:
+            return None
+        return self._timestamps[-1], self.base_offset + self._offsets[-1]
+
+    def maybe_append(self, timestamp: int, offset: int) -> None:
+        """Add (timestamp, offset) unless it does not raise the max timestamp (Kafka's
+        maybeAppend): entries only ever record a new maximum."""
+        if timestamp < 0 or (self._timestamps and timestamp <= self._timestamps[-1]):
+            return
+        rel = offset - self.base_offset
+        if self._offsets and rel < self._offsets[-1]:
+            return
+        self._timestamps.append(timestamp)
+        self._offsets.append(rel)
+        if self._fd < 0:
+            self._fd = _append_file(self.path, b"")
+        os.write(self._fd, TIME_ENTRY.pack(timestamp, rel))
+
+    def lookup(self, timestamp: int) -> int:
+        """An offset at or before the first batch whose max timestamp is >= ``timestamp``: the
+        offset of the last entry with a timestamp strictly below it (segment start if none)."""
+        i = bisect_left(self._timestamps, timestamp) - 1
+        if i < 0:
+            return self.base_offset
+        return self.base_offset + self._offsets[i]
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Drop entries whose offset is >= ``offset``."""
+        rel = offset - self.base_offset
+        keep = len(self._offsets)
+        while keep and self._offsets[keep - 1] >= rel:
+            keep -= 1
+        if keep == len(self._offsets):
+            return
+        del self._timestamps[keep:]
+        del self._offsets[keep:]
+        self.close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.write(self._fd, b"".join(TIME_ENTRY.pack(t, o) for t, o in zip(self._timestamps, self._offsets)))
+
+    def flush(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,441 @@
+"""One log segment: ``<base_offset:020d>.log`` plus its offset, time and transaction indexes
+(Kafka's LogSegment).
+
+Theory of operation
+-------------------
+A segment is an append-only file of whole v2 record batches whose offsets start at
+``base_offset``. Writes go through one descriptor with ``os.pwrite`` at the current size and land
+in the page cache; nothing is fsynced until ``flush``. Every ``index.interval.bytes`` of appended
+data the segment adds an offset-index entry (base offset of the batch, its position) and offers
+the largest timestamp seen so far to the time index. Finding an offset is an index lookup plus a
+scan of batch *headers* (61 bytes each, via ``BatchHeader.parse``); records are never decoded.
+
+Reads are ``os.pread`` of a byte range, so a fetch costs one system call and one copy into a
+``bytes`` that goes straight to the socket.
+
+Recovery (``recover``) re-reads the batches at or after a given offset with their CRC32C, cuts the
+file at the first invalid or incomplete batch, and rebuilds the index entries for what it read.
+
+Invariants
+----------
+* ``size`` is the file length and always ends on a batch boundary (after ``recover`` or
+  ``truncate_to``); appends keep it so.
+* ``next_offset`` is one past the last offset of the last batch (``base_offset`` when empty).
+* ``max_timestamp`` is the largest batch max timestamp in the segment (-1 when unknown/none) and
+  ``offset_of_max_timestamp`` the base offset of the first batch that has it.
+* Index entries never point past ``size``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_batches
+from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
+from exactly.storage.txn_index import TransactionIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+ALL_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+
+RECOVERY_CHUNK = 4 * 1024 * 1024  # recovery reads (CRC needs whole batches)
+LOOKUP_CHUNK = 64 * 1024  # index-to-offset scans: a few batches past an index entry
+
+
+def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
+    return directory / f"{base_offset:020d}{suffix}"
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
+    with memoryview(data) as view:
+        while view:
+            written = os.pwrite(fd, view, position)
+            view = view[written:]
+            position += written
+
+
+class LogSegment:
+    """A log file and its indexes; see the module docstring for the invariants."""
+
+    __slots__ = (
+        "_bytes_since_index",
+        "_fd",
+        "_max_timestamp",
+        "_offset_of_max_timestamp",
+        "_rolling_timestamp",
+        "base_offset",
+        "created_ms",
+        "directory",
+        "index_interval_bytes",
+        "log_path",
+        "next_offset",
+        "offset_index",
+        "size",
+        "time_index",
+        "txn_index",
+        "unflushed",
+    )
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        index_max_bytes: int,
+        now_ms: int,
+        create: bool,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.log_path = segment_file(directory, base_offset, LOG_SUFFIX)
+        flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if create else 0)
+        self._fd = os.open(self.log_path, flags, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        self.offset_index = OffsetIndex(
+            segment_file(directory, base_offset, INDEX_SUFFIX),
+            base_offset,
+            index_max_bytes // OFFSET_ENTRY.size,
+        )
+        self.time_index = TimeIndex(
+            segment_file(directory, base_offset, TIME_INDEX_SUFFIX),
+            base_offset,
+            index_max_bytes // TIME_ENTRY.size,
+        )
+        self.txn_index = TransactionIndex(segment_file(directory, base_offset, TXN_INDEX_SUFFIX), base_offset)
+        self.created_ms = now_ms
+        self.next_offset = base_offset
+        self.unflushed = False
+        self._bytes_since_index = 0
+        self._max_timestamp: int | None = -1
+        self._offset_of_max_timestamp = base_offset
+        self._rolling_timestamp: int | None = None
+        if create:
+            self.offset_index.reset()
+            self.time_index.reset()
+            self.txn_index.truncate_to(base_offset)
+        else:
+            self._max_timestamp = None  # unknown until the indexes or the log are read
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        index_max_bytes: int,
+        now_ms: int,
+    ) -> LogSegment:
+        return cls(
+            directory,
+            base_offset,
+            index_interval_bytes=index_interval_bytes,
+            index_max_bytes=index_max_bytes,
+            now_ms=now_ms,
+            create=True,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        index_max_bytes: int,
+        now_ms: int,
+    ) -> LogSegment:
+        """Open an existing segment without reading it; ``indexes_look_sane`` says whether the
+        indexes can be trusted or ``recover``/``rebuild_indexes`` must run."""
+        return cls(
+            directory,
+            base_offset,
+            index_interval_bytes=index_interval_bytes,
+            index_max_bytes=index_max_bytes,
+            now_ms=now_ms,
+            create=False,
+        )
+
+    # --- state ------------------------------------------------------------------------------
+    def indexes_look_sane(self) -> bool:
+        """Cheap checks only (file sizes): full validation happens on the first lookup."""
+        return self.offset_index.quick_check() and self.time_index.quick_check() and self.txn_index.load()
+
+    def ensure_indexes(self) -> None:
+        """Load the indexes on first use; rebuild both from the log if either is corrupt."""
+        if self.offset_index.loaded and self.time_index.loaded:
+            return
+        if not (self.offset_index.load(self.size) and self.time_index.load()):
+            self.rebuild_indexes()
+            return
+        if self._max_timestamp is None:
+            last = self.time_index.last_entry()
+            if last is not None:
+                self._max_timestamp, self._offset_of_max_timestamp = last
+            else:
+                self._max_timestamp = -1
+
+    @property
+    def max_timestamp(self) -> int:
+        self.ensure_indexes()
+        return self._max_timestamp if self._max_timestamp is not None else -1
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        self.ensure_indexes()
+        return self._offset_of_max_timestamp
+
+    @property
+    def rolling_timestamp(self) -> int:
+        """What segment.ms is measured from: the first batch's max timestamp (survives restarts,
+        as in Kafka), else the time this segment object was created."""
+        if self._rolling_timestamp is None and self.size >= HEADER_SIZE:
+            header = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0))
+            self._rolling_timestamp = header.max_timestamp
+        if self._rolling_timestamp is None or self._rolling_timestamp < 0:
+            return self.created_ms
+        return self._rolling_timestamp
+
+    def retention_timestamp(self) -> int:
+        """Largest timestamp in the segment, or the file's mtime when batches carry none."""
+        ts = self.max_timestamp
+        if ts >= 0:
+            return ts
+        return int(self.log_path.stat().st_mtime * 1000)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    # --- writes -----------------------------------------------------------------------------
+    def append(self, data: bytes | bytearray | memoryview, header: BatchHeader) -> None:
+        """Write one batch whose offsets are final; ``header`` describes ``data``."""
+        position = self.size
+        if self._bytes_since_index > self.index_interval_bytes:
+            self.ensure_indexes()
+            self.offset_index.append(header.base_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
+            self._bytes_since_index = 0
+        try:
+            _write_all(self._fd, data, position)
+        except BaseException:
+            os.ftruncate(self._fd, position)  # never leave a torn batch behind a failed write
+            raise
+        self._note_batch(header, position)
+        self.unflushed = True
+
+    def _note_batch(self, header: BatchHeader, position: int) -> None:
+        size = header.size
+        self.size = position + size
+        self.next_offset = header.next_offset
+        self._bytes_since_index += size
+        if self._rolling_timestamp is None:
+            self._rolling_timestamp = header.max_timestamp if position == 0 else None
+        if self._max_timestamp is not None and header.max_timestamp > self._max_timestamp:
+            self._max_timestamp = header.max_timestamp
+            self._offset_of_max_timestamp = header.base_offset
+
+    def on_become_inactive(self) -> None:
+        """At roll/close: record the final max timestamp so a reopened segment knows it from the
+        time index alone."""
+        if self._max_timestamp is not None and self._max_timestamp >= 0:
+            self.ensure_indexes()
+            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+
+    # --- scanning ---------------------------------------------------------------------------
+    def scan(
+        self, position: int = 0, *, verify_crc: bool = False, chunk: int = RECOVERY_CHUNK
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """(absolute position, header) of each whole, valid batch from ``position`` until the
+        first invalid or incomplete one. Without ``verify_crc`` a batch larger than ``chunk``
+        costs one 61-byte read, not a read of the batch."""
+        end = self.size
+        pos = position
+        while pos + HEADER_SIZE <= end:
+            buf = os.pread(self._fd, min(end - pos, max(chunk, HEADER_SIZE)), pos)
+            if len(buf) < HEADER_SIZE:
+                return
+            consumed = 0
+            for header in iter_batches(buf, 0, verify_crc=verify_crc):
+                yield pos + header.position, header
+                consumed = header.position + header.size
+            if consumed == 0:
+                # The first batch did not fit the chunk, or is invalid.
+                header = BatchHeader.parse(buf, 0)
+                if header.magic != 2 or header.batch_length < MIN_BATCH_LENGTH or pos + header.size > end:
+                    return
+                if header.size <= len(buf):
+                    return  # it fitted, so iter_batches refused it: invalid
+                if verify_crc:
+                    whole = os.pread(self._fd, header.size, pos)
+                    if len(whole) < header.size or compute_crc(whole, 0, header.size) != header.crc:
+                        return
+                yield pos, header
+                consumed = header.size
+            pos += consumed
+
+    def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """Position and header of the first batch whose last offset is >= ``offset`` (the batch
+        containing it, or the next one after a gap); None if the segment ends before it."""
+        self.ensure_indexes()
+        _entry_offset, position = self.offset_index.lookup(offset)
+        chunk = max(LOOKUP_CHUNK, self.index_interval_bytes + HEADER_SIZE)
+        for pos, header in self.scan(position, chunk=chunk):
+            if header.last_offset >= offset:
+                return pos, header
+        return None
+
+    def find_by_timestamp(self, timestamp: int) -> BatchHeader | None:
+        """Header of the first batch whose max timestamp is >= ``timestamp``."""
+        self.ensure_indexes()
+        start_offset = self.time_index.lookup(timestamp)
+        _o, position = self.offset_index.lookup(start_offset)
+        for _pos, header in self.scan(position, chunk=LOOKUP_CHUNK):
+            if header.max_timestamp >= timestamp:
+                return header
+        return None
+
+    def read(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    # --- recovery and truncation ------------------------------------------------------------
+    def load_tail(self) -> bool:
+        """For a segment that is not recovered: find ``next_offset`` (and the max timestamp of
+        the part after the last index entry) by scanning from the last index entry. False when
+        that scan does not end exactly at the end of the file (the caller must recover)."""
+        self.ensure_indexes()
+        _o, position = self.offset_index.last_entry()
+        end = position
+        for pos, header in self.scan(position, chunk=LOOKUP_CHUNK):
+            end = pos + header.size
+            self.next_offset = header.next_offset
+            if header.max_timestamp > self.max_timestamp:
+                self._max_timestamp = header.max_timestamp
+                self._offset_of_max_timestamp = header.base_offset
+        self._bytes_since_index = end - position
+        return end == self.size
+
+    def rebuild_indexes(self) -> None:
+        """Rebuild the offset and time indexes from the log (headers only, no truncation)."""
+        self.offset_index.reset()
+        self.time_index.reset()
+        self._reset_scan_state()
+        for pos, header in self.scan(0):
+            self._index_during_scan(pos, header)
+        self.unflushed = True
+
+    def _reset_scan_state(self) -> None:
+        self._bytes_since_index = 0
+        self._max_timestamp = -1
+        self._offset_of_max_timestamp = self.base_offset
+        self.next_offset = self.base_offset
+
+    def _index_during_scan(self, position: int, header: BatchHeader) -> None:
+        if self._bytes_since_index > self.index_interval_bytes:
+            self.offset_index.append(header.base_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+        self.next_offset = header.next_offset
+        current = -1 if self._max_timestamp is None else self._max_timestamp
+        if header.max_timestamp > current:
+            self._max_timestamp = header.max_timestamp
+            self._offset_of_max_timestamp = header.base_offset
+
+    def recover(self, from_offset: int | None = None) -> int:
+        """Validate (CRC32C) every batch at or after ``from_offset`` (the whole segment when
+        None), cut the log at the first invalid or incomplete batch and rebuild the index
+        entries for the validated part. Returns how many bytes were cut."""
+        start = 0
+        if from_offset is not None and from_offset > self.base_offset:
+            start = self._position_for_recovery(from_offset)
+        if start == 0:
+            self.offset_index.reset()
+            self.time_index.reset()
+            self._reset_scan_state()
+        valid_end = start
+        for pos, header in self.scan(start, verify_crc=True):
+            self._index_during_scan(pos, header)
+            valid_end = pos + header.size
+        cut = self.size - valid_end
+        if cut:
+            self._truncate_file(valid_end)
+        self.unflushed = True
+        return cut
+
+    def _position_for_recovery(self, offset: int) -> int:
+        """Position of the first batch at or after ``offset``, trusting the log and indexes
+        before it (they were flushed). Leaves the scan state as if the part before had just
+        been indexed. Returns 0 (recover everything) when the flushed part looks wrong."""
+        if not (self.offset_index.load(self.size) and self.time_index.load()):
+            return 0
+        entry_offset, position = self.offset_index.lookup(offset)
+        self.offset_index.truncate_to_position(position + 1)
+        self.time_index.truncate_to_offset(entry_offset + 1)
+        last = self.time_index.last_entry()
+        self._max_timestamp, self._offset_of_max_timestamp = (
+            last if last is not None else (-1, self.base_offset)
+        )
+        self.next_offset = entry_offset
+        self._bytes_since_index = 0
+        end = position
+        for pos, header in self.scan(position, chunk=LOOKUP_CHUNK):
+            if header.base_offset >= offset:
+                return pos
+            self._index_during_scan(pos, header)
+            end = pos + header.size
+        return end
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose base offset is >= ``offset``. Returns bytes removed."""
+        found = self.find_batch(offset)
+        if found is None:
+            return 0
+        position, header = found
+        if header.base_offset < offset:
+            position += header.size  # keep the batch containing offset whole
+        removed = self.size - position
+        if removed:
+            self._truncate_file(position)
+            self.rebuild_indexes()
+        return removed
+
+    def _truncate_file(self, position: int) -> None:
+        os.ftruncate(self._fd, position)
+        self.size = position
+        self.unflushed = True
+        if self.offset_index.loaded:
+            self.offset_index.truncate_to_position(position)
+        if position == 0:
+            self._rolling_timestamp = None
+
+    # --- durability and lifetime ------------------------------------------------------------
+    def flush(self) -> None:
+        if self.unflushed:
+            os.fsync(self._fd)
+            self.offset_index.flush()
+            self.time_index.flush()
+            self.txn_index.flush()
+            self.unflushed = False
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.offset_index.close()
+        self.time_index.close()
+        self.txn_index.close()
+
+    def delete(self) -> None:
+        self.close()
+        for suffix in ALL_SUFFIXES:
+            segment_file(self.directory, self.base_offset, suffix).unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base_offset={self.base_offset}, size={self.size}, next_offset={self.next_offset})"
