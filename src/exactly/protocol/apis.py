@@ -104,7 +104,7 @@ class ApiSchema:
     response_type: type[Any]
     request_flexible: bool
     response_flexible: bool
-    read_request: Callable[[bytes, int], tuple[Any, int]]
+    read_request: Callable[[bytes | bytearray, int], tuple[Any, int]]
     write_response: Callable[[io.BytesIO, Any], None]
 
 

@@ -31,7 +31,7 @@ class RequestHeader:
     client_id: str | None
 
 
-def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     result = 0
     shift = 0
     while True:
@@ -47,7 +47,7 @@ def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise HeaderError("unsigned varint too long")
 
 
-def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
+def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
         _tag, pos = read_uvarint(buf, pos)
@@ -58,7 +58,7 @@ def skip_tagged_fields(buf: bytes | memoryview, pos: int) -> int:
     return pos
 
 
-def parse_request_header(frame: bytes) -> tuple[RequestHeader, int]:
+def parse_request_header(frame: bytes | bytearray) -> tuple[RequestHeader, int]:
     """Parse the v1 part of the header; returns the header and the offset after client_id.
 
     The caller skips the v2 tagged fields with ``skip_tagged_fields`` once it knows the request
@@ -72,7 +72,7 @@ def parse_request_header(frame: bytes) -> tuple[RequestHeader, int]:
         end = pos + client_len
         if end > len(frame):
             raise HeaderError("client_id runs past the end of the frame")
-        client_id = frame[pos:end].decode("utf-8", errors="replace")
+        client_id = bytes(frame[pos:end]).decode("utf-8", errors="replace")
         pos = end
     return RequestHeader(api_key, api_version, correlation_id, client_id), pos
 

@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.server.config import BrokerConfig
@@ -27,6 +28,9 @@ from exactly.server.metrics import Metrics
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.connection import KafkaConnection
 
 log = logging.getLogger("exactly.broker")
 
@@ -121,7 +125,7 @@ class Broker:
         self.auto_create_topics = config.get_bool("auto.create.topics.enable")
         self.num_partitions = config.get_int("num.partitions")
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self.connections: set[KafkaConnection] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -156,19 +160,11 @@ class Broker:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> Endpoint:
-        from exactly.server.connection import serve_connection
+        from exactly.server.connection import KafkaConnection
 
-        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            self._connections.add(task)
-            try:
-                await serve_connection(self, reader, writer)
-            finally:
-                self._connections.discard(task)
-
-        self._server = await asyncio.start_server(
-            on_connect, self.listen.host, self.listen.port, limit=1 << 20, reuse_address=True
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: KafkaConnection(self), self.listen.host, self.listen.port, reuse_address=True, backlog=512
         )
         sock = self._server.sockets[0]
         host, port = sock.getsockname()[:2]
@@ -199,9 +195,11 @@ class Broker:
         log.info("shutting down")
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections) + self._tasks:
+        for conn in list(self.connections):
+            conn.abort()
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._connections, *self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
         self.logs.close()

@@ -128,7 +128,9 @@ class BrokerConfig:
     def log_config(self) -> LogConfig:
         """Topic defaults derived from the broker's log.* settings (as Kafka's LogConfig)."""
         roll_ms = (
-            self.get_int("log.roll.ms") if self.values["log.roll.ms"] else self.get_int("log.roll.hours") * 3_600_000
+            self.get_int("log.roll.ms")
+            if self.values["log.roll.ms"]
+            else self.get_int("log.roll.hours") * 3_600_000
         )
         return LogConfig(
             segment_bytes=self.get_int("log.segment.bytes"),

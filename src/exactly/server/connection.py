@@ -5,24 +5,32 @@ sent), so pipelined requests (librdkafka keeps up to 5 in flight) are read ahead
 answered in order. A long-polling Fetch therefore delays later requests on the same connection,
 exactly as in Kafka; clients use separate connections where that matters.
 
+Receiving without copies: the connection is an ``asyncio.BufferedProtocol``. Small frames are
+read into a reusable buffer and copied out once; a large frame (a produce request) gets a
+bytearray of its exact size and the kernel writes its body straight into it. That bytearray is
+the request: the produce path patches offsets inside it and writes it to the segment.
+
 What closes a connection (each with a log line, as Kafka does): a frame over
-socket.request.max.bytes, an unparseable header, an unknown API key, a non-ApiVersions request
-at a version we do not speak, a body the schema cannot parse. Everything else gets an error
-code in a response. A failure inside a handler is logged and the connection closed; the broker
-and its other connections are unaffected.
+socket.request.max.bytes (or a negative size), an unparseable header, an unknown API key, a
+non-ApiVersions request at a version we do not speak, a body the schema cannot parse. Everything
+else gets an error code in a response. A failure inside a handler is logged and the connection
+closed; the broker and its other connections are unaffected.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import struct
+import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import VERSION_RANGES, ApiKey, ApiSchema, build, encode_response, schema
-from exactly.protocol.framing import FrameDecoder, FrameError, frame
+from exactly.protocol.framing import frame
 from exactly.protocol.header import (
     HeaderError,
     RequestHeader,
@@ -37,7 +45,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exactly.connection")
 
-READ_SIZE = 1 << 20
+SMALL_BUFFER = 256 * 1024
+LARGE_FRAME = 64 * 1024  # frames at least this big are received into their own buffer
+MAX_QUEUED_FRAMES = 32  # read-ahead before we stop reading the socket
+WRITE_HIGH_WATER = 8 * 1024 * 1024
+_SIZE = struct.Struct(">i")
 
 
 class CloseConnection(Exception):
@@ -55,45 +67,154 @@ class RequestContext:
         return self.header.api_version
 
 
-async def serve_connection(
-    broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    peername = writer.get_extra_info("peername")
-    peer = f"{peername[0]}:{peername[1]}" if peername else "?"
-    decoder = FrameDecoder(broker.max_request_size)
-    try:
-        while True:
-            data = await reader.read(READ_SIZE)
-            if not data:
+class KafkaConnection(asyncio.BufferedProtocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._buf = bytearray(SMALL_BUFFER)
+        self._start = 0
+        self._end = 0
+        self._large: bytearray | None = None
+        self._large_filled = 0
+        self._frames: collections.deque[bytearray] = collections.deque()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._paused_reading = False
+        self._closing = False
+
+    # ---- protocol callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.broker.connections.add(self)
+        self._task = asyncio.get_running_loop().create_task(self._process(), name=f"conn-{self.peer}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broker.connections.discard(self)
+        self._closing = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._large is not None:
+            return memoryview(self._large)[self._large_filled :]
+        if self._end == len(self._buf):
+            self._compact()
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._large is not None:
+            self._large_filled += nbytes
+            if self._large_filled == len(self._large):
+                self._push(self._large)
+                self._large = None
+            return
+        self._end += nbytes
+        self._split_frames()
+
+    def pause_writing(self) -> None:
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    # ---- framing ------------------------------------------------------------------------------
+    def _compact(self) -> None:
+        remaining = self._end - self._start
+        if self._start:
+            self._buf[0:remaining] = self._buf[self._start : self._end]
+        self._start, self._end = 0, remaining
+
+    def _split_frames(self) -> None:
+        buf = self._buf
+        max_size = self.broker.max_request_size
+        while self._end - self._start >= 4:
+            size = _SIZE.unpack_from(buf, self._start)[0]
+            if size < 0 or size > max_size:
+                self._close(f"frame size {size} outside [0, {max_size}] (socket.request.max.bytes)")
                 return
-            try:
-                frames = decoder.feed(data)
-            except FrameError as exc:
-                log.warning("closing connection from %s: %s", peer, exc)
+            body = self._start + 4
+            available = self._end - body
+            if available >= size:
+                self._push(buf[body : body + size])
+                self._start = body + size
+                continue
+            if size >= LARGE_FRAME or size + 4 > len(buf):
+                large = bytearray(size)
+                large[:available] = buf[body : self._end]
+                self._large, self._large_filled = large, available
+                self._start = self._end = 0
                 return
-            for payload in frames:
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start > len(buf) // 2:
+            self._compact()
+
+    def _push(self, payload: bytearray) -> None:
+        self._frames.append(payload)
+        if len(self._frames) >= MAX_QUEUED_FRAMES and not self._paused_reading and self.transport is not None:
+            self.transport.pause_reading()
+            self._paused_reading = True
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    def _close(self, reason: str) -> None:
+        if not self._closing:
+            log.warning("closing connection from %s: %s", self.peer, reason)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- request processing -------------------------------------------------------------------
+    async def _process(self) -> None:
+        loop = asyncio.get_running_loop()
+        broker = self.broker
+        transport = self.transport
+        assert transport is not None
+        try:
+            while not self._closing:
+                if not self._frames:
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
+                    continue
+                payload = self._frames.popleft()
+                if self._paused_reading and len(self._frames) < MAX_QUEUED_FRAMES // 2:
+                    transport.resume_reading()
+                    self._paused_reading = False
                 broker.metrics.bytes_in += len(payload) + 4
                 try:
-                    out = await dispatch(broker, payload, peer)
+                    chunks = await dispatch(broker, payload, self.peer)
                 except CloseConnection as exc:
-                    log.warning("closing connection from %s: %s", peer, exc)
+                    self._close(str(exc))
                     return
-                if out is not None:
-                    broker.metrics.bytes_out += len(out)
-                    writer.write(out)
-            if writer.transport.get_write_buffer_size() > (4 << 20):
-                await writer.drain()
-    except (ConnectionResetError, BrokenPipeError):
-        return
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("unexpected error on connection from %s; closing it", peer)
-    finally:
-        writer.close()
+                if chunks is None or self._closing:
+                    continue
+                transport.writelines(chunks)
+                if self._writable is not None and not self._writable.done():
+                    await self._writable
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("unexpected error on connection from %s; closing it", self.peer)
+            self._close("internal error")
+
+    def abort(self) -> None:
+        """Broker shutdown: drop the connection without waiting for in-flight work."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
 
 
-def _api_versions_unsupported(header: RequestHeader) -> bytes:
+def _api_versions_unsupported(header: RequestHeader) -> list[bytes]:
     """Kafka answers an ApiVersions request of an unknown version with a v0 response carrying
     UNSUPPORTED_VERSION and the supported ranges, so the client can retry with one it knows."""
     api = schema(ApiKey.API_VERSIONS, 0)
@@ -106,14 +227,16 @@ def _api_versions_unsupported(header: RequestHeader) -> bytes:
             for k, (lo, hi) in supported_apis()
         ),
     )
-    return frame(response_header(header.correlation_id, False) + encode_response(api, body))
+    return [frame(response_header(header.correlation_id, False) + encode_response(api, body))]
 
 
 def supported_apis() -> list[tuple[int, tuple[int, int]]]:
     return [(int(k), VERSION_RANGES[k]) for k in sorted(HANDLERS) if k in VERSION_RANGES]
 
 
-async def dispatch(broker: Broker, payload: bytes, peer: str) -> bytes | None:
+async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] | None:
+    """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
+    response). Raises CloseConnection where Kafka closes the connection."""
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:
@@ -140,7 +263,8 @@ async def dispatch(broker: Broker, payload: bytes, peer: str) -> bytes | None:
         if parser is not None:
             request = parser(payload, pos, header.api_version)
         else:
-            request, _size = api.read_request(payload, pos)
+            # kio's native reader refuses writable buffers; small frames, one copy is fine
+            request, _size = api.read_request(bytes(payload), pos)
     except Exception as exc:  # any decode failure of client bytes
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
@@ -150,8 +274,11 @@ async def dispatch(broker: Broker, payload: bytes, peer: str) -> bytes | None:
     if response is None:  # acks=0 produce
         return None
     flexible = api.response_flexible and key != ApiKey.API_VERSIONS
-    if isinstance(response, bytes | bytearray):  # hand-encoded body (hot paths)
-        body = bytes(response)
-    else:
-        body = encode_response(api, response)
-    return frame(response_header(header.correlation_id, flexible) + body)
+    head = response_header(header.correlation_id, flexible)
+    if isinstance(response, list):  # hand-encoded chunks (fetch)
+        size = len(head) + sum(len(c) for c in response)
+        broker.metrics.bytes_out += size + 4
+        return [_SIZE.pack(size) + head, *response]
+    body = response if isinstance(response, bytes | bytearray) else encode_response(api, response)
+    broker.metrics.bytes_out += len(head) + len(body) + 4
+    return [_SIZE.pack(len(head) + len(body)) + head, body]

@@ -42,7 +42,6 @@ from kio.schema.errors import ErrorCode
 from exactly.records.batch import (
     ATTRIBUTES_OFFSET,
     CRC_OFFSET,
-    HEADER_SIZE,
     MAX_TIMESTAMP_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
@@ -63,6 +62,7 @@ from exactly.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
 )
+from exactly.storage.retention import deletable_segments
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
@@ -210,7 +210,7 @@ class PartitionLog:
     # --- writes ---------------------------------------------------------------------------
     def append(
         self,
-        batch: bytearray,
+        batch: bytearray | memoryview,
         header: BatchHeader,
         *,
         leader_epoch: int,
@@ -301,7 +301,7 @@ class PartitionLog:
             return
         if (
             active.size + header.size > self.config.segment_bytes
-            or now_ms - active.rolling_timestamp > self.config.segment_ms
+            or self._waited_for_roll(active, header.max_timestamp, now_ms) > self.config.segment_ms
             or active.offset_index.is_full
             or active.time_index.is_full
             or header.last_offset - active.base_offset > _MAX_RELATIVE_OFFSET
@@ -322,10 +322,25 @@ class PartitionLog:
         self.producer_state.take_snapshot()
         return segment
 
+    @staticmethod
+    def _waited_for_roll(active: LogSegment, batch_timestamp: int, now_ms: int) -> int:
+        """Kafka's LogSegment.timeWaitedForRoll: the new batch's timestamp minus the first
+        batch's (so replaying old data does not roll at every batch), or wall-clock time since
+        the segment was created when batches carry no timestamps."""
+        first = active.first_batch_timestamp
+        if first >= 0 and batch_timestamp >= 0:
+            return batch_timestamp - first
+        return now_ms - active.created_ms
+
     def maybe_roll(self, now_ms: int) -> None:
-        """Roll by age (segment.ms) even when nothing is being appended."""
+        """Roll by age (segment.ms) an active segment nothing is appended to: age by the wall
+        clock since the segment was created or opened, or since its first batch's timestamp,
+        whichever is more recent (skewed client clocks must not cause a roll per call)."""
         active = self._segments[-1]
-        if not active.is_empty and now_ms - active.rolling_timestamp > self.config.segment_ms:
+        if active.is_empty:
+            return
+        since = max(active.created_ms, active.first_batch_timestamp)
+        if now_ms - since > self.config.segment_ms:
             self.roll(now_ms)
 
     # --- reads ----------------------------------------------------------------------------
@@ -380,16 +395,17 @@ class PartitionLog:
             available = end_position - position
             if available <= max_bytes:
                 return segment.read(position, available), upper
-            data = segment.read(position, max_bytes) if max_bytes >= HEADER_SIZE else b""
+            if first.size > max_bytes:
+                if min_one:
+                    return segment.read(position, first.size), first.next_offset
+                break
+            # Several batches, not all of which fit: cut after the last whole one.
+            data = segment.read(position, max_bytes)
             cut = 0
             for header in iter_batches(data):
                 cut = header.position + header.size
                 upper = header.next_offset
-            if cut:
-                return (data if cut == len(data) else data[:cut]), upper
-            if min_one:
-                return segment.read(position, first.size), first.next_offset
-            break
+            return (data if cut == len(data) else data[:cut]), upper
         return b"", fetch_offset
 
     def collect_aborted_transactions(self, fetch_offset: int, upper_bound: int) -> tuple[AbortedTxn, ...]:
@@ -444,24 +460,7 @@ class PartitionLog:
     def apply_retention(self, now_ms: int) -> int:
         """Delete whole segments past retention.ms / retention.bytes (never the active one).
         Returns the number of segments deleted. Only for cleanup.policy containing delete."""
-        if "delete" not in self.config.cleanup_policy:
-            return 0
-        deletable = 0
-        retention_ms = self.config.retention_ms
-        if retention_ms >= 0:
-            while (
-                deletable < len(self._segments) - 1
-                and now_ms - self._segments[deletable].retention_timestamp() > retention_ms
-            ):
-                deletable += 1
-        retention_bytes = self.config.retention_bytes
-        if retention_bytes >= 0:
-            excess = self.size_in_bytes - retention_bytes
-            for segment in self._segments[:deletable]:
-                excess -= segment.size
-            while deletable < len(self._segments) - 1 and excess - self._segments[deletable].size >= 0:
-                excess -= self._segments[deletable].size
-                deletable += 1
+        deletable = deletable_segments(self._segments, self.config, now_ms)
         if deletable:
             self._delete_oldest(deletable)
         return deletable
@@ -501,7 +500,7 @@ class PartitionLog:
         )
 
 
-def _stamp_log_append_time(batch: bytearray, header: BatchHeader, now_ms: int) -> BatchHeader:
+def _stamp_log_append_time(batch: bytearray | memoryview, header: BatchHeader, now_ms: int) -> BatchHeader:
     """message.timestamp.type=LogAppendTime: set the timestamp-type bit and the max timestamp to
     the broker's clock and recompute the CRC (both fields are covered by it), as Kafka does."""
     position = header.position

@@ -161,7 +161,9 @@ class CoordinatorCore:
         """Timers and continuations capture a group object; ignore them if it was replaced/removed."""
         return self.groups.get(group.group_id) is group
 
-    def _schedule_heartbeat(self, group: ClassicGroup, member: GroupMember, timeout_ms: int | None = None) -> None:
+    def _schedule_heartbeat(
+        self, group: ClassicGroup, member: GroupMember, timeout_ms: int | None = None
+    ) -> None:
         delay = member.session_timeout_ms if timeout_ms is None else timeout_ms
         member_id = member.member_id
         self.timers.schedule(

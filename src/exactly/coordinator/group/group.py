@@ -323,7 +323,9 @@ class ClassicGroup:
                     group_instance_id=m.group_instance_id,
                     client_id=m.client_id,
                     client_host=m.client_host,
-                    rebalance_timeout_ms=m.session_timeout if m.rebalance_timeout == -1 else m.rebalance_timeout,
+                    rebalance_timeout_ms=m.session_timeout
+                    if m.rebalance_timeout == -1
+                    else m.rebalance_timeout,
                     session_timeout_ms=m.session_timeout,
                     protocol_type=value.protocol_type,
                     protocols=(Protocol(value.protocol or "", m.subscription),),

@@ -47,17 +47,17 @@ from exactly.coordinator.group.api import (
     SyncGroupRequestData,
     SyncGroupResponseData,
 )
-from exactly.coordinator.group.core import CoordinatorCore
 from exactly.coordinator.group.group import ClassicGroup
 from exactly.coordinator.group.member import GroupMember, JoinReply, SyncReply
 from exactly.coordinator.group.offsets import map_append_error
+from exactly.coordinator.group.rebalance import RebalanceMixin
 from exactly.coordinator.group.records import GroupMetadataValue
 from exactly.coordinator.group.state import GroupState
 
 _S = GroupState
 
 
-class MembershipMixin(CoordinatorCore):
+class MembershipMixin(RebalanceMixin):
     """The membership half of :class:`~exactly.coordinator.group.coordinator.GroupCoordinator`."""
 
     # -- public API -----------------------------------------------------------------------------
@@ -94,7 +94,9 @@ class MembershipMixin(CoordinatorCore):
             return
         cfg = self.config
         if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
-            reply(JoinGroupResponseData(error_code=ErrorCode.invalid_session_timeout, member_id=req.member_id))
+            reply(
+                JoinGroupResponseData(error_code=ErrorCode.invalid_session_timeout, member_id=req.member_id)
+            )
             return
         unknown_member = req.member_id == ""
         group = self.groups.get(req.group_id)
@@ -107,7 +109,9 @@ class MembershipMixin(CoordinatorCore):
             self.groups[req.group_id] = group
         effects_before = len(self._ops[-1].effects)
         if not self._accept_joining_member(group, req.member_id):
-            group.remove(req.member_id)
+            existing = group.members.get(req.member_id)
+            if existing is not None:
+                self._drop_member(group, existing)
             reply(JoinGroupResponseData(error_code=ErrorCode.group_max_size_reached))
         elif unknown_member:
             self._join_new_member(group, req, reply)
@@ -191,25 +195,6 @@ class MembershipMixin(CoordinatorCore):
         else:
             fail(ErrorCode.unknown_member_id)
         return None
-
-    def _join_response(
-        self,
-        group: ClassicGroup,
-        member: GroupMember,
-        *,
-        with_members: bool,
-        skip_assignment: bool = False,
-        leader: str | None = None,
-    ) -> JoinGroupResponseData:
-        return JoinGroupResponseData(
-            generation_id=group.generation,
-            protocol_type=group.protocol_type,
-            protocol_name=group.protocol_name,
-            leader=(leader if leader is not None else group.leader_id) or "",
-            skip_assignment=skip_assignment,
-            member_id=member.member_id,
-            members=group.join_members() if with_members else (),
-        )
 
     def _add_member_then_rebalance(
         self, group: ClassicGroup, req: JoinGroupRequestData, member_id: str, reply: JoinReply
@@ -317,119 +302,6 @@ class MembershipMixin(CoordinatorCore):
             reply=reply,
         )
 
-    # -- rebalance ------------------------------------------------------------------------------
-
-    def _maybe_prepare_rebalance_or_complete_join(self, group: ClassicGroup) -> None:
-        if group.can_rebalance():
-            self._prepare_rebalance(group)
-        else:
-            self._maybe_complete_join_phase(group)
-
-    def _maybe_complete_join_phase(self, group: ClassicGroup) -> None:
-        # The first rebalance of an Empty group ends only by its delay timer (more members may come).
-        if (
-            group.is_in(_S.PREPARING_REBALANCE)
-            and group.has_all_members_joined()
-            and group.previous_state is not _S.EMPTY
-        ):
-            self._complete_join(group)
-
-    def _prepare_rebalance(self, group: ClassicGroup) -> None:
-        if group.is_in(_S.COMPLETING_REBALANCE):
-            self._propagate_assignment(group, ErrorCode.rebalance_in_progress, reset=True)
-        group.pending_sync.clear()
-        self.timers.cancel(("sync", group.group_id))
-        initial = group.is_in(_S.EMPTY)
-        if initial:
-            delay = self.config.initial_rebalance_delay_ms
-            remaining = max(group.rebalance_timeout_ms() - delay, 0)
-            self._schedule_join(group, delay, lambda: self._try_complete_initial(group, delay, remaining))
-        group.transition_to(_S.PREPARING_REBALANCE, self._now)
-        if not initial:
-            if group.has_all_members_joined():
-                self._complete_join(group)
-            else:
-                self._schedule_join(group, group.rebalance_timeout_ms(), lambda: self._complete_join(group))
-
-    def _schedule_join(self, group: ClassicGroup, delay_ms: int, action: Callable[[], None]) -> None:
-        def fire() -> None:
-            if self._is_current(group):
-                action()
-
-        self.timers.schedule(("join", group.group_id), self._now + delay_ms, fire)
-
-    def _try_complete_initial(self, group: ClassicGroup, delay: int, remaining: int) -> None:
-        if group.new_member_added and remaining != 0:
-            group.new_member_added = False
-            new_delay = min(self.config.initial_rebalance_delay_ms, remaining)
-            new_remaining = max(remaining - delay, 0)
-            self._schedule_join(
-                group, new_delay, lambda: self._try_complete_initial(group, new_delay, new_remaining)
-            )
-        else:
-            self._complete_join(group)
-
-    def _complete_join(self, group: ClassicGroup) -> None:
-        self.timers.cancel(("join", group.group_id))
-        for member in group.not_yet_rejoined():
-            if not member.is_static:
-                self._drop_member(group, member)
-        if group.is_in(_S.DEAD):
-            return
-        if not group.maybe_elect_new_joined_leader() and group.members:
-            # Nobody re-joined: wait another rebalance timeout for sessions to expire the silent ones.
-            self._schedule_join(group, max(group.rebalance_timeout_ms(), 1), lambda: self._complete_join(group))
-            return
-        group.init_next_generation(self._now)
-        if group.is_in(_S.EMPTY):
-            self._emit_group_record(group, group.to_record({}), lambda result: None)
-            return
-        for member in list(group.members.values()):
-            group.complete_join(member, self._join_response(group, member, with_members=group.is_leader(member.member_id)))
-            self._schedule_heartbeat(group, member)
-            member.is_new = False
-            group.pending_sync.add(member.member_id)
-        generation = group.generation
-        self.timers.schedule(
-            ("sync", group.group_id),
-            self._now + group.rebalance_timeout_ms(),
-            lambda: self._expire_pending_sync(group, generation),
-        )
-
-    def _expire_pending_sync(self, group: ClassicGroup, generation: int) -> None:
-        if not self._is_current(group) or generation != group.generation:
-            return
-        if group.is_in(_S.COMPLETING_REBALANCE, _S.STABLE) and group.pending_sync:
-            for member_id in sorted(group.pending_sync):
-                member = group.members.get(member_id)
-                if member is not None:
-                    self._drop_member(group, member)
-            self._prepare_rebalance(group)
-
-    def _drop_member(self, group: ClassicGroup, member: GroupMember) -> None:
-        """Remove a member, answering any parked request so no connection waits forever."""
-        group.complete_join(member, JoinGroupResponseData(error_code=ErrorCode.unknown_member_id))
-        group.complete_sync(member, SyncGroupResponseData(error_code=ErrorCode.unknown_member_id))
-        group.remove(member.member_id)
-        self._cancel_heartbeat(group, member.member_id)
-
-    def _on_heartbeat_expired(self, group: ClassicGroup, member_id: str) -> None:
-        if not self._is_current(group) or group.is_in(_S.DEAD):
-            return
-        if member_id in group.pending_join:
-            group.remove(member_id)
-            if group.is_in(_S.PREPARING_REBALANCE) and group.has_all_members_joined():
-                self._complete_join(group)
-            return
-        member = group.members.get(member_id)
-        if member is None or member.has_satisfied_heartbeat():
-            return
-        self._drop_member(group, member)
-        if group.is_in(_S.STABLE, _S.COMPLETING_REBALANCE):
-            self._maybe_prepare_rebalance_or_complete_join(group)
-        elif group.is_in(_S.PREPARING_REBALANCE) and group.has_all_members_joined():
-            self._complete_join(group)
-
     # -- SyncGroup ------------------------------------------------------------------------------
 
     def _sync(self, req: SyncGroupRequestData, reply: SyncReply) -> None:
@@ -484,7 +356,9 @@ class MembershipMixin(CoordinatorCore):
                 ):
                     return
                 if result.error is not ErrorCode.none:
-                    self._propagate_assignment(group, map_append_error(result.error, offsets=False), reset=True)
+                    self._propagate_assignment(
+                        group, map_append_error(result.error, offsets=False), reset=True
+                    )
                     self._maybe_prepare_rebalance_or_complete_join(group)
                 else:
                     for m in group.members.values():
@@ -499,23 +373,6 @@ class MembershipMixin(CoordinatorCore):
         group.pending_sync.discard(member_id)
         if not group.pending_sync or group.is_in(_S.DEAD, _S.EMPTY, _S.PREPARING_REBALANCE):
             self.timers.cancel(("sync", group.group_id))
-
-    def _propagate_assignment(self, group: ClassicGroup, error: ErrorCode, *, reset: bool) -> None:
-        ok = error is ErrorCode.none
-        for member in group.members.values():
-            if reset:
-                member.assignment = b""
-            answered = group.complete_sync(
-                member,
-                SyncGroupResponseData(
-                    error_code=error,
-                    protocol_type=group.protocol_type if ok else None,
-                    protocol_name=group.protocol_name if ok else None,
-                    assignment=member.assignment,
-                ),
-            )
-            if answered:
-                self._schedule_heartbeat(group, member)
 
     # -- Heartbeat / LeaveGroup -----------------------------------------------------------------
 

@@ -201,9 +201,12 @@ class OffsetStore:
             for topic, partition in sorted(committed):
                 by_topic.setdefault(topic, []).append(partition)
             return tuple(
-                FetchTopicResult(topic, tuple(one(topic, p) for p in parts)) for topic, parts in by_topic.items()
+                FetchTopicResult(topic, tuple(one(topic, p) for p in parts))
+                for topic, parts in by_topic.items()
             )
-        return tuple(FetchTopicResult(t.name, tuple(one(t.name, p) for p in t.partition_indexes)) for t in topics)
+        return tuple(
+            FetchTopicResult(t.name, tuple(one(t.name, p) for p in t.partition_indexes)) for t in topics
+        )
 
 
 def unknown_group_fetch(group_id: str, topics: Iterable[FetchTopic] | None) -> FetchGroupResult:
@@ -213,7 +216,9 @@ def unknown_group_fetch(group_id: str, topics: Iterable[FetchTopic] | None) -> F
     return FetchGroupResult(
         group_id=group_id,
         topics=tuple(
-            FetchTopicResult(t.name, tuple(FetchPartitionResult(partition_index=p) for p in t.partition_indexes))
+            FetchTopicResult(
+                t.name, tuple(FetchPartitionResult(partition_index=p) for p in t.partition_indexes)
+            )
             for t in topics
         ),
     )

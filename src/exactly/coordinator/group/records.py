@@ -247,7 +247,11 @@ def decode_key(data: bytes) -> RecordKey | None:
 
 def offset_commit_value_version(value: OffsetCommitValue) -> int:
     """The version Kafka would write: 1 when an expiry is set, else 3."""
-    return OFFSET_COMMIT_VALUE_VERSION_WITH_EXPIRY if value.expire_timestamp >= 0 else OFFSET_COMMIT_VALUE_VERSION
+    return (
+        OFFSET_COMMIT_VALUE_VERSION_WITH_EXPIRY
+        if value.expire_timestamp >= 0
+        else OFFSET_COMMIT_VALUE_VERSION
+    )
 
 
 def encode_offset_commit_value(value: OffsetCommitValue, version: int | None = None) -> bytes:
@@ -295,7 +299,9 @@ def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
 # ---------------------------------------------------------------------------------------------
 
 
-def encode_group_metadata_value(value: GroupMetadataValue, version: int = GROUP_METADATA_VALUE_VERSION) -> bytes:
+def encode_group_metadata_value(
+    value: GroupMetadataValue, version: int = GROUP_METADATA_VALUE_VERSION
+) -> bytes:
     """Encode at ``version`` (default 3, what Kafka writes)."""
     v = version
     if not 0 <= v <= 4:

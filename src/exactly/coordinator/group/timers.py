@@ -42,7 +42,7 @@ class DeadlineQueue:
 
     def _prune(self) -> None:
         while self._heap:
-            deadline, seq, key = self._heap[0]
+            _, seq, key = self._heap[0]
             live = self._live.get(key)
             if live is not None and live[1] == seq:
                 return

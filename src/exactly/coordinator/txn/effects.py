@@ -125,7 +125,7 @@ class EndTxnResult:
 
 Response = InitProducerIdResult | AddPartitionsResult | AddOffsetsResult | EndTxnResult
 
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)  # Step[Never] (no response yet) fits any Step[...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,7 +346,9 @@ def read_record(
 # -- transit <-> value -------------------------------------------------------------------------
 
 
-def value_for_transit(transit: TxnTransitMetadata, version: int = DEFAULT_VALUE_VERSION) -> TransactionLogValue:
+def value_for_transit(
+    transit: TxnTransitMetadata, version: int = DEFAULT_VALUE_VERSION
+) -> TransactionLogValue:
     """The value Kafka writes for a transit; ``Dead`` has no value (it is written as a tombstone)."""
     if transit.state is TransactionState.DEAD:
         raise ValueError("Dead is written as a tombstone, not as a value")

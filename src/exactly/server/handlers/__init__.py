@@ -1,7 +1,8 @@
 """One module per API; this table maps API keys to their handlers.
 
 A handler is ``async def handle(broker, ctx, request) -> response | bytes | None``: a kio response
-object (encoded by the dispatcher), a hand-encoded body, or None (acks=0 produce: no response).
+object (encoded by the dispatcher), a hand-encoded body (bytes, or a list of chunks written with
+``writelines``), or None (acks=0 produce: no response).
 ``PARSERS`` lists the APIs whose requests are parsed by hand instead of by kio.
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from exactly.protocol.apis import ApiKey
+from exactly.protocol.fast import parse_produce_request
 from exactly.server.handlers import (
     api_versions,
     create_topics,
@@ -39,6 +41,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_CLUSTER: describe_cluster.handle,
 }
 
-PARSERS: dict[int, Callable[[bytes, int, int], Any]] = {
+PARSERS: dict[int, Callable[[bytes | bytearray, int, int], Any]] = {
     ApiKey.METADATA: metadata.parse_request,
+    ApiKey.PRODUCE: parse_produce_request,
 }

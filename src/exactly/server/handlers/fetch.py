@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from exactly.protocol.apis import ApiKey, build
+from exactly.protocol.apis import ApiKey
+from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.storage.partition_log import OffsetOutOfRangeError
 from exactly.types import TopicPartition
 
@@ -32,50 +33,41 @@ READ_COMMITTED = 1
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    mod = ctx.api.response_module
     if request.session_epoch > 0 or (request.session_id != 0 and request.session_epoch != -1):
         broker.metrics.error(ApiKey.FETCH, ErrorCode.fetch_session_id_not_found)
-        return build(ctx.api.response_type, error_code=ErrorCode.fetch_session_id_not_found, session_id=0)
+        return encode_fetch_response(ctx.version, ErrorCode.fetch_session_id_not_found, 0, [])
     max_wait_s = max(request.max_wait.total_seconds(), 0.0)
     deadline = time.monotonic() + max_wait_s
     tps = [TopicPartition(t.topic, p.partition) for t in request.topics for p in t.partitions]
     while True:
-        responses, total, errors = _read_all(broker, mod, request)
+        responses, total, errors = _read_all(broker, request)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or errors or remaining <= 0 or not tps:
             break
         await broker.waiters.wait(tps, remaining)
         if time.monotonic() >= deadline:
-            responses, total, errors = _read_all(broker, mod, request)
+            responses, total, errors = _read_all(broker, request)
             break
-    return build(ctx.api.response_type, error_code=ErrorCode.none, session_id=0, responses=tuple(responses))
+    return encode_fetch_response(ctx.version, 0, 0, responses)
 
 
-def _read_all(broker: Broker, mod: Any, request: Any) -> tuple[list[Any], int, bool]:
+def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int, bool]:
     read_committed = request.isolation_level == READ_COMMITTED
     remaining = request.max_bytes
     min_one = True
     total = 0
     errors = False
-    out = []
+    out: list[tuple[str, list[FetchPartitionResult]]] = []
     for topic in request.topics:
-        parts = []
+        parts: list[FetchPartitionResult] = []
         for p in topic.partitions:
             plog = broker.partition(topic.topic, p.partition)
             if plog is None:
                 errors = True
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_topic_or_partition)
                 parts.append(
-                    build(
-                        mod.PartitionData,
-                        partition_index=p.partition,
-                        error_code=ErrorCode.unknown_topic_or_partition,
-                        high_watermark=-1,
-                        last_stable_offset=-1,
-                        log_start_offset=-1,
-                        aborted_transactions=None,
-                        preferred_read_replica=-1,
-                        records=None,
+                    FetchPartitionResult(
+                        p.partition, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None, None
                     )
                 )
                 continue
@@ -88,16 +80,14 @@ def _read_all(broker: Broker, mod: Any, request: Any) -> tuple[list[Any], int, b
                 errors = True
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.offset_out_of_range)
                 parts.append(
-                    build(
-                        mod.PartitionData,
-                        partition_index=p.partition,
-                        error_code=ErrorCode.offset_out_of_range,
-                        high_watermark=plog.high_watermark,
-                        last_stable_offset=plog.last_stable_offset,
-                        log_start_offset=plog.log_start_offset,
-                        aborted_transactions=None,
-                        preferred_read_replica=-1,
-                        records=None,
+                    FetchPartitionResult(
+                        p.partition,
+                        ErrorCode.offset_out_of_range,
+                        plog.high_watermark,
+                        plog.last_stable_offset,
+                        plog.log_start_offset,
+                        None,
+                        None,
                     )
                 )
                 continue
@@ -108,22 +98,17 @@ def _read_all(broker: Broker, mod: Any, request: Any) -> tuple[list[Any], int, b
                 total += size
             aborted = None
             if read_committed:
-                aborted = tuple(
-                    build(mod.AbortedTransaction, producer_id=a.producer_id, first_offset=a.first_offset)
-                    for a in (result.aborted_transactions or ())
-                )
+                aborted = [(a.producer_id, a.first_offset) for a in (result.aborted_transactions or ())]
             parts.append(
-                build(
-                    mod.PartitionData,
-                    partition_index=p.partition,
-                    error_code=ErrorCode.none,
-                    high_watermark=result.high_watermark,
-                    last_stable_offset=result.last_stable_offset,
-                    log_start_offset=result.log_start_offset,
-                    aborted_transactions=aborted,
-                    preferred_read_replica=-1,
-                    records=result.records,
+                FetchPartitionResult(
+                    p.partition,
+                    0,
+                    result.high_watermark,
+                    result.last_stable_offset,
+                    result.log_start_offset,
+                    aborted,
+                    result.records,
                 )
             )
-        out.append(build(mod.FetchableTopicResponse, topic=topic.topic, partitions=tuple(parts)))
+        out.append((topic.topic, parts))
     return out, total, errors

@@ -39,7 +39,7 @@ class MetadataRequestData:
     allow_auto_topic_creation: bool
 
 
-def parse_request(buf: bytes, pos: int, version: int) -> MetadataRequestData:
+def parse_request(buf: bytes | bytearray, pos: int, version: int) -> MetadataRequestData:
     flexible = version >= 9
     topics: list[tuple[str | None, uuid.UUID | None]] | None
     if flexible:
@@ -67,13 +67,13 @@ def parse_request(buf: bytes, pos: int, version: int) -> MetadataRequestData:
                 if n == 0:
                     name = None
                 else:
-                    name = buf[pos : pos + n - 1].decode()
+                    name = bytes(buf[pos : pos + n - 1]).decode()
                     pos += n - 1
                 pos = skip_tagged_fields(buf, pos)
             else:
                 length = _I16.unpack_from(buf, pos)[0]
                 pos += 2
-                name = buf[pos : pos + length].decode()
+                name = bytes(buf[pos : pos + length]).decode()
                 pos += length
             topics.append((name, topic_id))
     allow_auto = True

@@ -1,5 +1,7 @@
 """Produce (0): validate each partition's single v2 batch in place, append, answer.
 
+The request is parsed by hand (protocol.fast) so each partition's records are a memoryview into
+the request frame: offsets are patched there and the bytes go to the segment without a copy.
 No record is decoded: ``validate_produce_records`` reads the 61-byte header and checks the CRC,
 ``PartitionLog.append`` patches the base offset and asks producer state whether the batch is a
 duplicate (ack with the original offset, write nothing), out of order (45) or fenced (47).
@@ -13,13 +15,15 @@ answered the same way (everything in the ISR has it).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
-from exactly.protocol.apis import ApiKey, build
+from exactly.protocol.apis import ApiKey
+from exactly.protocol.fast import ProducePartitionResult, ProduceRequestData, encode_produce_response
 from exactly.records.batch import InvalidRecordError, validate_produce_records
 from exactly.server.broker import INTERNAL_TOPICS, now_ms
+from exactly.storage.partition_log import AppendResult
 from exactly.storage.producer_state import ProducerStateError
 
 if TYPE_CHECKING:
@@ -29,53 +33,42 @@ if TYPE_CHECKING:
 log = logging.getLogger("exactly.produce")
 
 
-async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    mod = ctx.api.response_module
+async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestData) -> bytes | None:
     acks = request.acks
     now = now_ms()
     metrics = broker.metrics
-    topics_out = []
-    for topic in request.topic_data:
+    topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
+    for topic in request.topics:
         name = topic.name
-        parts_out = []
-        for pdata in topic.partition_data:
+        parts_out: list[ProducePartitionResult] = []
+        for pdata in topic.partitions:
             if acks not in (0, 1, -1):
                 code, message, result = ErrorCode.invalid_required_acks, None, None
             else:
                 code, message, result = _append(broker, name, pdata.index, pdata.records, request, now)
             metrics.error(ApiKey.PRODUCE, code)
             if result is None:
-                parts_out.append(
-                    build(
-                        mod.PartitionProduceResponse,
-                        index=pdata.index,
-                        error_code=code,
-                        base_offset=-1,
-                        log_append_time=None,
-                        log_start_offset=-1,
-                        error_message=message,
-                    )
-                )
+                parts_out.append(ProducePartitionResult(pdata.index, int(code), -1, -1, -1, message))
             else:
                 parts_out.append(
-                    build(
-                        mod.PartitionProduceResponse,
-                        index=pdata.index,
-                        error_code=ErrorCode.none,
-                        base_offset=result.first_offset,
-                        log_append_time=None,
-                        log_start_offset=result.log_start_offset,
+                    ProducePartitionResult(
+                        pdata.index, 0, result.first_offset, result.log_append_time, result.log_start_offset
                     )
                 )
-        topics_out.append(build(mod.TopicProduceResponse, name=name, partition_responses=tuple(parts_out)))
+        topics_out.append((name, parts_out))
     if acks == 0:
         return None
-    return build(ctx.api.response_type, responses=tuple(topics_out))
+    return encode_produce_response(ctx.version, topics_out)
 
 
 def _append(
-    broker: Broker, topic: str, partition: int, records: bytes | None, request: Any, now: int
-) -> tuple[ErrorCode, str | None, Any]:
+    broker: Broker,
+    topic: str,
+    partition: int,
+    records: memoryview | None,
+    request: ProduceRequestData,
+    now: int,
+) -> tuple[ErrorCode, str | None, AppendResult | None]:
     plog = broker.partition(topic, partition)
     if plog is None:
         return ErrorCode.unknown_topic_or_partition, None, None
@@ -87,7 +80,7 @@ def _append(
         header = validate_produce_records(records)
         if header.is_transactional and request.transactional_id is None:
             return ErrorCode.invalid_record, "transactional batch without a transactional id", None
-        result = plog.append(bytearray(records), header, leader_epoch=0, now_ms=now)
+        result = plog.append(records, header, leader_epoch=0, now_ms=now)
     except InvalidRecordError as exc:
         log.info("rejected batch for %s-%d: %s", topic, partition, exc)
         return exc.error_code, str(exc), None

@@ -1,0 +1,391 @@
+"""The transaction coordinator: a sans-IO, replayable state machine.
+
+Theory of operation
+-------------------
+The coordinator owns one :class:`TransactionMetadata` per transactional.id and performs no I/O.
+Each request handler takes the parsed request fields plus ``now_ms`` and returns a
+:class:`~exactly.coordinator.txn.effects.Step`: either a final response, or an
+:class:`AppendTxnLog` effect whose outcome the shell reports through :meth:`on_log_append_done`,
+which returns the response (and possibly :class:`WriteMarkers`). Markers are reported back with
+:meth:`on_markers_written`, which yields the append of the ``Complete*`` record.
+
+State changes only when a persist is reported done (prepare -> persist -> complete): a failed
+append leaves the metadata exactly as it was. While an append or a marker round is in flight, the
+id has a pending state and other requests get CONCURRENT_TRANSACTIONS, so interleaving requests
+(the shell awaits appends on one event loop) never race.
+
+Commit, end to end::
+
+    init_producer_id   -> AppendTxnLog(Empty, epoch+1)      -> on_log_append_done -> (pid, epoch)
+    add_partitions     -> AppendTxnLog(Ongoing, partitions) -> on_log_append_done -> OK
+    end_txn(commit)    -> AppendTxnLog(PrepareCommit)       -> on_log_append_done -> OK + WriteMarkers
+    markers written    -> on_markers_written -> AppendTxnLog(CompleteCommit) -> on_log_append_done
+
+Recovery is replay: :meth:`begin_load`, :meth:`replay` every ``__transaction_state`` record in
+offset order, then :meth:`end_load`, which returns the markers of every transaction that was
+decided (Prepare*) but not completed before the crash. Markers are idempotent to re-write.
+
+Fencing: the producer epoch is bumped by every InitProducerId, and by the abort of a transaction
+that times out or that a new instance interrupts; the abort markers carry the bumped epoch, so a
+zombie's EndTxn/AddPartitions gets PRODUCER_FENCED here and its produce INVALID_PRODUCER_EPOCH
+on every partition of the aborted transaction.
+
+Behaviour follows Kafka's TransactionCoordinator for transaction version 1 (client-side
+AddPartitionsToTxn, no per-transaction epoch bump). State, loading, expiry and the admin views
+live in :mod:`exactly.coordinator.txn.state_manager`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Never
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.txn import admin
+from exactly.coordinator.txn.effects import (
+    AddOffsetsResult,
+    AddPartitionsResult,
+    AppendPurpose,
+    AppendTxnLog,
+    EndTxnResult,
+    InitProducerIdResult,
+    Response,
+    Step,
+)
+from exactly.coordinator.txn.metadata import (
+    IllegalTransitionStateError,
+    ProducerFencedError,
+    TransactionMetadata,
+    TxnTransitMetadata,
+    is_epoch_exhausted,
+)
+from exactly.coordinator.txn.responses import (
+    ADD_OFFSETS_VERSION,
+    ADD_PARTITIONS_VERSION,
+    END_TXN_VERSION,
+    INIT_PRODUCER_ID_VERSION,
+    append_error_to_coordinator_error,
+    compat_error,
+    response_for_append,
+)
+from exactly.coordinator.txn.state import TransactionState
+from exactly.coordinator.txn.state_manager import TransactionStateManager
+from exactly.records.control import ControlType
+from exactly.types import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, ProducerEpoch, TopicPartition
+
+S = TransactionState
+E = ErrorCode
+
+
+class TransactionCoordinator(TransactionStateManager):
+    """Kafka's transaction coordinator for every partition of ``__transaction_state``.
+
+    Construct with ``TransactionCoordinator(generate_producer_id, config=..., coordinator_epoch=...)``
+    (see :class:`TransactionStateManager` for the state, loading and admin methods it inherits).
+    """
+
+    # -- InitProducerId -----------------------------------------------------------------------
+
+    def init_producer_id(
+        self,
+        transactional_id: str | None,
+        transaction_timeout_ms: int,
+        *,
+        now_ms: int,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        request_version: int = INIT_PRODUCER_ID_VERSION,
+    ) -> Step[InitProducerIdResult]:
+        """Create or load the id, abort an open transaction, bump the epoch (or rotate the id).
+
+        ``producer_id``/``producer_epoch`` are KIP-360's "I still hold this" fields (v3+).
+        """
+
+        def fail(error: ErrorCode) -> Step[InitProducerIdResult]:
+            error = compat_error(error, AppendPurpose.INIT_PRODUCER_ID, request_version)
+            return Step(InitProducerIdResult(error))
+
+        if transactional_id is None:  # idempotent producer: a fresh id, nothing to persist
+            return Step(InitProducerIdResult(E.none, self._generate_producer_id(), ProducerEpoch(0)))
+        if not transactional_id:
+            return fail(E.invalid_request)
+        if not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
+            return fail(E.invalid_transaction_timeout)
+        if self._loading:
+            return fail(E.coordinator_load_in_progress)
+        if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
+            return fail(E.invalid_request)
+        expected = None if producer_id == NO_PRODUCER_ID else (producer_id, ProducerEpoch(producer_epoch))
+
+        md = self._txns.get(transactional_id)
+        if md is None:
+            md = TransactionMetadata.new(
+                transactional_id, self._generate_producer_id(), transaction_timeout_ms, now_ms
+            )
+            self._txns[transactional_id] = md
+
+        if md.pending_transition_in_progress:
+            return fail(E.concurrent_transactions)
+        if expected is not None and not self._is_valid_expected_producer(md, *expected):
+            return fail(E.producer_fenced)
+        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return fail(E.concurrent_transactions)
+        if md.state is S.ONGOING:
+            # Abort the open transaction under a bumped epoch; the client retries after
+            # CONCURRENT_TRANSACTIONS and then gets a second bump (or a new producer id).
+            transit = md.prepare_fence_and_abort(now_ms)
+            return self._append(md, transit, AppendPurpose.FENCE, request_version)
+        if md.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
+            try:
+                transit = md.prepare_init_producer_id(
+                    transaction_timeout_ms,
+                    None if expected is None else expected[1],
+                    now_ms,
+                    self._generate_producer_id,
+                )
+            except ProducerFencedError:
+                return fail(E.producer_fenced)
+            return self._append(md, transit, AppendPurpose.INIT_PRODUCER_ID, request_version)
+        raise IllegalTransitionStateError(f"{transactional_id} is in {md.state}, which is never stored")
+
+    @staticmethod
+    def _is_valid_expected_producer(md: TransactionMetadata, producer_id: int, epoch: int) -> bool:
+        """KIP-360: accept the caller's (id, epoch) if the id is new, current, or was just rotated."""
+        return (
+            md.producer_epoch == NO_PRODUCER_EPOCH
+            or producer_id == md.producer_id
+            or (producer_id == md.prev_producer_id and is_epoch_exhausted(epoch))
+        )
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn -------------------------------------------------
+
+    def add_partitions_to_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+        *,
+        now_ms: int,
+        request_version: int = ADD_PARTITIONS_VERSION,
+    ) -> Step[AddPartitionsResult]:
+        """Add partitions to the transaction (starting it if needed) before the client writes."""
+        requested = tuple(dict.fromkeys(partitions))
+        error, md = self._check_add(transactional_id, producer_id, producer_epoch)
+        if error is None and md is not None:
+            if md.state is S.ONGOING and set(requested) <= md.partitions:
+                error = E.none  # already in the transaction: nothing to persist
+            else:
+                transit = md.prepare_add_partitions(requested, now_ms)
+                return self._append(md, transit, AppendPurpose.ADD_PARTITIONS, request_version, requested)
+        assert error is not None
+        error = compat_error(error, AppendPurpose.ADD_PARTITIONS, request_version)
+        return Step(AddPartitionsResult.uniform(requested, error))
+
+    def add_offsets_to_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        *,
+        now_ms: int,
+        request_version: int = ADD_OFFSETS_VERSION,
+    ) -> Step[AddOffsetsResult]:
+        """Add the group's ``__consumer_offsets`` partition, so the EndTxn marker reaches it."""
+        tp = self.offsets_partition_for(group_id)
+        error, md = self._check_add(transactional_id, producer_id, producer_epoch)
+        if error is None and md is not None:
+            if md.state is S.ONGOING and tp in md.partitions:
+                error = E.none
+            else:
+                transit = md.prepare_add_partitions((tp,), now_ms)
+                return self._append(md, transit, AppendPurpose.ADD_OFFSETS, request_version, (tp,))
+        assert error is not None
+        return Step(AddOffsetsResult(compat_error(error, AppendPurpose.ADD_OFFSETS, request_version)))
+
+    def _check_add(
+        self, transactional_id: str, producer_id: int, producer_epoch: int
+    ) -> tuple[ErrorCode | None, TransactionMetadata | None]:
+        if not transactional_id:
+            return E.invalid_request, None
+        if self._loading:
+            return E.coordinator_load_in_progress, None
+        md = self._txns.get(transactional_id)
+        if md is None or md.producer_id != producer_id:
+            return E.invalid_producer_id_mapping, None
+        if md.producer_epoch != producer_epoch:
+            return E.producer_fenced, None
+        if md.pending_transition_in_progress or md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return E.concurrent_transactions, None
+        return None, md
+
+    def verify_partitions_in_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+        *,
+        request_version: int = ADD_PARTITIONS_VERSION,
+    ) -> AddPartitionsResult:
+        """AddPartitionsToTxn v4+ ``verify_only`` (KIP-890): is each partition in the open txn?
+
+        A partition leader asks this before the first transactional write of a producer, so a
+        late write cannot land after the transaction ended. Pending transitions are not checked:
+        partitions join the set when their add is persisted and leave when the txn completes.
+        """
+        requested = tuple(dict.fromkeys(partitions))
+        if not transactional_id:
+            return AddPartitionsResult.uniform(requested, E.invalid_request)
+        if self._loading:
+            return AddPartitionsResult.uniform(requested, E.coordinator_load_in_progress)
+        md = self._txns.get(transactional_id)
+        if md is None or md.producer_id != producer_id:
+            return AddPartitionsResult.uniform(requested, E.invalid_producer_id_mapping)
+        if md.producer_epoch != producer_epoch:
+            return AddPartitionsResult.uniform(requested, E.producer_fenced)
+        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return AddPartitionsResult.uniform(requested, E.concurrent_transactions)
+        # TRANSACTION_ABORTABLE arrived with v5; v4 callers understand INVALID_TXN_STATE.
+        missing = E.transaction_abortable if request_version >= 5 else E.invalid_txn_state
+        return AddPartitionsResult(
+            tuple((tp, E.none if tp in md.partitions else missing) for tp in requested)
+        )
+
+    # -- EndTxn -------------------------------------------------------------------------------
+
+    def end_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        *,
+        now_ms: int,
+        request_version: int = END_TXN_VERSION,
+    ) -> Step[EndTxnResult]:
+        """Commit or abort: persist Prepare*, then (on success) answer OK and write the markers.
+
+        A retry after completion answers OK when it asks for the same outcome, and
+        INVALID_TXN_STATE when it asks for the other one.
+        """
+
+        def fail(error: ErrorCode) -> Step[EndTxnResult]:
+            return Step(EndTxnResult(compat_error(error, AppendPurpose.END_TXN, request_version)))
+
+        if not transactional_id:
+            return fail(E.invalid_request)
+        if self._loading:
+            return fail(E.coordinator_load_in_progress)
+        md = self._txns.get(transactional_id)
+        if md is None or md.producer_id != producer_id:
+            return fail(E.invalid_producer_id_mapping)
+        if md.producer_epoch != producer_epoch:
+            return fail(E.producer_fenced)
+        if md.pending_transition_in_progress:
+            return fail(E.concurrent_transactions)
+        state = md.state
+        if state is S.ONGOING:
+            target = S.PREPARE_COMMIT if committed else S.PREPARE_ABORT
+            transit = md.prepare_abort_or_commit(target, now_ms)
+            return self._append(md, transit, AppendPurpose.END_TXN, request_version)
+        done, in_flight = (
+            (S.COMPLETE_COMMIT, S.PREPARE_COMMIT) if committed else (S.COMPLETE_ABORT, S.PREPARE_ABORT)
+        )
+        if state is done:
+            return Step(EndTxnResult(E.none, md.producer_id, md.producer_epoch))
+        if state is in_flight:
+            return fail(E.concurrent_transactions)
+        if state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            return fail(E.invalid_txn_state)
+        raise IllegalTransitionStateError(f"{transactional_id} is in {state}, which is never stored")
+
+    # -- continuations ------------------------------------------------------------------------
+
+    def on_log_append_done(
+        self, append: AppendTxnLog, error: ErrorCode = E.none, *, now_ms: int
+    ) -> Step[Response]:
+        """The shell finished ``append``; apply it (or drop it) and continue the operation."""
+        purpose = append.purpose
+        md = self._txns.get(append.transactional_id)
+        if (
+            md is None
+            or append.coordinator_epoch != self.coordinator_epoch
+            or self._in_flight.get(append.transactional_id) is not append.transit
+            or md.pending_state is not append.transit.state
+        ):
+            # Reloaded (or the id vanished) while the append was in flight: not ours to apply.
+            return self._respond(append, E.not_coordinator)
+        del self._in_flight[append.transactional_id]
+
+        if error != E.none:
+            if purpose is AppendPurpose.COMPLETE:
+                # Keep the pending Complete*: the shell retries via on_markers_written.
+                return Step(None)
+            md.abort_pending()
+            if md.producer_epoch == NO_PRODUCER_EPOCH and md.state is S.EMPTY:
+                del self._txns[append.transactional_id]  # created by this request, never persisted
+            return self._respond(append, append_error_to_coordinator_error(error))
+
+        if purpose is AppendPurpose.EXPIRE:
+            del self._txns[append.transactional_id]
+            return Step(None)
+        md.complete_transition(append.transit)
+        if purpose is AppendPurpose.COMPLETE:
+            self._completions.pop(append.transactional_id, None)
+            return Step(None)
+        if md.state.is_prepare:  # END_TXN, FENCE, TIMEOUT_ABORT: the decision is durable
+            markers = self._start_completion(md, now_ms)
+            return Step(self._respond(append, E.none).response, (markers,))
+        return self._respond(append, E.none)
+
+    def on_markers_written(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, result: ControlType
+    ) -> Step[Response]:
+        """Every marker of a :class:`WriteMarkers` is written: persist Complete*.
+
+        Returns the :class:`AppendTxnLog` to execute, or no effect when the markers are stale
+        (another incarnation, or already completed). Call again to retry a failed append.
+        """
+        completion = self._completions.get(transactional_id)
+        if completion is None:
+            return Step(None)
+        m = completion.markers
+        if (m.producer_id, m.producer_epoch, m.result) != (producer_id, producer_epoch, result):
+            return Step(None)
+        md = self._txns[transactional_id]
+        return Step(None, (self._make_append(md, completion.transit, AppendPurpose.COMPLETE),))
+
+    # -- periodic tasks -----------------------------------------------------------------------
+
+    def expire_timed_out(self, now_ms: int) -> tuple[AppendTxnLog, ...]:
+        """Abort, with an epoch bump, every transaction open longer than its timeout.
+
+        Call every ``abort_timed_out_interval_ms``. Report each append with
+        :meth:`on_log_append_done`; success yields the ABORT markers. The bump fences the
+        producer that let its transaction time out.
+        """
+        if self._loading:
+            return ()
+        return tuple(
+            self._make_append(md, md.prepare_fence_and_abort(now_ms), AppendPurpose.TIMEOUT_ABORT)
+            for md in admin.timed_out(self._txns.values(), now_ms)
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _append(
+        self,
+        md: TransactionMetadata,
+        transit: TxnTransitMetadata,
+        purpose: AppendPurpose,
+        request_version: int,
+        requested: tuple[TopicPartition, ...] = (),
+    ) -> Step[Never]:
+        return Step(None, (self._make_append(md, transit, purpose, request_version, requested),))
+
+    @staticmethod
+    def _respond(append: AppendTxnLog, error: ErrorCode) -> Step[Response]:
+        return Step(response_for_append(append, error))

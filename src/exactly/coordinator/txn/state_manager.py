@@ -1,0 +1,244 @@
+"""The coordinator's in-memory state and its plumbing (Kafka's ``TransactionStateManager``).
+
+Holds the metadata map, loads it from ``__transaction_state`` by replay, turns transits into
+:class:`AppendTxnLog` effects, tracks transactions whose markers are being written, and answers
+the read-only admin APIs. The request logic on top of it is
+:class:`~exactly.coordinator.txn.coordinator.TransactionCoordinator`, split off the way Kafka
+splits TransactionCoordinator from TransactionStateManager; the shell only ever uses the
+coordinator.
+
+Invariants
+----------
+* ``_txns`` changes only through replay, ``complete_transition`` after a persisted append,
+  removal after a persisted tombstone, and removal of an id created by a request whose first
+  append failed (it was never persisted).
+* ``_completions`` holds exactly the transactions in ``Prepare*`` whose ``Complete*`` transit
+  is prepared (their metadata has that pending state) and whose markers are being written.
+* ``_in_flight`` holds, per id, the transit of the one append the shell still has to report;
+  a report whose transit is not that object (e.g. from before a reload) is stale and ignored.
+* While loading, every request is answered COORDINATOR_LOAD_IN_PROGRESS and periodic tasks do
+  nothing; replay may run at any time but is meant for loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.txn import admin
+from exactly.coordinator.txn.config import TxnCoordinatorConfig
+from exactly.coordinator.txn.effects import (
+    AppendPurpose,
+    AppendTxnLog,
+    DescribedTransaction,
+    ListTransactionsResult,
+    WriteMarkers,
+)
+from exactly.coordinator.txn.log import (
+    CONSUMER_OFFSETS_TOPIC,
+    encode_key,
+    encode_transit,
+    offsets_partition_for,
+    partition_for,
+    read_record,
+    transit_from_value,
+)
+from exactly.coordinator.txn.metadata import TransactionMetadata, TxnTransitMetadata
+from exactly.coordinator.txn.state import TransactionState
+from exactly.records.control import ControlType
+from exactly.types import ProducerId, TopicPartition
+
+S = TransactionState
+E = ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class _Completion:
+    """A decided transaction whose markers are being written; ``transit`` is its Complete*."""
+
+    markers: WriteMarkers
+    transit: TxnTransitMetadata
+
+
+class TransactionStateManager:
+    """State, loading, persistence plumbing and admin views; see the module docstring.
+
+    ``generate_producer_id`` is the producer-id block allocator (called only when a new id is
+    needed). ``coordinator_epoch`` goes into every marker; the shell should raise it on each
+    (re)load so that markers from an older incarnation can be told apart.
+    """
+
+    def __init__(
+        self,
+        generate_producer_id: Callable[[], ProducerId],
+        *,
+        config: TxnCoordinatorConfig | None = None,
+        coordinator_epoch: int = 0,
+    ) -> None:
+        self._generate_producer_id = generate_producer_id
+        self.config = config or TxnCoordinatorConfig()
+        self.coordinator_epoch = coordinator_epoch
+        self._txns: dict[str, TransactionMetadata] = {}
+        self._completions: dict[str, _Completion] = {}
+        # The transit of the one append in flight per id: a report for anything else is stale.
+        self._in_flight: dict[str, TxnTransitMetadata] = {}
+        self._loading = False
+        self.skipped_records = 0  # replayed records of unknown key/value versions
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def partition_for(self, transactional_id: str) -> int:
+        """The ``__transaction_state`` partition of ``transactional_id``."""
+        return partition_for(transactional_id, self.config.transaction_state_partitions)
+
+    def offsets_partition_for(self, group_id: str) -> TopicPartition:
+        """The ``__consumer_offsets`` partition AddOffsetsToTxn adds for ``group_id``."""
+        return TopicPartition(
+            CONSUMER_OFFSETS_TOPIC, offsets_partition_for(group_id, self.config.offsets_topic_partitions)
+        )
+
+    def transaction(self, transactional_id: str) -> TxnTransitMetadata | None:
+        """An immutable snapshot of the id's current (persisted) state, or None."""
+        md = self._txns.get(transactional_id)
+        return None if md is None else md.snapshot()
+
+    def pending_state(self, transactional_id: str) -> TransactionState | None:
+        md = self._txns.get(transactional_id)
+        return None if md is None else md.pending_state
+
+    def transactional_ids(self) -> Iterator[str]:
+        return iter(tuple(self._txns))
+
+    @property
+    def loading(self) -> bool:
+        return self._loading
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def begin_load(self, coordinator_epoch: int | None = None) -> None:
+        """Forget all state and answer COORDINATOR_LOAD_IN_PROGRESS until :meth:`end_load`.
+
+        Appends still in flight from before are ignored when reported (their ids are gone or
+        have no matching pending state) and their requests answered NOT_COORDINATOR.
+        """
+        if coordinator_epoch is not None:
+            self.coordinator_epoch = coordinator_epoch
+        self._txns.clear()
+        self._completions.clear()
+        self._in_flight.clear()
+        self.skipped_records = 0
+        self._loading = True
+
+    def replay(self, key: bytes, value: bytes | None) -> None:
+        """Apply one ``__transaction_state`` record (offset order); a None value is a tombstone."""
+        record = read_record(key, value)
+        if record is None:
+            self.skipped_records += 1
+            return
+        tid = record.transactional_id
+        self._completions.pop(tid, None)
+        if record.value is None:
+            self._txns.pop(tid, None)
+        else:
+            self._txns[tid] = TransactionMetadata.from_transit(tid, transit_from_value(record.value))
+
+    def end_load(self, now_ms: int) -> tuple[WriteMarkers, ...]:
+        """Start serving; returns the markers to (re)write for transactions left in Prepare*."""
+        self._loading = False
+        return self.pending_completions(now_ms)
+
+    def pending_completions(self, now_ms: int) -> tuple[WriteMarkers, ...]:
+        """Markers of every decided-but-incomplete (PrepareCommit/PrepareAbort) transaction.
+
+        Idempotent: a transaction already being completed is listed with the same markers.
+        """
+        for md in self._txns.values():
+            if (
+                md.state.is_prepare
+                and md.transactional_id not in self._completions
+                and md.pending_state is None
+            ):
+                self._start_completion(md, now_ms)
+        return tuple(c.markers for c in self._completions.values())
+
+    def expire_transactional_ids(
+        self, now_ms: int, expiration_ms: int | None = None
+    ) -> tuple[AppendTxnLog, ...]:
+        """Tombstones for ids idle (no open transaction) for ``expiration_ms`` (default 7 days).
+
+        The entry is removed only when the tombstone append is reported done.
+        """
+        if self._loading:
+            return ()
+        ttl = self.config.transactional_id_expiration_ms if expiration_ms is None else expiration_ms
+        return tuple(
+            self._make_append(md, md.prepare_dead(), AppendPurpose.EXPIRE)
+            for md in admin.expirable(self._txns.values(), now_ms, ttl)
+        )
+
+    # -- admin --------------------------------------------------------------------------------
+
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> tuple[DescribedTransaction, ...]:
+        """DescribeTransactions (KIP-664) entries, one per requested id."""
+        return tuple(admin.describe(self._txns, tid, loading=self._loading) for tid in transactional_ids)
+
+    def list_transactions(
+        self,
+        *,
+        now_ms: int,
+        state_filters: Iterable[str] = (),
+        producer_id_filters: Iterable[int] = (),
+        duration_filter_ms: int = -1,
+        transactional_id_pattern: str | None = None,
+    ) -> ListTransactionsResult:
+        """ListTransactions (KIP-664; duration filter KIP-994; id pattern KIP-1152)."""
+        return admin.list_transactions(
+            self._txns.values(),
+            now_ms=now_ms,
+            loading=self._loading,
+            state_filters=state_filters,
+            producer_id_filters=producer_id_filters,
+            duration_filter_ms=duration_filter_ms,
+            transactional_id_pattern=transactional_id_pattern,
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _make_append(
+        self,
+        md: TransactionMetadata,
+        transit: TxnTransitMetadata,
+        purpose: AppendPurpose,
+        request_version: int = -1,
+        requested: tuple[TopicPartition, ...] = (),
+    ) -> AppendTxnLog:
+        tid = md.transactional_id
+        self._in_flight[tid] = transit
+        value = None if transit.state is S.DEAD else encode_transit(transit, self.config.log_value_version)
+        return AppendTxnLog(
+            transactional_id=tid,
+            partition=self.partition_for(tid),
+            key=encode_key(tid),
+            value=value,
+            transit=transit,
+            purpose=purpose,
+            coordinator_epoch=self.coordinator_epoch,
+            request_version=request_version,
+            requested_partitions=requested,
+        )
+
+    def _start_completion(self, md: TransactionMetadata, now_ms: int) -> WriteMarkers:
+        """Prepare Complete* (held pending until persisted) and describe the markers to write."""
+        transit = md.prepare_complete(now_ms)
+        markers = WriteMarkers(
+            transactional_id=md.transactional_id,
+            producer_id=md.producer_id,
+            producer_epoch=md.producer_epoch,
+            coordinator_epoch=self.coordinator_epoch,
+            result=ControlType.COMMIT if md.state is S.PREPARE_COMMIT else ControlType.ABORT,
+            partitions=md.partitions,
+        )
+        self._completions[md.transactional_id] = _Completion(markers, transit)
+        return markers
