@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING
 
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.server.config import BrokerConfig
+from exactly.server.group_runtime import GroupRuntime
+from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
+from exactly.server.txn_runtime import TxnRuntime
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
@@ -128,6 +131,9 @@ class Broker:
         self.connections: set[KafkaConnection] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self.internal = InternalTopics(self)
+        self.groups = GroupRuntime(self)
+        self.txn = TxnRuntime(self)
 
     @classmethod
     def open(cls, config: BrokerConfig, data_dir: Path) -> Broker:
@@ -162,6 +168,8 @@ class Broker:
     async def start(self) -> Endpoint:
         from exactly.server.connection import KafkaConnection
 
+        self.groups.load()
+        self.txn.load()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: KafkaConnection(self), self.listen.host, self.listen.port, reuse_address=True, backlog=512
@@ -173,6 +181,8 @@ class Broker:
         self.advertised = parse_listener(adv) if adv else bound
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))
+        self._tasks.extend(self.groups.start_tasks())
+        self._tasks.extend(self.txn.start_tasks())
         log.info(
             "listening on %s:%d (advertised %s:%d)", host, port, self.advertised.host, self.advertised.port
         )

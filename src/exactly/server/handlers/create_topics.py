@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
 
+API_KEY = ApiKey.CREATE_TOPICS
+
 DEFAULT_CONFIG_SOURCE = 5
 DYNAMIC_TOPIC_CONFIG_SOURCE = 1
 

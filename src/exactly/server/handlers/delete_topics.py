@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
 
+API_KEY = ApiKey.DELETE_TOPICS
+
 ZERO_UUID = uuid.UUID(int=0)
 
 

@@ -6,11 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from exactly.protocol.apis import build
+from exactly.protocol.apis import ApiKey, build
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.DESCRIBE_CLUSTER
 
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 

@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
 
+API_KEY = ApiKey.DESCRIBE_CONFIGS
+
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 SOURCE_DYNAMIC_TOPIC = 1

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
 
+API_KEY = ApiKey.FETCH
+
 READ_COMMITTED = 1
 
 

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
 
+API_KEY = ApiKey.INIT_PRODUCER_ID
+
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     if request.transactional_id is not None:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from exactly.server.connection import RequestContext
     from exactly.storage.partition_log import PartitionLog
 
+API_KEY = ApiKey.LIST_OFFSETS
+
 LATEST = -1
 EARLIEST = -2
 READ_COMMITTED = 1

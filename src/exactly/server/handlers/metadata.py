@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
 
+API_KEY = ApiKey.METADATA
+
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey
-from exactly.protocol.fast import ProducePartitionResult, ProduceRequestData, encode_produce_response
+from exactly.protocol.fast import (
+    ProducePartitionResult,
+    ProduceRequestData,
+    encode_produce_response,
+    parse_produce_request,
+)
 from exactly.records.batch import InvalidRecordError, validate_produce_records
 from exactly.server.broker import INTERNAL_TOPICS, now_ms
 from exactly.storage.partition_log import AppendResult
@@ -29,6 +34,9 @@ from exactly.storage.producer_state import ProducerStateError
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.PRODUCE
+parse_request = parse_produce_request  # records stay memoryviews into the frame
 
 log = logging.getLogger("exactly.produce")
 
