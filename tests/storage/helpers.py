@@ -57,7 +57,13 @@ def append(
 
 
 def append_marker(
-    log: PartitionLog, producer_id: int, epoch: int, *, abort: bool, now_ms: int = NOW, coordinator_epoch: int = 0
+    log: PartitionLog,
+    producer_id: int,
+    epoch: int,
+    *,
+    abort: bool,
+    now_ms: int = NOW,
+    coordinator_epoch: int = 0,
 ) -> AppendResult:
     batch = bytearray(
         build_control_batch(
@@ -100,7 +106,9 @@ def values_of(data: bytes) -> list[bytes | None]:
     return values
 
 
-def open_log(directory: Path, config: LogConfig | None = None, *, recovery_point: int | None = 0) -> PartitionLog:
+def open_log(
+    directory: Path, config: LogConfig | None = None, *, recovery_point: int | None = 0
+) -> PartitionLog:
     return PartitionLog.open(directory, TP, config or LogConfig(), recovery_point=recovery_point, now_ms=NOW)
 
 

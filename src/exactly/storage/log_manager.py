@@ -120,9 +120,9 @@ class LogManager:
         self._cluster_id = self._load_or_create_meta()
         marker = data_dir / CLEAN_SHUTDOWN_MARKER
         self.had_clean_shutdown = marker.exists()
-        if not self.had_clean_shutdown:
-            log.warning("%s was not shut down cleanly: validating unflushed data", data_dir)
         self._topics: dict[str, TopicInfo] = self._load_topics()
+        if self._topics and not self.had_clean_shutdown:
+            log.warning("%s was not shut down cleanly: validating unflushed data", data_dir)
         self._logs: dict[TopicPartition, PartitionLog] = {}
         recovery_points = read_offset_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT) or {}
         self._remove_orphan_directories()
@@ -245,6 +245,8 @@ class LogManager:
             directory = self._partition_dir(tp)
             shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
             self._logs[tp] = PartitionLog.open(directory, tp, config, recovery_point=0, now_ms=now_ms)
+        # No stale recovery point of an older topic with this name may survive in the checkpoint.
+        self.checkpoint_recovery_points()
         return info
 
     def delete_topic(self, name: str) -> TopicInfo:
@@ -257,6 +259,7 @@ class LogManager:
             partition_log = self._logs.pop(TopicPartition(name, partition), None)
             if partition_log is not None:
                 partition_log.delete()
+        self.checkpoint_recovery_points()
         return info
 
     def get_partition(self, tp: TopicPartition) -> PartitionLog | None:

@@ -64,9 +64,9 @@ class LogSegment:
     __slots__ = (
         "_bytes_since_index",
         "_fd",
+        "_first_batch_timestamp",
         "_max_timestamp",
         "_offset_of_max_timestamp",
-        "_rolling_timestamp",
         "base_offset",
         "created_ms",
         "directory",
@@ -114,7 +114,7 @@ class LogSegment:
         self._bytes_since_index = 0
         self._max_timestamp: int | None = -1
         self._offset_of_max_timestamp = base_offset
-        self._rolling_timestamp: int | None = None
+        self._first_batch_timestamp: int | None = None
         if create:
             self.offset_index.reset()
             self.time_index.reset()
@@ -192,15 +192,14 @@ class LogSegment:
         return self._offset_of_max_timestamp
 
     @property
-    def rolling_timestamp(self) -> int:
-        """What segment.ms is measured from: the first batch's max timestamp (survives restarts,
-        as in Kafka), else the time this segment object was created."""
-        if self._rolling_timestamp is None and self.size >= HEADER_SIZE:
-            header = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0))
-            self._rolling_timestamp = header.max_timestamp
-        if self._rolling_timestamp is None or self._rolling_timestamp < 0:
-            return self.created_ms
-        return self._rolling_timestamp
+    def first_batch_timestamp(self) -> int:
+        """Max timestamp of the first batch (-1 when empty or without timestamps): segment.ms is
+        measured from it, as in Kafka, so the age of a segment survives restarts."""
+        if self._first_batch_timestamp is None:
+            if self.size < HEADER_SIZE:
+                return -1
+            self._first_batch_timestamp = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+        return self._first_batch_timestamp
 
     def retention_timestamp(self) -> int:
         """Largest timestamp in the segment, or the file's mtime when batches carry none."""
@@ -235,8 +234,8 @@ class LogSegment:
         self.size = position + size
         self.next_offset = header.next_offset
         self._bytes_since_index += size
-        if self._rolling_timestamp is None:
-            self._rolling_timestamp = header.max_timestamp if position == 0 else None
+        if self._first_batch_timestamp is None:
+            self._first_batch_timestamp = header.max_timestamp if position == 0 else None
         if self._max_timestamp is not None and header.max_timestamp > self._max_timestamp:
             self._max_timestamp = header.max_timestamp
             self._offset_of_max_timestamp = header.base_offset
@@ -285,6 +284,17 @@ class LogSegment:
         containing it, or the next one after a gap); None if the segment ends before it."""
         self.ensure_indexes()
         _entry_offset, position = self.offset_index.lookup(offset)
+        # Fetches usually start at a batch boundary that has an index entry: one header read.
+        head = os.pread(self._fd, HEADER_SIZE, position)
+        if len(head) == HEADER_SIZE:
+            header = BatchHeader.parse(head)
+            if (
+                header.magic == 2
+                and header.batch_length >= MIN_BATCH_LENGTH
+                and header.base_offset <= offset <= header.last_offset
+                and position + header.size <= self.size
+            ):
+                return position, header
         chunk = max(LOOKUP_CHUNK, self.index_interval_bytes + HEADER_SIZE)
         for pos, header in self.scan(position, chunk=chunk):
             if header.last_offset >= offset:
@@ -305,22 +315,6 @@ class LogSegment:
         return os.pread(self._fd, size, position)
 
     # --- recovery and truncation ------------------------------------------------------------
-    def load_tail(self) -> bool:
-        """For a segment that is not recovered: find ``next_offset`` (and the max timestamp of
-        the part after the last index entry) by scanning from the last index entry. False when
-        that scan does not end exactly at the end of the file (the caller must recover)."""
-        self.ensure_indexes()
-        _o, position = self.offset_index.last_entry()
-        end = position
-        for pos, header in self.scan(position, chunk=LOOKUP_CHUNK):
-            end = pos + header.size
-            self.next_offset = header.next_offset
-            if header.max_timestamp > self.max_timestamp:
-                self._max_timestamp = header.max_timestamp
-                self._offset_of_max_timestamp = header.base_offset
-        self._bytes_since_index = end - position
-        return end == self.size
-
     def rebuild_indexes(self) -> None:
         """Rebuild the offset and time indexes from the log (headers only, no truncation)."""
         self.offset_index.reset()
@@ -413,7 +407,7 @@ class LogSegment:
         if self.offset_index.loaded:
             self.offset_index.truncate_to_position(position)
         if position == 0:
-            self._rolling_timestamp = None
+            self._first_batch_timestamp = None
 
     # --- durability and lifetime ------------------------------------------------------------
     def flush(self) -> None:

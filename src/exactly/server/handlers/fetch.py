@@ -35,7 +35,9 @@ READ_COMMITTED = 1
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    if request.session_epoch > 0 or (request.session_id != 0 and request.session_epoch != -1):
+    session_id = getattr(request, "session_id", 0)  # v7+ (KIP-227)
+    session_epoch = getattr(request, "session_epoch", -1)
+    if session_epoch > 0 or (session_id != 0 and session_epoch != -1):
         broker.metrics.error(ApiKey.FETCH, ErrorCode.fetch_session_id_not_found)
         return encode_fetch_response(ctx.version, ErrorCode.fetch_session_id_not_found, 0, [])
     max_wait_s = max(request.max_wait.total_seconds(), 0.0)

@@ -1,9 +1,9 @@
-"""InitProducerId (22), idempotent path: a fresh producer id from the persistent block
-allocator, epoch 0.
+"""InitProducerId (22): producer ids for idempotent and transactional producers.
 
-Kafka's TransactionCoordinator "blindly accepts" a request without transactional.id and returns
-a new producer id, whatever producer id/epoch (KIP-360) the client sent. Requests with a
-transactional.id belong to the transaction coordinator.
+Without a transactional.id Kafka "blindly accepts" the request: a fresh producer id from the
+persistent block allocator, epoch 0, whatever producer id/epoch (KIP-360) the client sent. With one,
+the transaction coordinator maps the id to its producer id, aborts an open transaction of the
+previous incarnation and bumps the epoch, which fences zombies.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import now_ms
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -22,22 +23,28 @@ API_KEY = ApiKey.INIT_PRODUCER_ID
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    if request.transactional_id is not None:
-        txn = getattr(broker, "txn_coordinator", None)
-        if txn is None:
-            broker.metrics.error(ApiKey.INIT_PRODUCER_ID, ErrorCode.coordinator_not_available)
-            return build(
-                ctx.api.response_type,
-                error_code=ErrorCode.coordinator_not_available,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-        return await txn.handle_init_producer_id(ctx, request)
+    tid = request.transactional_id or None
     try:
-        producer_id = broker.producer_ids.generate()
+        step = broker.txn.coordinator.init_producer_id(
+            tid,
+            int(request.transaction_timeout.total_seconds() * 1000),
+            now_ms=now_ms(),
+            producer_id=getattr(request, "producer_id", -1),
+            producer_epoch=getattr(request, "producer_epoch", -1),
+            request_version=ctx.version,
+        )
+        result = broker.txn.drive(step)
     except OSError:
-        broker.metrics.error(ApiKey.INIT_PRODUCER_ID, ErrorCode.kafka_storage_error)
+        result = None
+    if result is None:
+        broker.metrics.error(API_KEY, ErrorCode.kafka_storage_error)
         return build(
             ctx.api.response_type, error_code=ErrorCode.kafka_storage_error, producer_id=-1, producer_epoch=-1
         )
-    return build(ctx.api.response_type, error_code=ErrorCode.none, producer_id=producer_id, producer_epoch=0)
+    broker.metrics.error(API_KEY, result.error)
+    return build(
+        ctx.api.response_type,
+        error_code=result.error,
+        producer_id=result.producer_id,
+        producer_epoch=result.producer_epoch,
+    )

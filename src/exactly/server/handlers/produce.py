@@ -26,10 +26,11 @@ from exactly.protocol.fast import (
     encode_produce_response,
     parse_produce_request,
 )
-from exactly.records.batch import InvalidRecordError, validate_produce_records
+from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
 from exactly.server.broker import INTERNAL_TOPICS, now_ms
-from exactly.storage.partition_log import AppendResult
+from exactly.storage.partition_log import AppendResult, PartitionLog
 from exactly.storage.producer_state import ProducerStateError
+from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -86,8 +87,10 @@ def _append(
         return ErrorCode.invalid_record, "produce request has no records", None
     try:
         header = validate_produce_records(records)
-        if header.is_transactional and request.transactional_id is None:
-            return ErrorCode.invalid_record, "transactional batch without a transactional id", None
+        if header.is_transactional:
+            problem = _verify_transactional(broker, plog, topic, partition, header, request.transactional_id)
+            if problem is not None:
+                return problem[0], problem[1], None
         result = plog.append(records, header, leader_epoch=0, now_ms=now)
     except InvalidRecordError as exc:
         log.info("rejected batch for %s-%d: %s", topic, partition, exc)
@@ -104,3 +107,44 @@ def _append(
         broker.metrics.messages_in += header.record_count
         broker.after_append(plog)
     return ErrorCode.none, None, result
+
+
+def _verify_transactional(
+    broker: Broker,
+    plog: PartitionLog,
+    topic: str,
+    partition: int,
+    header: BatchHeader,
+    transactional_id: str | None,
+) -> tuple[ErrorCode, str] | None:
+    """KIP-890 part 1: before a producer's first transactional write to a partition, check with
+    the coordinator that the partition is in its ongoing transaction. Without this, a write
+    delayed past the end of its transaction would start a new "transaction" nobody will ever
+    end, holding back the LSO forever (the hanging transaction Jepsen found in Kafka)."""
+    if transactional_id is None:
+        return ErrorCode.invalid_record, "transactional batch without a transactional id"
+    entry = plog.producer_state.last_entry(header.producer_id)
+    if (
+        entry is not None
+        and entry.current_txn_first_offset is not None
+        and entry.producer_epoch == header.producer_epoch
+    ):
+        return None  # already inside this producer's transaction here: verified at its first write
+    result = broker.txn.coordinator.verify_partitions_in_txn(
+        transactional_id,
+        header.producer_id,
+        header.producer_epoch,
+        [TopicPartition(topic, partition)],
+        request_version=4,
+    )
+    code = result.error
+    if code == ErrorCode.none:
+        return None
+    if code == ErrorCode.producer_fenced:
+        return ErrorCode.invalid_producer_epoch, "producer epoch is fenced by a newer one"
+    if code == ErrorCode.coordinator_load_in_progress:
+        return ErrorCode.not_enough_replicas, "transaction coordinator is loading"
+    return (
+        ErrorCode.invalid_txn_state,
+        f"partition {topic}-{partition} is not part of the ongoing transaction",
+    )

@@ -1,0 +1,31 @@
+"""AddOffsetsToTxn (25): the transaction will commit offsets of ``group_id``; its
+``__consumer_offsets`` partition joins the transaction so the EndTxn marker reaches it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import now_ms
+from exactly.server.internal_topics import OFFSETS_TOPIC
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.ADD_OFFSETS_TO_TXN
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    broker.internal.ensure(OFFSETS_TOPIC)
+    step = broker.txn.coordinator.add_offsets_to_txn(
+        request.transactional_id,
+        request.producer_id,
+        request.producer_epoch,
+        request.group_id,
+        now_ms=now_ms(),
+        request_version=ctx.version,
+    )
+    result = broker.txn.drive(step)
+    broker.metrics.error(API_KEY, result.error)
+    return build(ctx.api.response_type, error_code=result.error)

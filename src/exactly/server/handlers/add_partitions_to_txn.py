@@ -1,0 +1,108 @@
+"""AddPartitionsToTxn (24): a transactional producer announces the partitions it will write.
+
+v0-v3 come from clients: one transaction. Unknown topics fail with UNKNOWN_TOPIC_OR_PARTITION and
+the other partitions of the request with OPERATION_NOT_ATTEMPTED, without touching the
+transaction (as Kafka). v4+ (KIP-890) come from partition leaders: a batch of transactions, each
+either added or, with ``verify_only``, checked.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import now_ms
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.coordinator.txn.effects import AddPartitionsResult
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.ADD_PARTITIONS_TO_TXN
+
+
+def _partitions(
+    broker: Broker, topics: Iterable[Any]
+) -> tuple[list[TopicPartition], dict[TopicPartition, ErrorCode]]:
+    wanted: list[TopicPartition] = []
+    unknown: dict[TopicPartition, ErrorCode] = {}
+    for topic in topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, p)
+            wanted.append(tp)
+            if broker.partition(topic.name, p) is None:
+                unknown[tp] = ErrorCode.unknown_topic_or_partition
+    return wanted, unknown
+
+
+def _one(
+    broker: Broker, ctx: RequestContext, tid: str, pid: int, epoch: int, topics: Any, verify: bool
+) -> dict[TopicPartition, ErrorCode]:
+    wanted, unknown = _partitions(broker, topics)
+    if unknown:
+        return {tp: unknown.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
+    coord = broker.txn.coordinator
+    result: AddPartitionsResult
+    if verify:
+        result = coord.verify_partitions_in_txn(tid, pid, epoch, wanted, request_version=ctx.version)
+    else:
+        step = coord.add_partitions_to_txn(
+            tid, pid, epoch, wanted, now_ms=now_ms(), request_version=ctx.version
+        )
+        result = broker.txn.drive(step)
+    return result.as_dict()
+
+
+def _topic_results(mod: Any, errors: dict[TopicPartition, ErrorCode]) -> tuple[Any, ...]:
+    by_topic: dict[str, list[Any]] = defaultdict(list)
+    for tp, code in errors.items():
+        by_topic[tp.topic].append(
+            build(
+                mod.AddPartitionsToTxnPartitionResult, partition_index=tp.partition, partition_error_code=code
+            )
+        )
+    return tuple(
+        build(mod.AddPartitionsToTxnTopicResult, name=name, results_by_partition=tuple(parts))
+        for name, parts in by_topic.items()
+    )
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    if ctx.version <= 3:
+        errors = _one(
+            broker,
+            ctx,
+            request.v3_and_below_transactional_id,
+            request.v3_and_below_producer_id,
+            request.v3_and_below_producer_epoch,
+            request.v3_and_below_topics,
+            verify=False,
+        )
+        for code in errors.values():
+            broker.metrics.error(API_KEY, code)
+        return build(ctx.api.response_type, results_by_topic_v3_and_below=_topic_results(mod, errors))
+    results = []
+    for txn in request.transactions:
+        errors = _one(
+            broker,
+            ctx,
+            txn.transactional_id,
+            txn.producer_id,
+            txn.producer_epoch,
+            txn.topics,
+            txn.verify_only,
+        )
+        results.append(
+            build(
+                mod.AddPartitionsToTxnResult,
+                transactional_id=txn.transactional_id,
+                topic_results=_topic_results(mod, errors),
+            )
+        )
+    return build(ctx.api.response_type, error_code=ErrorCode.none, results_by_transaction=tuple(results))

@@ -1,0 +1,45 @@
+"""DescribeTransactions (65, KIP-664): state, producer, timeout, start time and partitions."""
+
+from __future__ import annotations
+
+import datetime
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from exactly.protocol.apis import ApiKey, build
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.DESCRIBE_TRANSACTIONS
+
+
+def ms_to_datetime(ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    states = []
+    for d in broker.txn.coordinator.describe_transactions(request.transactional_ids):
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in d.partitions:
+            by_topic[tp.topic].append(tp.partition)
+        states.append(
+            build(
+                mod.TransactionState,
+                error_code=d.error,
+                transactional_id=d.transactional_id,
+                transaction_state=d.state,
+                transaction_timeout=datetime.timedelta(milliseconds=d.transaction_timeout_ms),
+                transaction_start_time=ms_to_datetime(d.transaction_start_time_ms),
+                producer_id=d.producer_id,
+                producer_epoch=d.producer_epoch,
+                topics=tuple(
+                    build(mod.TopicData, topic=t, partitions=tuple(sorted(ps)))
+                    for t, ps in sorted(by_topic.items())
+                ),
+            )
+        )
+    return build(ctx.api.response_type, transaction_states=tuple(states))

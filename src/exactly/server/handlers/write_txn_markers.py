@@ -1,0 +1,53 @@
+"""WriteTxnMarkers (27): write COMMIT/ABORT markers to partitions of this broker.
+
+Kafka's coordinator sends this to partition leaders; admin tools send it to abort a hung
+transaction (KIP-664: ``kafka-transactions.sh abort``). Each marker goes through the partition's
+producer state, so a marker from an older coordinator epoch is refused
+(TRANSACTION_COORDINATOR_FENCED) and one for a stale producer epoch too (INVALID_PRODUCER_EPOCH).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+from exactly.records.control import ControlType
+from exactly.server.internal_topics import OFFSETS_TOPIC, AppendFailed
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.WRITE_TXN_MARKERS
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    results = []
+    for marker in request.markers:
+        result = ControlType.COMMIT if marker.transaction_result else ControlType.ABORT
+        topics = []
+        for topic in marker.topics:
+            parts = []
+            for p in topic.partition_indexes:
+                tp = TopicPartition(topic.name, p)
+                code = ErrorCode.none
+                try:
+                    if not broker.internal.write_marker(
+                        tp, result, marker.producer_id, marker.producer_epoch, marker.coordinator_epoch
+                    ):
+                        code = ErrorCode.unknown_topic_or_partition
+                    elif tp.topic == OFFSETS_TOPIC:
+                        broker.groups.on_marker(p, marker.producer_id, result is ControlType.COMMIT)
+                except AppendFailed as exc:
+                    code = exc.error_code
+                broker.metrics.error(API_KEY, code)
+                parts.append(build(mod.WritableTxnMarkerPartitionResult, partition_index=p, error_code=code))
+            topics.append(build(mod.WritableTxnMarkerTopicResult, name=topic.name, partitions=tuple(parts)))
+        results.append(
+            build(mod.WritableTxnMarkerResult, producer_id=marker.producer_id, topics=tuple(topics))
+        )
+    return build(ctx.api.response_type, markers=tuple(results))

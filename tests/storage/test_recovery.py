@@ -1,0 +1,185 @@
+"""Opening a partition after clean and unclean shutdowns (log_loader)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exactly.storage.config import LogConfig
+from exactly.storage.partition_log import AbortedTxn
+from tests.storage.helpers import (
+    append,
+    append_marker,
+    crash,
+    headers_of,
+    make_batch,
+    open_log,
+    read_all,
+)
+
+ONE = len(make_batch(2, value_size=100))
+SMALL_SEGMENTS = LogConfig(segment_bytes=3 * ONE, index_interval_bytes=64)
+
+
+def fill(log_dir: Path, batches: int, config: LogConfig = SMALL_SEGMENTS) -> list[int]:
+    log = open_log(log_dir, config)
+    for _ in range(batches):
+        append(log, 2, value_size=100)
+    bases = [s.base_offset for s in log.segments]
+    log.close()
+    return bases
+
+
+def test_clean_reopen_reads_nothing_and_keeps_everything(tmp_path: Path) -> None:
+    fill(tmp_path, 10)
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=20)
+    assert log.log_end_offset == 20 and log.high_watermark == 20
+    assert log.load_result.truncated_bytes == 0 and log.load_result.replayed_batches == 0
+    assert [h.base_offset for h in read_all(log)] == list(range(0, 20, 2))
+    # The next append continues the offsets.
+    assert append(log, 1).first_offset == 20
+    log.close()
+
+
+def test_torn_tail_is_truncated_and_whole_batches_survive(tmp_path: Path) -> None:
+    fill(tmp_path, 10)
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=20)
+    append(log, 2, value_size=100)
+    last = log.segments[-1]
+    size_before = last.size
+    crash(log)
+    extra = make_batch(2, value_size=100)
+    with open(last.log_path, "ab") as f:
+        f.write(extra[:-7])  # the tail of a write that never completed
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=20)
+    assert reopened.load_result.truncated_bytes == len(extra) - 7
+    assert reopened.log_end_offset == 22
+    assert reopened.segments[-1].size == size_before
+    assert [h.base_offset for h in read_all(reopened)] == list(range(0, 22, 2))
+    assert append(reopened, 1).first_offset == 22
+    reopened.close()
+
+
+def test_corruption_in_a_middle_segment_drops_everything_after_it(tmp_path: Path) -> None:
+    bases = fill(tmp_path, 10)
+    assert len(bases) == 4
+    victim = tmp_path / f"{bases[1]:020d}.log"
+    data = bytearray(victim.read_bytes())
+    data[ONE + 70] ^= 0xFF  # inside the second batch of the second segment
+    victim.write_bytes(bytes(data))
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=bases[1])
+    assert [s.base_offset for s in log.segments] == bases[:2]
+    assert log.log_end_offset == bases[1] + 2
+    assert not (tmp_path / f"{bases[2]:020d}.log").exists()
+    assert [h.base_offset for h in read_all(log)] == list(range(0, bases[1] + 2, 2))
+    log.close()
+
+
+def test_recovery_only_scans_after_the_recovery_point(tmp_path: Path) -> None:
+    bases = fill(tmp_path, 10)
+    first = tmp_path / f"{bases[0]:020d}.log"
+    data = bytearray(first.read_bytes())
+    data[ONE + 70] ^= 0xFF  # corrupt flushed data below the recovery point
+    first.write_bytes(bytes(data))
+    # Trusted: the segment is below the recovery point, so it is not read at all.
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=bases[2])
+    assert log.load_result.truncated_bytes == 0
+    assert log.log_end_offset == 20
+    log.close()
+    # Without a recovery point everything is validated and the corruption is found.
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=None)
+    assert log.load_result.truncated_bytes > 0
+    assert log.log_end_offset == 2
+    log.close()
+
+
+def test_deleted_and_corrupt_indexes_are_rebuilt(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=20 * ONE, index_interval_bytes=64)
+    bases = fill(tmp_path, 30, config)
+    assert bases == [0, 40]
+    expected_entries = (tmp_path / f"{0:020d}.index").read_bytes()
+    (tmp_path / f"{0:020d}.index").unlink()
+    (tmp_path / f"{0:020d}.timeindex").write_bytes(b"\x00" * 5)
+    (tmp_path / f"{40:020d}.index").write_bytes(b"\x00" * 3)
+    log = open_log(tmp_path, config, recovery_point=60)
+    for offset in range(0, 60, 3):
+        (header,) = headers_of(log.read(offset, 1, read_committed=False).records)
+        assert header.base_offset <= offset <= header.last_offset
+    assert (tmp_path / f"{0:020d}.index").read_bytes() == expected_entries
+    assert (tmp_path / f"{0:020d}.timeindex").stat().st_size % 12 == 0
+    assert log.offset_for_timestamp(0) == (0, log.segments[0].max_timestamp)
+    log.close()
+
+
+def test_producer_state_survives_a_crash(tmp_path: Path) -> None:
+    log = open_log(tmp_path, SMALL_SEGMENTS)
+    append(log, 2, producer_id=5, epoch=0, seq=0)
+    append(log, 2, producer_id=5, epoch=0, seq=2)
+    crash(log)
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
+    assert reopened.load_result.replayed_batches == 2
+    dup = append(reopened, 2, producer_id=5, epoch=0, seq=2)
+    assert dup.duplicate and dup.first_offset == 2
+    assert append(reopened, 1, producer_id=5, epoch=0, seq=4).first_offset == 4
+    reopened.close()
+
+
+def test_transactions_and_txn_index_recovered(tmp_path: Path) -> None:
+    log = open_log(tmp_path, SMALL_SEGMENTS)
+    append(log, 2, value_size=100, producer_id=1, epoch=0, seq=0, transactional=True)  # 0-1
+    append(log, 2, value_size=100)  # 2-3
+    append(log, 2, value_size=100, producer_id=2, epoch=0, seq=0, transactional=True)  # 4-5
+    append_marker(log, 1, 0, abort=True)  # 6
+    append(log, 2, value_size=100, producer_id=3, epoch=0, seq=0, transactional=True)  # 7-8, left open
+    assert log.last_stable_offset == 4
+    crash(log)
+    for path in tmp_path.glob("*.txnindex"):
+        path.unlink()  # lost with the crash: rebuilt by replay
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
+    assert reopened.last_stable_offset == 4  # txn of producer 2 is still open
+    assert reopened.producer_state.ongoing_transactions() == {2: 4, 3: 7}
+    append_marker(reopened, 2, 0, abort=False)
+    append_marker(reopened, 3, 0, abort=False)
+    result = reopened.read(0, 1 << 20, read_committed=True)
+    assert result.aborted_transactions == (AbortedTxn(1, 0),)
+    reopened.close()
+
+
+def test_open_transaction_survives_a_clean_restart(tmp_path: Path) -> None:
+    log = open_log(tmp_path, SMALL_SEGMENTS)
+    append(log, 1)
+    append(log, 1, producer_id=9, epoch=0, seq=0, transactional=True)
+    append(log, 1)
+    log.close()
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=3)
+    assert reopened.load_result.replayed_batches == 0  # snapshot at the log end
+    assert reopened.last_stable_offset == 1
+    append_marker(reopened, 9, 0, abort=True)
+    assert reopened.last_stable_offset == 4
+    assert reopened.read(0, 1 << 20, read_committed=True).aborted_transactions == (AbortedTxn(9, 1),)
+    reopened.close()
+
+
+def test_stray_files_are_removed(tmp_path: Path) -> None:
+    fill(tmp_path, 2)
+    (tmp_path / f"{999:020d}.index").write_bytes(b"")  # an index without a log
+    (tmp_path / f"{0:020d}.log.tmp").write_bytes(b"junk")
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=4)
+    assert not (tmp_path / f"{999:020d}.index").exists()
+    assert not (tmp_path / f"{0:020d}.log.tmp").exists()
+    assert log.log_end_offset == 4
+    log.close()
+
+
+def test_leader_epochs_of_truncated_data_are_forgotten(tmp_path: Path) -> None:
+    log = open_log(tmp_path, SMALL_SEGMENTS)
+    append(log, 1, leader_epoch=1)
+    append(log, 1, leader_epoch=2)
+    assert [(e.epoch, e.start_offset) for e in log.leader_epochs.entries] == [(1, 0), (2, 1)]
+    last = log.segments[-1]
+    crash(log)
+    with open(last.log_path, "r+b") as f:
+        f.truncate(last.size - 5)  # the epoch-2 batch never fully reached the disk
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
+    assert reopened.log_end_offset == 1
+    assert [(e.epoch, e.start_offset) for e in reopened.leader_epochs.entries] == [(1, 0)]
+    reopened.close()
