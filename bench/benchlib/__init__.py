@@ -1,0 +1,1 @@
+"""Benchmark harness for the exactly broker (see bench/README.md)."""

@@ -1,0 +1,345 @@
+"""Load generators: confluent-kafka (Python) and kcat (C, librdkafka) producers and consumers.
+
+Each driver returns a ``ClientRun``: wall seconds of the timed section, client CPU seconds, records and
+payload bytes moved, and error strings.  Broker CPU is measured by the caller around the call.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
+
+from benchlib import kafka, procstat
+
+RECORD_SIZE = 1024
+POOL = 1024
+
+PRODUCE_CONF: dict[str, object] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 10,
+    # librdkafka's own cap is message.max.bytes (1,000,000): a ~1 MB batch, under Kafka's default
+    # broker limit of 1,048,588 bytes per batch.
+    "batch.size": 1_000_000,
+    "compression.type": "none",
+}
+
+
+@dataclass
+class ClientRun:
+    wall_s: float = 0.0
+    client_cpu_s: float = 0.0
+    records: int = 0
+    bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def payload_pool(size: int = RECORD_SIZE, count: int = POOL, seed: int = 42) -> list[bytes]:
+    """``count`` distinct printable, newline-free, incompressible-ish values of exactly ``size`` bytes."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(count):
+        raw = rnd.randbytes(size)
+        out.append(base64.b64encode(raw)[:size].replace(b"/", b"_").replace(b"+", b"-"))
+    return out
+
+
+def write_lines_file(path: Path, records: int, pool: list[bytes]) -> Path:
+    """The kcat -l input: ``records`` lines, each one pool value (delimiter not part of the record)."""
+    if path.exists() and path.stat().st_size == records * (len(pool[0]) + 1):
+        return path
+    with open(path, "wb", buffering=8 << 20) as f:
+        block = b"\n".join(pool) + b"\n"
+        full, rest = divmod(records, len(pool))
+        for _ in range(full):
+            f.write(block)
+        for i in range(rest):
+            f.write(pool[i] + b"\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------- confluent
+
+
+def confluent_produce(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    pool: list[bytes],
+    timeout: float,
+    conf: dict[str, object] | None = None,
+    warmup_topic: str | None = None,
+) -> ClientRun:
+    run = ClientRun()
+    errors: list[str] = []
+
+    def on_error(err: KafkaError, msg: object) -> None:  # only called on failure (see config)
+        if err is not None and len(errors) < 20:
+            errors.append(str(err))
+
+    cfg: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        **PRODUCE_CONF,
+        **kafka.QUIET,
+        "delivery.report.only.error": True,
+        "on_delivery": on_error,
+    }
+    cfg.update(conf or {})
+    p = Producer(cfg)
+    p.list_topics(topic, timeout=30)  # connect + metadata before the clock starts
+    if warmup_topic:
+        # one acked record elsewhere, so the producer id is in hand before the clock starts (librdkafka's
+        # PID state machine otherwise may sit on a fixed 500 ms retry timer at startup)
+        p.produce(warmup_topic, b"warmup")
+        if p.flush(30):
+            errors.append("warm-up record not acked")
+    n_pool = len(pool)
+    produce, poll = p.produce, p.poll
+    c0, t0 = procstat.self_cpu_seconds(), time.perf_counter()
+    deadline = time.monotonic() + timeout
+    i = 0
+    while i < records:
+        try:
+            produce(topic, pool[i % n_pool])
+        except BufferError:
+            if time.monotonic() > deadline:
+                errors.append("timeout while queue full")
+                break
+            poll(0.005)
+            continue
+        i += 1
+        if not i & 0x3FFF:
+            poll(0)
+    left = p.flush(max(1.0, deadline - time.monotonic()))
+    run.wall_s = time.perf_counter() - t0
+    run.client_cpu_s = procstat.self_cpu_seconds() - c0
+    if left:
+        errors.append(f"{left} records still undelivered at timeout")
+    run.records = i - left
+    run.bytes = run.records * len(pool[0])
+    run.errors = errors
+    return run
+
+
+def confluent_consume(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    expected: int,
+    timeout: float,
+    conf: dict[str, object] | None = None,
+) -> ClientRun:
+    run = ClientRun()
+    c = kafka.consumer(bootstrap, conf)
+    try:
+        c0, t0 = procstat.self_cpu_seconds(), time.perf_counter()
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        deadline = time.monotonic() + timeout
+        count = nbytes = 0
+        consume = c.consume
+        while count < expected:
+            if time.monotonic() > deadline:
+                run.errors.append(f"timeout after {count}/{expected} records")
+                break
+            for m in consume(num_messages=10_000, timeout=0.2):
+                if m.error() is not None:
+                    if len(run.errors) < 20:
+                        run.errors.append(str(m.error()))
+                    continue
+                count += 1
+                nbytes += len(m.value())
+        run.wall_s = time.perf_counter() - t0
+        run.client_cpu_s = procstat.self_cpu_seconds() - c0
+        run.records, run.bytes = count, nbytes
+    finally:
+        c.close()
+    return run
+
+
+# --------------------------------------------------------------------------------------------- kcat
+
+
+def kcat_env(mode: str, scratch: Path) -> dict[str, str]:
+    """Environment for kcat.  ``bundled``: run Debian's kcat against the librdkafka that confluent-kafka
+    ships (same client library as the Python driver; Debian's 2.0.2 cannot parse Tansu's ApiVersions
+    v3 response).  ``system``: Debian's own librdkafka."""
+    env = dict(os.environ)
+    # kcat copies every record into a fresh malloc() block; glibc trimming the heap back after each
+    # batch makes it re-fault the same pages (most of its CPU is page clearing).  Keep the heap.
+    env["GLIBC_TUNABLES"] = "glibc.malloc.top_pad=268435456:glibc.malloc.trim_threshold=1073741824"
+    if mode == "system":
+        return env
+    import confluent_kafka
+
+    libs = sorted(Path(confluent_kafka.__file__).parent.parent.glob("confluent_kafka.libs/librdkafka-*.so.1"))
+    if not libs:
+        return env
+    d = scratch / "rdkafka"
+    d.mkdir(parents=True, exist_ok=True)
+    link = d / "librdkafka.so.1"
+    if not link.exists():
+        link.symlink_to(libs[-1])
+    env["LD_LIBRARY_PATH"] = str(d) + (
+        os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else ""
+    )
+    return env
+
+
+def kcat_version(env: dict[str, str]) -> str:
+    try:
+        out = subprocess.run(["kcat", "-V"], capture_output=True, text=True, env=env, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+    m = re.search(r"Version (\S+) .*librdkafka (\S+)", out.stdout + out.stderr)
+    return f"kcat {m.group(1)} / librdkafka {m.group(2)}" if m else "kcat ?"
+
+
+def _wait_rusage(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int, float]:
+    """Wait for ``proc`` (killing it at ``deadline``); return (exit code, its user+sys CPU seconds)."""
+    for _ in range(10_000_000):
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, ru.ru_utime + ru.ru_stime
+        if time.monotonic() > deadline:
+            proc.kill()
+            _, status, ru = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return -9, ru.ru_utime + ru.ru_stime
+        time.sleep(0.002)
+    raise RuntimeError("unreachable")
+
+
+def kcat_produce(
+    bootstrap: str,
+    topic: str,
+    lines_file: Path,
+    records: int,
+    record_size: int,
+    timeout: float,
+    env: dict[str, str],
+    conf: dict[str, object] | None = None,
+    preroll: float = 1.0,
+) -> ClientRun:
+    """kcat -P -l FIFO: kcat starts, connects and (idempotence) gets its producer id during ``preroll``
+    seconds -- librdkafka's PID state machine retries on a fixed 500 ms timer when it starts before the
+    broker connection is up, which would otherwise add ~0.5 s to every run.  The clock starts when we
+    start feeding the records file into the FIFO and stops when kcat exits (all records acked)."""
+    run = ClientRun()
+    cfg = {**PRODUCE_CONF, **(conf or {})}
+    fifo = lines_file.parent / f"kcat-{topic}.fifo"
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    cmd = ["kcat", "-P", "-b", bootstrap, "-t", topic, "-l", str(fifo), "-c", str(records)]
+    for k, v in cfg.items():
+        cmd += ["-X", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+    err_path = lines_file.parent / f"kcat-{topic}.err"
+    to_send = records * (record_size + 1)
+    try:
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env
+            )
+            deadline = time.monotonic() + timeout
+            time.sleep(preroll)
+            t0 = time.perf_counter()
+            wfd = -1
+            for _ in range(100_000):  # kcat opens the FIFO for reading; O_NONBLOCK open fails until then
+                try:
+                    wfd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.001)
+            if wfd >= 0:
+                os.set_blocking(wfd, True)
+                try:
+                    with open(lines_file, "rb") as src:
+                        sent = 0
+                        for _ in range(10_000_000):
+                            if sent >= to_send:
+                                break
+                            n = os.sendfile(wfd, src.fileno(), sent, min(1 << 20, to_send - sent))
+                            if n == 0:
+                                break
+                            sent += n
+                except BrokenPipeError:
+                    run.errors.append("kcat closed its input early")
+                finally:
+                    os.close(wfd)
+            rc, cpu = _wait_rusage(proc, deadline)
+            run.wall_s = time.perf_counter() - t0
+    finally:
+        fifo.unlink(missing_ok=True)
+    run.client_cpu_s = cpu
+    text = err_path.read_text(errors="replace")
+    err_path.unlink(missing_ok=True)
+    if rc != 0:
+        run.errors.append(f"kcat exit {rc}: {text[-500:]}")
+    elif "fail" in text.lower() or "error" in text.lower():
+        run.errors.append(f"kcat stderr: {text[-500:]}")
+    run.records = records  # what we asked for; the caller verifies against the log
+    run.bytes = records * record_size
+    return run
+
+
+def kcat_consume(
+    bootstrap: str,
+    topic: str,
+    expected: int,
+    record_size: int,
+    timeout: float,
+    env: dict[str, str],
+    conf: dict[str, object] | None = None,
+) -> ClientRun:
+    """kcat -C -e from the beginning, printing only offsets: we count lines (one per record)."""
+    run = ClientRun()
+    cmd = ["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%o\n"]
+    for k, v in (conf or {}).items():
+        cmd += ["-X", f"{k}={v}"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    watchdog = threading.Timer(timeout, proc.kill)  # a hung kcat must not hang the harness
+    watchdog.start()
+    lines = 0
+    t_done = None
+    try:
+        for _ in range(100_000_000):
+            chunk = proc.stdout.read1(1 << 20)
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            if t_done is None and expected and lines >= expected:
+                # the clock stops at the last record; kcat then still waits for end-of-partition,
+                # which a broker may delay by fetch.wait.max.ms
+                t_done = time.perf_counter()
+    finally:
+        watchdog.cancel()
+    if lines < expected and time.monotonic() > deadline:
+        run.errors.append(f"timeout after {lines}/{expected} records")
+    rc, cpu = _wait_rusage(proc, deadline + 10)
+    t_exit = time.perf_counter()
+    run.wall_s = (t_done or t_exit) - t0
+    run.extra["exit_s"] = t_exit - t0
+    stderr = proc.stderr.read().decode(errors="replace")
+    run.client_cpu_s = cpu
+    if rc != 0:
+        run.errors.append(f"kcat exit {rc}: {stderr[-500:]}")
+    run.records = lines
+    run.bytes = lines * record_size
+    return run
