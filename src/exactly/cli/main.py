@@ -14,6 +14,9 @@ _COMMAND_MODULES = (
     "exactly.cli.serve",
     "exactly.cli.topics",
     "exactly.cli.console",
+    "exactly.cli.txn",
+    "exactly.cli.producers",
+    "exactly.cli.groups",
 )
 
 

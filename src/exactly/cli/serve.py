@@ -28,12 +28,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="KEY=VALUE",
         help="broker config by Kafka name",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve Prometheus /metrics on 127.0.0.1:N (metrics.port; 0 picks a free port)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from exactly.server.config import BrokerConfig, ConfigError
+    from exactly.server.prometheus import metrics_port
 
     logging.basicConfig(
         level=getattr(logging, args.log_level),
@@ -51,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["listeners"] = f"PLAINTEXT://{args.listen}"
     if args.data_dir:
         overrides["log.dirs"] = args.data_dir
+    if args.metrics_port is not None:
+        overrides["metrics.port"] = str(args.metrics_port)
     try:
         config = BrokerConfig.load(args.config, overrides)
+        metrics_port(config)  # validate metrics.port before anything starts
     except (ConfigError, OSError) as exc:
         print(f"exactly serve: {exc}", file=sys.stderr)
         return 2

@@ -167,6 +167,7 @@ class Broker:
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> Endpoint:
         from exactly.server.connection import KafkaConnection
+        from exactly.server.prometheus import METRICS_HOST, start_metrics
 
         self.groups.load()
         self.txn.load()
@@ -179,6 +180,12 @@ class Broker:
         bound = Endpoint(host, port)
         adv = self.config.get("advertised.listeners")
         self.advertised = parse_listener(adv) if adv else bound
+        metrics_address = self.data_dir / "metrics-address"
+        metrics_address.unlink(missing_ok=True)
+        metrics = await start_metrics(self)  # Prometheus /metrics, when metrics.port is set
+        if metrics is not None:
+            metrics_address.write_text(f"{METRICS_HOST}:{metrics[0]}\n")
+            self._tasks.append(metrics[1])
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))
         self._tasks.extend(self.groups.start_tasks())

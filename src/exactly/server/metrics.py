@@ -58,6 +58,21 @@ class Metrics:
         )
 
 
+def api_name(api_key: int) -> str:
+    """Kafka's request name of an API key (``FindCoordinator``), or the number."""
+    from exactly.protocol.apis import ApiKey
+
+    try:
+        return ApiKey(api_key).name.title().replace("_", "")
+    except ValueError:
+        return str(api_key)
+
+
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (``NOT_COORDINATOR``), or the number."""
+    return _name(code)
+
+
 def _name(code: int) -> str:
     try:
         return ErrorCode(code).name.upper()

@@ -1,0 +1,55 @@
+"""``exactly producers TOPIC PARTITION``: the partition's active producers (DescribeProducers,
+KIP-664), as a tab-separated table with a header line.
+
+CurrentTransactionStartOffset is the first offset of the producer's open transaction (``None``
+when it has none): the partition's last stable offset cannot pass it until the transaction ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from exactly.cli.topics import add_connection_options, non_negative_int, strict
+from exactly.cli.txn import print_table, wire_command
+from exactly.client import txn_admin
+from exactly.client.wire import WireClient
+
+
+def _opt(value: int) -> str:
+    return "None" if value < 0 else str(value)
+
+
+@wire_command("exactly producers")
+def cmd_producers(args: argparse.Namespace, client: WireClient) -> int:
+    producers = txn_admin.describe_producers(client, args.topic, args.partition)
+    print_table(
+        (
+            "ProducerId",
+            "ProducerEpoch",
+            "LastSequence",
+            "LastTimestamp",
+            "CoordinatorEpoch",
+            "CurrentTransactionStartOffset",
+        ),
+        [
+            (
+                p.producer_id,
+                p.producer_epoch,
+                p.last_sequence,
+                p.last_timestamp,
+                _opt(p.coordinator_epoch),
+                _opt(p.current_txn_start_offset),
+            )
+            for p in sorted(producers, key=lambda p: p.producer_id)
+        ],
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = strict(subparsers.add_parser("producers", help="active producers of a partition (DescribeProducers)"))
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("partition", type=non_negative_int, metavar="PARTITION")
+    add_connection_options(p)
+    p.set_defaults(func=cmd_producers)

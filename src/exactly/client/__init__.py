@@ -1,0 +1,1 @@
+"""Client-side helpers shared by the ``exactly`` command line tools."""

@@ -1,0 +1,212 @@
+"""Prometheus endpoint: ``GET /metrics`` on 127.0.0.1:<metrics.port> (``exactly serve --metrics-port``).
+
+Off unless ``metrics.port`` is set; 0 picks a free port. The bound address is logged and written
+to ``<data-dir>/metrics-address`` (``127.0.0.1:PORT``).
+
+Nothing is recorded per request for this: a custom collector reads the broker's existing state when
+Prometheus scrapes. The HTTP server is a tiny asyncio server on the broker's own event loop, so a
+scrape reads partitions, producer state and the transaction coordinator between two requests,
+never concurrently with them (they are plain objects owned by the loop, see broker.py).
+
+Series:
+
+* ``exactly_partition_log_end_offset``, ``exactly_partition_high_watermark`` and
+  ``exactly_partition_last_stable_offset_lag`` (high watermark - last stable offset, Kafka's
+  LastStableOffsetLag: grows while a transaction stays open) per ``{topic,partition}``;
+* ``exactly_ongoing_producer_transactions{topic,partition}``: producers with an open transaction
+  on the partition (from its producer state);
+* ``exactly_open_transactions``: transactional ids in Ongoing/Prepare* at the coordinator;
+* ``exactly_requests_total{api}``, ``exactly_errors_total{api,error}`` (Kafka names, as in
+  ``kafka.network:type=RequestMetrics``), ``exactly_duplicate_batches_total``,
+  ``exactly_messages_in_total``, ``exactly_bytes_in_total``, ``exactly_bytes_out_total``;
+* the standard ``process_*`` series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from exactly.server.config import BrokerConfig, ConfigError
+from exactly.server.metrics import api_name, error_name
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+
+log = logging.getLogger("exactly.prometheus")
+
+METRICS_HOST = "127.0.0.1"
+OPEN_TXN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
+_READ_TIMEOUT_S = 10.0
+_MAX_HEADER_LINES = 100
+
+
+def metrics_port(config: BrokerConfig) -> int | None:
+    """``metrics.port``: None when unset (no endpoint), else 0-65535 (0 = any free port)."""
+    raw = config.get("metrics.port").strip()
+    if not raw:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        raise ConfigError(f"metrics.port must be a port number, got {raw!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"metrics.port must be between 0 and 65535, got {port}")
+    return port
+
+
+class BrokerCollector(Collector):
+    """Reads the broker's state at scrape time."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        from exactly.server.broker import now_ms
+
+        broker = self.broker
+        labels = ["topic", "partition"]
+        leo = GaugeMetricFamily("exactly_partition_log_end_offset", "Log end offset.", labels=labels)
+        hw = GaugeMetricFamily("exactly_partition_high_watermark", "High watermark.", labels=labels)
+        lso_lag = GaugeMetricFamily(
+            "exactly_partition_last_stable_offset_lag",
+            "High watermark minus last stable offset (Kafka's LastStableOffsetLag).",
+            labels=labels,
+        )
+        ongoing = GaugeMetricFamily(
+            "exactly_ongoing_producer_transactions",
+            "Producers with an open transaction on the partition.",
+            labels=labels,
+        )
+        for plog in sorted(broker.logs.partitions(), key=lambda p: (p.tp.topic, p.tp.partition)):
+            key = [plog.tp.topic, str(plog.tp.partition)]
+            high = plog.high_watermark
+            leo.add_metric(key, plog.log_end_offset)
+            hw.add_metric(key, high)
+            lso_lag.add_metric(key, max(high - plog.last_stable_offset, 0))
+            ongoing.add_metric(key, len(plog.producer_state.ongoing_transactions()))
+        yield from (leo, hw, lso_lag, ongoing)
+
+        open_txns = GaugeMetricFamily(
+            "exactly_open_transactions",
+            "Transactional ids in Ongoing, PrepareCommit, PrepareAbort or PrepareEpochFence.",
+        )
+        result = broker.txn.coordinator.list_transactions(now_ms=now_ms(), state_filters=OPEN_TXN_STATES)
+        if not result.error:  # still loading: report nothing rather than a wrong 0
+            open_txns.add_metric([], len(result.transactions))
+        yield open_txns
+
+        m = broker.metrics
+        requests = CounterMetricFamily("exactly_requests", "Requests received per API.", labels=["api"])
+        for api_key, count in sorted(m.requests.items()):
+            requests.add_metric([api_name(api_key)], count)
+        yield requests
+        errors = CounterMetricFamily(
+            "exactly_errors", "Error codes returned per API and error.", labels=["api", "error"]
+        )
+        for (api_key, code), count in sorted(m.errors.items()):
+            errors.add_metric([api_name(api_key), error_name(code)], count)
+        yield errors
+        yield CounterMetricFamily(
+            "exactly_duplicate_batches",
+            "Produce batches acknowledged as duplicates by the idempotence check.",
+            value=m.duplicate_batches,
+        )
+        yield CounterMetricFamily("exactly_messages_in", "Records appended by Produce.", value=m.messages_in)
+        yield CounterMetricFamily("exactly_bytes_in", "Request bytes received.", value=m.bytes_in)
+        yield CounterMetricFamily("exactly_bytes_out", "Response bytes sent.", value=m.bytes_out)
+
+
+def make_registry(broker: Broker) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+class MetricsServer:
+    """A minimal HTTP/1.1 server for ``GET /metrics`` (one request per connection)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        self.server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def serve(self) -> None:
+        """Run until cancelled (the broker cancels its tasks at shutdown)."""
+        assert self.server is not None
+        try:
+            await self.server.serve_forever()
+        finally:
+            self.server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, content_type, body, head_only = await self._respond(reader)
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head if head_only else head + body)
+            await writer.drain()
+        except (
+            TimeoutError,
+            ConnectionError,
+            ValueError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _respond(self, reader: asyncio.StreamReader) -> tuple[str, str, bytes, bool]:
+        line = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT_S)
+        parts = line.decode("latin-1").split()
+        accept = ""
+        for _ in range(_MAX_HEADER_LINES):
+            header = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT_S)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = header.decode("latin-1").partition(":")
+            if name.strip().lower() == "accept":
+                accept = value.strip()
+        text = "text/plain; charset=utf-8"
+        if len(parts) < 2:
+            return "400 Bad Request", text, b"bad request\n", False
+        method, target = parts[0], parts[1]
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", text, b"method not allowed\n", False
+        if target.split("?", 1)[0] not in ("/metrics", "/"):
+            return "404 Not Found", text, b"not found: try /metrics\n", method == "HEAD"
+        encoder, content_type = choose_encoder(accept)
+        try:
+            body = encoder(self.registry)
+        except Exception:
+            log.exception("collecting metrics failed")
+            return "500 Internal Server Error", text, b"collecting metrics failed\n", method == "HEAD"
+        return "200 OK", content_type, body, method == "HEAD"
+
+
+async def start_metrics(broker: Broker) -> tuple[int, asyncio.Task[None]] | None:
+    """Start the endpoint if ``metrics.port`` is set -> (bound port, serving task), else None."""
+    port = metrics_port(broker.config)
+    if port is None:
+        return None
+    server = MetricsServer(make_registry(broker))
+    bound = await server.start(METRICS_HOST, port)
+    log.info("metrics on http://%s:%d/metrics", METRICS_HOST, bound)
+    return bound, asyncio.create_task(server.serve(), name="metrics-http")
