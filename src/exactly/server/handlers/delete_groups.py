@@ -1,0 +1,40 @@
+"""DeleteGroups (42) v0-v2: delete Empty groups and their offsets (tombstones), answered after
+the append. Duplicate names are answered once, as in Kafka."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.group.api import DeleteGroupResult
+from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import now_ms
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.DELETE_GROUPS
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    runtime = broker.groups
+    names = list(dict.fromkeys(request.groups_names))
+    results: list[DeleteGroupResult]
+    if runtime.load_error is not ErrorCode.none:
+        results = [DeleteGroupResult(g, runtime.load_error) for g in names]
+    elif names:
+        coordinator = runtime.coordinator
+        results = await runtime.call(lambda respond: coordinator.delete_groups(names, now_ms(), respond))
+    else:
+        results = []
+    mod = ctx.api.response_module
+    for r in results:
+        broker.metrics.error(API_KEY, r.error_code)
+    return build(
+        ctx.api.response_type,
+        results=tuple(
+            build(mod.DeletableGroupResult, group_id=r.group_id, error_code=r.error_code) for r in results
+        ),
+    )

@@ -1,0 +1,35 @@
+"""Heartbeat (12) v0-v4: keeps a member's session alive; REBALANCE_IN_PROGRESS tells it to
+re-join. Answered at once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.group.api import HeartbeatRequestData, HeartbeatResponseData
+from exactly.protocol.apis import ApiKey, build
+from exactly.server.broker import now_ms
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.HEARTBEAT
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    runtime = broker.groups
+    if runtime.load_error is not ErrorCode.none:
+        response = HeartbeatResponseData(error_code=runtime.load_error)
+    else:
+        data = HeartbeatRequestData(
+            group_id=request.group_id,
+            generation_id=request.generation_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+        )
+        coordinator = runtime.coordinator
+        response = await runtime.call(lambda respond: coordinator.heartbeat(data, now_ms(), respond))
+    broker.metrics.error(API_KEY, response.error_code)
+    return build(ctx.api.response_type, error_code=response.error_code)

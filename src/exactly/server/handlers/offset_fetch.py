@@ -1,0 +1,113 @@
+"""OffsetFetch (9) v1-v8: a group's committed offsets (v2+: ``topics=null`` means all of them).
+
+v1-v7 ask for one group and v8 for several. A group-level error (COORDINATOR_LOAD_IN_PROGRESS)
+goes to the top-level ``error_code`` from v2; v1 has none, so Kafka repeats it in every requested
+partition. Per-partition errors (UNSTABLE_OFFSET_COMMIT for ``require_stable``, v7+) stay per
+partition. A group that does not exist has no offsets: -1 for the requested partitions, no error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.group.api import (
+    FetchGroup,
+    FetchGroupResult,
+    FetchPartitionResult,
+    FetchTopic,
+    FetchTopicResult,
+    OffsetFetchRequestData,
+)
+from exactly.protocol.apis import ApiKey, build
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.OFFSET_FETCH
+BATCHED_VERSION = 8
+
+
+def _fetch_group(group_id: str, topics: Any) -> FetchGroup:
+    if topics is None:
+        return FetchGroup(group_id, None)
+    return FetchGroup(group_id, tuple(FetchTopic(t.name, tuple(t.partition_indexes)) for t in topics))
+
+
+def _error_result(group: FetchGroup, error: ErrorCode, per_partition: bool) -> FetchGroupResult:
+    if not per_partition or group.topics is None:
+        return FetchGroupResult(group_id=group.group_id, error_code=error)
+    return FetchGroupResult(
+        group_id=group.group_id,
+        error_code=error,
+        topics=tuple(
+            FetchTopicResult(
+                t.name,
+                tuple(FetchPartitionResult(partition_index=p, error_code=error) for p in t.partition_indexes),
+            )
+            for t in group.topics
+        ),
+    )
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    runtime = broker.groups
+    batched = ctx.version >= BATCHED_VERSION
+    if batched:
+        groups = tuple(_fetch_group(g.group_id, g.topics) for g in request.groups)
+    else:
+        groups = (_fetch_group(request.group_id, request.topics),)
+    if runtime.load_error is not ErrorCode.none:
+        results = tuple(_error_result(g, runtime.load_error, per_partition=ctx.version < 2) for g in groups)
+    else:
+        data = OffsetFetchRequestData(
+            groups=groups, require_stable=bool(getattr(request, "require_stable", False))
+        )
+        results = runtime.coordinator.offset_fetch(data).groups
+    mod = ctx.api.response_module
+    for r in results:
+        broker.metrics.error(API_KEY, r.error_code)
+    if not batched:
+        (result,) = results
+        return build(
+            ctx.api.response_type,
+            error_code=result.error_code,
+            topics=_topics(mod, "OffsetFetchResponseTopic", "OffsetFetchResponsePartition", result),
+        )
+    return build(
+        ctx.api.response_type,
+        groups=tuple(
+            build(
+                mod.OffsetFetchResponseGroup,
+                group_id=r.group_id,
+                error_code=r.error_code,
+                topics=_topics(mod, "OffsetFetchResponseTopics", "OffsetFetchResponsePartitions", r),
+            )
+            for r in results
+        ),
+    )
+
+
+def _topics(mod: Any, topic_name: str, partition_name: str, result: FetchGroupResult) -> tuple[Any, ...]:
+    topic_cls = getattr(mod, topic_name)
+    partition_cls = getattr(mod, partition_name)
+    return tuple(
+        build(
+            topic_cls,
+            name=t.name,
+            partitions=tuple(
+                build(
+                    partition_cls,
+                    partition_index=p.partition_index,
+                    committed_offset=p.committed_offset,
+                    committed_leader_epoch=p.committed_leader_epoch,
+                    metadata=p.metadata,
+                    error_code=p.error_code,
+                )
+                for p in t.partitions
+            ),
+        )
+        for t in result.topics
+    )

@@ -1,0 +1,60 @@
+"""TxnOffsetCommit (28) v0-v4: offsets committed inside a producer's transaction (KIP-98/447).
+
+The coordinator appends them as a transactional batch of the producer; they stay pending (and
+OffsetFetch with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT) until the transaction's
+COMMIT/ABORT marker reaches the group's ``__consumer_offsets`` partition (``on_marker``). Before v3
+the request carries no member data (generation -1, empty member id). Unknown partitions are
+answered UNKNOWN_TOPIC_OR_PARTITION before the coordinator, as Kafka does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.group.api import OffsetCommitResponseData, TxnOffsetCommitRequestData
+from exactly.protocol.apis import ApiKey
+from exactly.server.broker import now_ms
+from exactly.server.handlers.offset_commit import (
+    PartitionErrors,
+    build_response,
+    merge,
+    split_unknown,
+    to_commit_topics,
+)
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.connection import RequestContext
+
+API_KEY = ApiKey.TXN_OFFSET_COMMIT
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    runtime = broker.groups
+    topics = to_commit_topics(request.topics)
+    if runtime.load_error is not ErrorCode.none:
+        errors: PartitionErrors = {
+            (t.name, p.partition_index): runtime.load_error for t in topics for p in t.partitions
+        }
+        return build_response(broker, ctx, API_KEY, request.topics, errors)
+    known, unknown = split_unknown(broker, topics)
+    errors = unknown
+    if known:
+        data = TxnOffsetCommitRequestData(
+            transactional_id=request.transactional_id,
+            group_id=request.group_id,
+            producer_id=request.producer_id,
+            producer_epoch=request.producer_epoch,
+            topics=known,
+            generation_id=getattr(request, "generation_id", -1),
+            member_id=getattr(request, "member_id", ""),
+            group_instance_id=getattr(request, "group_instance_id", None),
+        )
+        coordinator = runtime.coordinator
+        response: OffsetCommitResponseData = await runtime.call(
+            lambda respond: coordinator.txn_offset_commit(data, now_ms(), respond)
+        )
+        errors = merge(response, errors)
+    return build_response(broker, ctx, API_KEY, request.topics, errors)
