@@ -139,7 +139,12 @@ class Broker:
     def open(cls, config: BrokerConfig, data_dir: Path) -> Broker:
         data_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        logs = LogManager(data_dir, config.log_config(), now_ms=now_ms())
+        logs = LogManager(
+            data_dir,
+            config.log_config(),
+            now_ms=now_ms(),
+            producer_id_expiration_ms=config.get_int("producer.id.expiration.ms"),
+        )
         log.info(
             "loaded %d topics from %s in %.3f s", len(logs.topics()), data_dir, time.monotonic() - started
         )
@@ -196,7 +201,14 @@ class Broker:
         return bound
 
     async def _maintenance_loop(self) -> None:
-        interval = min(self.config.get_int("log.retention.check.interval.ms"), 10_000) / 1000
+        interval = (
+            min(
+                self.config.get_int("log.retention.check.interval.ms"),
+                self.config.get_int("producer.id.expiration.check.interval.ms"),
+                10_000,
+            )
+            / 1000
+        )
         while True:
             await asyncio.sleep(interval)
             try:

@@ -45,6 +45,7 @@ from types import MappingProxyType
 from exactly.storage.checkpoint import atomic_write, read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
+from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from exactly.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -110,12 +111,14 @@ class LogManager:
         *,
         now_ms: int,
         checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ) -> None:
         """Open every topic found in topics.json, recovering partitions (the recovery point
         comes from the checkpoint; after an unclean shutdown everything after it is validated)."""
         self.data_dir = data_dir
         self.default_config = default_config
         self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.producer_id_expiration_ms = producer_id_expiration_ms
         data_dir.mkdir(parents=True, exist_ok=True)
         self._cluster_id = self._load_or_create_meta()
         marker = data_dir / CLEAN_SHUTDOWN_MARKER
@@ -135,6 +138,7 @@ class LogManager:
                     info.config,
                     recovery_point=recovery_points.get(tp),
                     now_ms=now_ms,
+                    producer_id_expiration_ms=producer_id_expiration_ms,
                 )
         # From here on a crash is an unclean shutdown.
         marker.unlink(missing_ok=True)
@@ -244,7 +248,14 @@ class LogManager:
             tp = TopicPartition(name, partition)
             directory = self._partition_dir(tp)
             shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
-            self._logs[tp] = PartitionLog.open(directory, tp, config, recovery_point=0, now_ms=now_ms)
+            self._logs[tp] = PartitionLog.open(
+                directory,
+                tp,
+                config,
+                recovery_point=0,
+                now_ms=now_ms,
+                producer_id_expiration_ms=self.producer_id_expiration_ms,
+            )
         # No stale recovery point of an older topic with this name may survive in the checkpoint.
         self.checkpoint_recovery_points()
         return info

@@ -68,8 +68,11 @@ def _lookup(plog: PartitionLog, timestamp: int, committed: bool) -> tuple[int, i
         return -1, plog.log_start_offset
     if timestamp == LATEST:
         return -1, plog.last_stable_offset if committed else plog.high_watermark
+    # Kafka's Partition.fetchOffsetForTimestamp: only offsets a consumer of this isolation level
+    # may read count (below the LSO for read_committed, below the high watermark otherwise).
+    limit = plog.last_stable_offset if committed else plog.high_watermark
     found = plog.offset_for_timestamp(timestamp)
-    if found is None:
+    if found is None or found[0] >= limit:
         return -1, -1
     offset, batch_ts = found
     try:
@@ -77,6 +80,8 @@ def _lookup(plog: PartitionLog, timestamp: int, committed: bool) -> tuple[int, i
         if data:
             _header, records = decode_batch(data)
             for rec in records:
+                if rec.offset >= limit:
+                    break
                 if rec.offset >= offset and rec.timestamp is not None and rec.timestamp >= timestamp:
                     return rec.timestamp, rec.offset
     except (ValueError, IndexError):
