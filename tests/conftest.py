@@ -1,0 +1,155 @@
+"""Shared fixtures: real broker subprocesses, a fault proxy, unique topic names, kcat.
+
+* ``broker`` - one broker for the whole session (cheap tests; never kill or restart it).
+* ``fresh_broker`` - a factory for private brokers (``fresh_broker(**{"log.segment.bytes": "1024"})``)
+  that a test may stop, kill -9 and restart; all are shut down after the test.
+* ``proxied_broker`` - a factory for a private broker behind a ``FaultProxy``; clients bootstrap to
+  ``pb.bootstrap`` (the proxy) and the broker advertises the proxy's address.
+* ``topic`` - a unique topic name per test.
+
+When a test fails, the output of every broker it used (from the test's start) is attached to the
+report as a section, so a broker-side traceback shows up next to the assertion.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import Broker
+from tests.support.kcat import ensure_kcat
+from tests.support.proxy import FaultProxy, ProxiedBroker
+from tests.support.reporting import broker_sections, note_broker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # kafka-python 3.0 loads its schemas with importlib.resources APIs deprecated in 3.11
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:kafka.protocol.schemas.load_json")
+    config.addinivalue_line("filterwarnings", "ignore:.*is deprecated. Use files\\(\\) instead:DeprecationWarning")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Install kcat (if missing) before any test runs, outside every test's timeout."""
+    if any("kcat" in getattr(item, "fixturenames", ()) for item in items):
+        ensure_kcat()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        report.sections.extend(broker_sections(item))
+    return report
+
+
+# ------------------------------------------------------------------ brokers
+@pytest.fixture(scope="session")
+def _session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    base = tmp_path_factory.mktemp("session-broker")
+    broker = Broker(base / "data", base / "broker.log", name="session-broker")
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def broker(_session_broker: Broker, request: pytest.FixtureRequest) -> Broker:
+    """The shared broker. Tests must not stop, kill or restart it."""
+    if not _session_broker.running:  # an earlier test broke it: say so, then carry on
+        _session_broker.restart()
+    note_broker(request, _session_broker)
+    return _session_broker
+
+
+BrokerFactory = Callable[..., Broker]
+
+
+@pytest.fixture
+def fresh_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerFactory]:
+    """Factory: ``fresh_broker(start=True, config_file=None, env=None, **overrides)`` -> a private Broker.
+
+    ``env`` adds environment variables for the broker process (``broker.env``, editable between
+    restarts), e.g. ``{"EXACTLY_FAULT": "crash-after-prepare"}``."""
+    made: list[Broker] = []
+
+    def make(
+        *, start: bool = True, config_file: Path | None = None, env: Mapping[str, str] | None = None,
+        **overrides: str,
+    ) -> Broker:
+        n = len(made) + 1
+        b = Broker(
+            tmp_path / f"broker{n}" / "data",
+            tmp_path / f"broker{n}" / "broker.log",
+            overrides={k.replace("_", "."): str(v) for k, v in overrides.items()},
+            config_file=config_file,
+            name=f"broker{n}",
+            env=env,
+        )
+        made.append(b)
+        note_broker(request, b, since=0)
+        if start:
+            b.start()
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+
+
+ProxiedFactory = Callable[..., ProxiedBroker]
+
+
+@pytest.fixture
+def proxied_broker(fresh_broker: BrokerFactory) -> Iterator[ProxiedFactory]:
+    proxies: list[FaultProxy] = []
+
+    def make(**overrides: str) -> ProxiedBroker:
+        proxy = FaultProxy().start()
+        proxies.append(proxy)
+        overrides = {k.replace("_", "."): v for k, v in overrides.items()}
+        overrides["advertised.listeners"] = proxy.advertised_listener
+        b = fresh_broker(**overrides)
+        proxy.set_upstream(b.host, b.port or 0)
+        return ProxiedBroker(b, proxy)
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
+
+
+# ------------------------------------------------------------------ names, tools
+_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic name no other test uses."""
+    base = _UNSAFE.sub("-", request.node.name).strip("-")[:60]
+    return f"t-{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """``unique_name("x")`` -> another fresh topic name, for tests that need several."""
+
+    def make(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def kcat() -> str:
+    """Path to kcat; installs it with apt-get when missing and possible, else skips."""
+    path, reason = ensure_kcat()
+    if path is None:
+        pytest.skip(reason)
+    return path

@@ -1,0 +1,221 @@
+"""Malformed input at the socket level: the broker answers or hangs up as Kafka does, and keeps
+serving other clients afterwards."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+
+import pytest
+from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsV0
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsV3
+from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
+
+from tests.support.broker import Broker
+from tests.support.reporting import note_broker
+from tests.support.wire import (
+    WireClient,
+    create_topic,
+    log_end_offset,
+    parse_response,
+    partition_response,
+    produce_request,
+    raw_request,
+    simple_batch,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+MAX_REQUEST = 65536
+API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA = 0, 1, 2, 3
+API_VERSIONS, API_CREATE_TOPICS, API_INIT_PRODUCER_ID = 18, 19, 22
+
+
+@pytest.fixture(scope="module")
+def _small_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    base = tmp_path_factory.mktemp("bad-input")
+    b = Broker(base / "data", base / "broker.log", overrides={"socket.request.max.bytes": str(MAX_REQUEST)},
+               name="bad-input-broker")
+    try:
+        b.start()
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def sb(_small_broker: Broker, request: pytest.FixtureRequest) -> Broker:
+    if not _small_broker.running:
+        _small_broker.restart()
+    return note_broker(request, _small_broker)
+
+
+def assert_still_serving(broker: Broker) -> None:
+    """A new connection gets ApiVersions and Metadata answered."""
+    assert broker.running, f"broker died (exit code {broker.returncode})"
+    with WireClient(broker.bootstrap) as c:
+        versions = c.send(ApiVersionsV3(client_software_name="t", client_software_version="1"))
+        assert versions.error_code == 0
+        md = c.send(MetadataV1(topics=None))
+        assert len(md.brokers) == 1
+
+
+def _versions(broker: Broker) -> dict[int, tuple[int, int]]:
+    with WireClient(broker.bootstrap) as c:
+        resp = c.send(ApiVersionsV3(client_software_name="t", client_software_version="1"))
+    assert resp.error_code == 0
+    return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
+
+
+# ---------------------------------------------------------------------------- ApiVersions
+def test_api_versions_advertises_planned_apis(sb: Broker) -> None:
+    versions = _versions(sb)
+    # librdkafka only uses magic-2 batches if Produce >= 3 and Fetch >= 4 are advertised
+    for key, needed in ((API_PRODUCE, 3), (API_FETCH, 4), (API_LIST_OFFSETS, 1), (API_METADATA, 1),
+                        (API_VERSIONS, 3), (API_CREATE_TOPICS, 4), (API_INIT_PRODUCER_ID, 0)):
+        assert key in versions, f"API {key} not advertised"
+        lo, hi = versions[key]
+        assert lo <= needed <= hi, f"API {key}: v{needed} not in advertised range {lo}..{hi}"
+    with WireClient(sb.bootstrap) as c:  # v0 too (aiokafka uses it)
+        v0 = c.send(ApiVersionsV0())
+    assert v0.error_code == 0
+    assert {int(k.api_key) for k in v0.api_keys} == set(versions)
+
+
+def test_api_versions_unknown_version_gets_v0_error_with_supported_list(sb: Broker) -> None:
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(raw_request(API_VERSIONS, 99, correlation_id=7, body=b"\x00\x00\x00"))
+        payload = c.recv_frame()
+        corr, resp = parse_response(ApiVersionsResponseV0, payload, header_v1=False)
+        assert corr == 7
+        assert resp.error_code == 35  # UNSUPPORTED_VERSION
+        keys = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
+        assert API_VERSIONS in keys and keys[API_VERSIONS][1] >= 3
+        assert API_PRODUCE in keys
+        # the connection stays usable: the client retries with a version from the list
+        assert c.send(ApiVersionsV3(client_software_name="t", client_software_version="1")).error_code == 0
+    assert_still_serving(sb)
+
+
+# ---------------------------------------------------------------------------- framing
+def test_garbage_frame_closes_connection(sb: Broker) -> None:
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(os.urandom(3))  # too short to hold a request header
+        assert c.is_closed()
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(b"\xff" * 64)  # api key -1
+        assert c.is_closed()
+    assert_still_serving(sb)
+
+
+def test_truncated_request_body_closes_connection(sb: Broker) -> None:
+    with WireClient(sb.bootstrap) as c:
+        # a Produce v3 header followed by half a body: topic array claims 5 entries
+        c.send_frame(raw_request(API_PRODUCE, 3, 1, body=b"\xff\xff\x00\x01\x00\x00\x27\x10\x00\x00\x00\x05\x00"))
+        assert c.is_closed()
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(raw_request(API_METADATA, 1, 1, body=b"\x00\x00\x00\x02\x00\x50zz"))  # string longer than frame
+        assert c.is_closed()
+    assert_still_serving(sb)
+
+
+def test_oversized_frame_closes_connection(sb: Broker) -> None:
+    with WireClient(sb.bootstrap) as c:
+        c.send_raw(struct.pack(">i", MAX_REQUEST + 1) + b"\x00" * 1024)  # the size alone condemns it
+        assert c.is_closed()
+    with WireClient(sb.bootstrap) as c:
+        c.send_raw(struct.pack(">i", 2**31 - 1))
+        assert c.is_closed()
+    with WireClient(sb.bootstrap) as c:
+        c.send_raw(struct.pack(">i", -5))
+        assert c.is_closed()
+    assert_still_serving(sb)
+
+
+def test_frame_just_under_limit_is_accepted(sb: Broker, topic: str) -> None:
+    with WireClient(sb.bootstrap) as c:
+        assert create_topic(c, topic).error_code == 0
+        batch = simple_batch([b"x" * (MAX_REQUEST - 1024)])
+        resp = c.send(produce_request(topic, 0, batch))
+        assert partition_response(resp).error_code == 0
+
+
+def test_unknown_api_key_closes_connection(sb: Broker) -> None:
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(raw_request(9999, 0, 1))
+        assert c.is_closed()
+    with WireClient(sb.bootstrap) as c:  # a real key this broker does not serve (e.g. 68, ConsumerGroupHeartbeat)
+        versions = _versions(sb)
+        unserved = next(k for k in range(100) if k not in versions)
+        c.send_frame(raw_request(unserved, 0, 1))
+        assert c.is_closed()
+    assert_still_serving(sb)
+
+
+def test_unsupported_version_of_other_api_closes_connection(sb: Broker) -> None:
+    """Kafka parses the header, cannot parse a Metadata v99 body, and closes the connection."""
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(raw_request(API_METADATA, 99, 1, body=b"\x00\x00\x00\x00"))
+        assert c.is_closed()
+    assert_still_serving(sb)
+
+
+# ---------------------------------------------------------------------------- record validation
+def test_corrupt_crc_is_rejected_with_corrupt_message(sb: Broker, topic: str) -> None:
+    with WireClient(sb.bootstrap) as c:
+        assert create_topic(c, topic).error_code == 0
+        good = simple_batch([b"first"])
+        assert partition_response(c.send(produce_request(topic, 0, good))).error_code == 0
+        assert log_end_offset(c, topic) == 1
+
+        batch = bytearray(simple_batch([b"hello", b"world"]))
+        batch[-3] ^= 0xFF  # a record byte: covered by the CRC32C
+        part = partition_response(c.send(produce_request(topic, 0, bytes(batch))))
+        assert part.error_code == 2  # CORRUPT_MESSAGE
+        assert log_end_offset(c, topic) == 1
+
+        batch = bytearray(simple_batch([b"hello"]))
+        batch[17] ^= 0x01  # the stored CRC itself
+        part = partition_response(c.send(produce_request(topic, 0, bytes(batch))))
+        assert part.error_code == 2
+        assert log_end_offset(c, topic) == 1
+
+        # the connection is still fine and a good batch goes in after the bad ones
+        part = partition_response(c.send(produce_request(topic, 0, simple_batch([b"after"]))))
+        assert part.error_code == 0
+        assert int(part.base_offset) == 1
+    assert_still_serving(sb)
+
+
+def test_bad_batch_length_and_magic_are_rejected(sb: Broker, topic: str) -> None:
+    with WireClient(sb.bootstrap) as c:
+        assert create_topic(c, topic).error_code == 0
+        batch = bytearray(simple_batch([b"abc"]))
+        struct.pack_into(">i", batch, 8, len(batch) + 100)  # batchLength beyond the data
+        part = partition_response(c.send(produce_request(topic, 0, bytes(batch))))
+        assert part.error_code != 0
+
+        batch = bytearray(simple_batch([b"abc"]))
+        batch[16] = 1  # magic 1 in a Produce v3+ request
+        part = partition_response(c.send(produce_request(topic, 0, bytes(batch))))
+        assert part.error_code in (2, 43, 87), part  # CORRUPT_MESSAGE / UNSUPPORTED_FOR_MESSAGE_FORMAT / INVALID_RECORD
+        part = partition_response(c.send(produce_request(topic, 0, b"\x00" * 30)))  # shorter than a header
+        assert part.error_code != 0
+        assert log_end_offset(c, topic) == 0
+    assert_still_serving(sb)
+
+
+def test_produce_to_unknown_topic_and_partition(sb: Broker, topic: str) -> None:
+    with WireClient(sb.bootstrap) as c:
+        assert create_topic(c, topic).error_code == 0
+        part = partition_response(c.send(produce_request(topic, 3, simple_batch([b"x"]))))
+        assert part.error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+        # Produce never creates topics (only Metadata does, when allowed)
+        missing = topic + "-missing"
+        part = partition_response(c.send(produce_request(missing, 0, simple_batch([b"x"]))))
+        assert part.error_code == 3
+        md = c.send(MetadataV1(topics=None))
+        assert missing not in {t.name for t in md.topics}
+    assert_still_serving(sb)
