@@ -29,7 +29,9 @@ from tests.support.reporting import broker_sections, note_broker
 def pytest_configure(config: pytest.Config) -> None:
     # kafka-python 3.0 loads its schemas with importlib.resources APIs deprecated in 3.11
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:kafka.protocol.schemas.load_json")
-    config.addinivalue_line("filterwarnings", "ignore:.*is deprecated. Use files\\(\\) instead:DeprecationWarning")
+    config.addinivalue_line(
+        "filterwarnings", "ignore:.*is deprecated. Use files\\(\\) instead:DeprecationWarning"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -81,7 +83,10 @@ def fresh_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Bro
     made: list[Broker] = []
 
     def make(
-        *, start: bool = True, config_file: Path | None = None, env: Mapping[str, str] | None = None,
+        *,
+        start: bool = True,
+        config_file: Path | None = None,
+        env: Mapping[str, str] | None = None,
         **overrides: str,
     ) -> Broker:
         n = len(made) + 1

@@ -16,7 +16,9 @@ from tests.support.clients import consume, create_topic, produce_values
 pytestmark = pytest.mark.timeout(120)
 
 
-def exactly(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+def exactly(
+    *args: str, stdin: bytes | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
@@ -54,8 +56,18 @@ def free_port() -> int:
 # ---------------------------------------------------------------------------- topics
 def test_topics_create_list_describe_delete(broker: Broker, topic: str) -> None:
     bs = ("--bootstrap-server", broker.bootstrap)
-    out = ok("topics", "create", topic, "--partitions", "3", "--config", "retention.ms=1000000",
-             "--config", "cleanup.policy=delete", *bs)
+    out = ok(
+        "topics",
+        "create",
+        topic,
+        "--partitions",
+        "3",
+        "--config",
+        "retention.ms=1000000",
+        "--config",
+        "cleanup.policy=delete",
+        *bs,
+    )
     assert topic in out
     assert topic in ok("topics", "list", *bs).splitlines()
 
@@ -128,30 +140,71 @@ def test_produce_and_consume_with_keys_and_offsets(broker: Broker, topic: str) -
     lines = b"".join(f"k{i}:value {i}: with colon\n".encode() for i in range(20))
     ok("produce", topic, "--key-separator", ":", "--partition", "1", *bs, stdin=lines)
 
-    out = ok("consume", topic, "--from-beginning", "--max-messages", "20", "--print-key", "--print-offset",
-             "--timeout", "20", *bs)
+    out = ok(
+        "consume",
+        topic,
+        "--from-beginning",
+        "--max-messages",
+        "20",
+        "--print-key",
+        "--print-offset",
+        "--timeout",
+        "20",
+        *bs,
+    )
     assert out.splitlines() == [f"Partition:1\tOffset:{i}\tk{i}\tvalue {i}: with colon" for i in range(20)]
     # and the records are really there, keys split off at the first separator
     got = consume(broker.bootstrap, topic, 20, partitions=(1,))
-    assert [(g.key, g.value) for g in got] == [(f"k{i}".encode(), f"value {i}: with colon".encode()) for i in range(20)]
+    assert [(g.key, g.value) for g in got] == [
+        (f"k{i}".encode(), f"value {i}: with colon".encode()) for i in range(20)
+    ]
 
 
 def test_produce_plain_lines_and_consume_from_offset(broker: Broker, topic: str) -> None:
     bs = ("--bootstrap-server", broker.bootstrap)
     create_topic(broker.bootstrap, topic)
     ok("produce", topic, *bs, stdin=b"one\ntwo\r\n\nfour")  # CRLF, an empty line, no final newline
-    assert ok("consume", topic, "--from-beginning", "--timeout", "3", *bs).splitlines() == ["one", "two", "", "four"]
-    assert ok("consume", topic, "--offset", "1", "--partition", "0", "--max-messages", "2", *bs).splitlines() == [
+    assert ok("consume", topic, "--from-beginning", "--timeout", "3", *bs).splitlines() == [
+        "one",
+        "two",
+        "",
+        "four",
+    ]
+    assert ok(
+        "consume", topic, "--offset", "1", "--partition", "0", "--max-messages", "2", *bs
+    ).splitlines() == [
         "two",
         "",
     ]
-    assert ok("consume", topic, "--offset", "3", "--print-key", "--max-messages", "1",
-              "--isolation-level", "read_uncommitted", *bs) == "null\tfour\n"
+    assert (
+        ok(
+            "consume",
+            topic,
+            "--offset",
+            "3",
+            "--print-key",
+            "--max-messages",
+            "1",
+            "--isolation-level",
+            "read_uncommitted",
+            *bs,
+        )
+        == "null\tfour\n"
+    )
 
 
 def test_produce_non_idempotent_acks_1(broker: Broker, topic: str) -> None:
     create_topic(broker.bootstrap, topic)
-    ok("produce", topic, "--no-idempotent", "--acks", "1", "--bootstrap-server", broker.bootstrap, stdin=b"a\nb\n")
+    ok(
+        "produce",
+        topic,
+        "--no-idempotent",
+        "--acks",
+        "1",
+        "--bootstrap-server",
+        broker.bootstrap,
+        stdin=b"a\nb\n",
+    )
     assert [g.value for g in consume(broker.bootstrap, topic, 2)] == [b"a", b"b"]
 
 
@@ -160,9 +213,22 @@ def test_consume_default_starts_at_end(broker: Broker, topic: str) -> None:
     produce_values(broker.bootstrap, topic, [b"old-1", b"old-2"])
     env = dict(os.environ, PYTHONPATH=str(SRC_DIR))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exactly", "consume", topic, "--max-messages", "2", "--timeout", "30",
-         "--bootstrap-server", broker.bootstrap],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        [
+            sys.executable,
+            "-m",
+            "exactly",
+            "consume",
+            topic,
+            "--max-messages",
+            "2",
+            "--timeout",
+            "30",
+            "--bootstrap-server",
+            broker.bootstrap,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     try:
         # keep producing until the consumer (which starts at the end, whenever it gets there)
@@ -186,7 +252,10 @@ def test_consume_default_starts_at_end(broker: Broker, topic: str) -> None:
 def test_consume_timeout_with_nothing_to_read(broker: Broker, topic: str) -> None:
     create_topic(broker.bootstrap, topic)
     start = time.monotonic()
-    assert ok("consume", topic, "--from-beginning", "--timeout", "1.5", "--bootstrap-server", broker.bootstrap) == ""
+    assert (
+        ok("consume", topic, "--from-beginning", "--timeout", "1.5", "--bootstrap-server", broker.bootstrap)
+        == ""
+    )
     assert time.monotonic() - start < 20
 
 
@@ -196,7 +265,9 @@ def test_console_errors(broker: Broker, topic: str) -> None:
     assert "does not exist" in fails("consume", topic + "-nope", "--timeout", "1", *bs)
     assert "no partition 7" in fails("consume", topic, "--partition", "7", "--timeout", "1", *bs)
     assert "no partition 7" in fails("produce", topic, "--partition", "7", *bs, stdin=b"x\n")
-    assert "key separator" in fails("produce", topic, "--key-separator", "=", *bs, stdin=b"a=1\nno separator\n")
+    assert "key separator" in fails(
+        "produce", topic, "--key-separator", "=", *bs, stdin=b"a=1\nno separator\n"
+    )
     assert "--acks all" in fails("produce", topic, "--acks", "1", *bs, stdin=b"x\n")
 
 

@@ -91,7 +91,9 @@ def test_two_idempotent_producers_get_distinct_ids(broker: Broker, topic: str) -
     t2 = t1 + 50_000
 
     async def both() -> None:
-        await asyncio.gather(_produce(broker.bootstrap, topic, 50, t1), _produce(broker.bootstrap, topic, 50, t2))
+        await asyncio.gather(
+            _produce(broker.bootstrap, topic, 50, t1), _produce(broker.bootstrap, topic, 50, t2)
+        )
 
     asyncio.run(both())
     got = consume(broker.bootstrap, topic, 100, idle=3)

@@ -36,8 +36,12 @@ API_VERSIONS, API_CREATE_TOPICS, API_INIT_PRODUCER_ID = 18, 19, 22
 @pytest.fixture(scope="module")
 def _small_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     base = tmp_path_factory.mktemp("bad-input")
-    b = Broker(base / "data", base / "broker.log", overrides={"socket.request.max.bytes": str(MAX_REQUEST)},
-               name="bad-input-broker")
+    b = Broker(
+        base / "data",
+        base / "broker.log",
+        overrides={"socket.request.max.bytes": str(MAX_REQUEST)},
+        name="bad-input-broker",
+    )
     try:
         b.start()
         yield b
@@ -73,8 +77,15 @@ def _versions(broker: Broker) -> dict[int, tuple[int, int]]:
 def test_api_versions_advertises_planned_apis(sb: Broker) -> None:
     versions = _versions(sb)
     # librdkafka only uses magic-2 batches if Produce >= 3 and Fetch >= 4 are advertised
-    for key, needed in ((API_PRODUCE, 3), (API_FETCH, 4), (API_LIST_OFFSETS, 1), (API_METADATA, 1),
-                        (API_VERSIONS, 3), (API_CREATE_TOPICS, 4), (API_INIT_PRODUCER_ID, 0)):
+    for key, needed in (
+        (API_PRODUCE, 3),
+        (API_FETCH, 4),
+        (API_LIST_OFFSETS, 1),
+        (API_METADATA, 1),
+        (API_VERSIONS, 3),
+        (API_CREATE_TOPICS, 4),
+        (API_INIT_PRODUCER_ID, 0),
+    ):
         assert key in versions, f"API {key} not advertised"
         lo, hi = versions[key]
         assert lo <= needed <= hi, f"API {key}: v{needed} not in advertised range {lo}..{hi}"
@@ -113,10 +124,14 @@ def test_garbage_frame_closes_connection(sb: Broker) -> None:
 def test_truncated_request_body_closes_connection(sb: Broker) -> None:
     with WireClient(sb.bootstrap) as c:
         # a Produce v3 header followed by half a body: topic array claims 5 entries
-        c.send_frame(raw_request(API_PRODUCE, 3, 1, body=b"\xff\xff\x00\x01\x00\x00\x27\x10\x00\x00\x00\x05\x00"))
+        c.send_frame(
+            raw_request(API_PRODUCE, 3, 1, body=b"\xff\xff\x00\x01\x00\x00\x27\x10\x00\x00\x00\x05\x00")
+        )
         assert c.is_closed()
     with WireClient(sb.bootstrap) as c:
-        c.send_frame(raw_request(API_METADATA, 1, 1, body=b"\x00\x00\x00\x02\x00\x50zz"))  # string longer than frame
+        c.send_frame(
+            raw_request(API_METADATA, 1, 1, body=b"\x00\x00\x00\x02\x00\x50zz")
+        )  # string longer than frame
         assert c.is_closed()
     assert_still_serving(sb)
 
@@ -146,7 +161,9 @@ def test_unknown_api_key_closes_connection(sb: Broker) -> None:
     with WireClient(sb.bootstrap) as c:
         c.send_frame(raw_request(9999, 0, 1))
         assert c.is_closed()
-    with WireClient(sb.bootstrap) as c:  # a real key this broker does not serve (e.g. 68, ConsumerGroupHeartbeat)
+    with WireClient(
+        sb.bootstrap
+    ) as c:  # a real key this broker does not serve (e.g. 68, ConsumerGroupHeartbeat)
         versions = _versions(sb)
         unserved = next(k for k in range(100) if k not in versions)
         c.send_frame(raw_request(unserved, 0, 1))
@@ -200,7 +217,9 @@ def test_bad_batch_length_and_magic_are_rejected(sb: Broker, topic: str) -> None
         batch = bytearray(simple_batch([b"abc"]))
         batch[16] = 1  # magic 1 in a Produce v3+ request
         part = partition_response(c.send(produce_request(topic, 0, bytes(batch))))
-        assert part.error_code in (2, 43, 87), part  # CORRUPT_MESSAGE / UNSUPPORTED_FOR_MESSAGE_FORMAT / INVALID_RECORD
+        assert part.error_code in (2, 43, 87), (
+            part
+        )  # CORRUPT_MESSAGE / UNSUPPORTED_FOR_MESSAGE_FORMAT / INVALID_RECORD
         part = partition_response(c.send(produce_request(topic, 0, b"\x00" * 30)))  # shorter than a header
         assert part.error_code != 0
         assert log_end_offset(c, topic) == 0

@@ -64,9 +64,19 @@ def test_config_file_and_overrides(fresh_broker: Any, tmp_path: Path, topic: str
 def test_second_broker_on_same_data_dir_or_port_fails_cleanly(fresh_broker: Any) -> None:
     b: Broker = fresh_broker()
     proc = subprocess.run(
-        [sys.executable, "-m", "exactly", "serve", "--listen", f"127.0.0.1:{b.port}", "--data-dir",
-         str(b.data_dir.parent / "other")],
-        capture_output=True, timeout=30, env={"PYTHONPATH": str(SRC_DIR), "PATH": "/usr/bin:/bin"},
+        [
+            sys.executable,
+            "-m",
+            "exactly",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{b.port}",
+            "--data-dir",
+            str(b.data_dir.parent / "other"),
+        ],
+        capture_output=True,
+        timeout=30,
+        env={"PYTHONPATH": str(SRC_DIR), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode != 0
     assert b"Traceback" not in proc.stderr, proc.stderr.decode()[-2000:]

@@ -151,7 +151,10 @@ def test_idempotent_produce_and_read_back_everything(broker: Broker, topic: str)
             delivered.append((msg.partition(), msg.offset(), msg.value()))
 
     for i in range(n):
-        headers: list[tuple[str, str | bytes | None]] = [("i", str(i).encode()), ("kind", b"even" if i % 2 == 0 else b"odd")]
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("i", str(i).encode()),
+            ("kind", b"even" if i % 2 == 0 else b"odd"),
+        ]
         if i % 7 == 0:
             headers.append(("nullable", None))
         p.produce(
@@ -180,7 +183,10 @@ def test_idempotent_produce_and_read_back_everything(broker: Broker, topic: str)
             i = 2 * j + part
             assert g.key == (None if i % 10 == 0 else f"key-{i}".encode())
             assert g.value == (b"" if i % 13 == 0 else f"value-{i}".encode() * (1 + i % 5))
-            expected_headers: list[tuple[str, bytes | None]] = [("i", str(i).encode()), ("kind", b"even" if i % 2 == 0 else b"odd")]
+            expected_headers: list[tuple[str, bytes | None]] = [
+                ("i", str(i).encode()),
+                ("kind", b"even" if i % 2 == 0 else b"odd"),
+            ]
             if i % 7 == 0:
                 expected_headers.append(("nullable", None))
             assert list(g.headers) == expected_headers
@@ -236,6 +242,7 @@ def test_offsets_for_times(broker: Broker, topic: str) -> None:
         p.flush(10)
     c = consumer(broker.bootstrap)
     try:
+
         def lookup(ts: int) -> int:
             (res,) = c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=10)
             assert res.error is None, res.error
@@ -273,8 +280,11 @@ def test_auto_topic_creation_disabled(fresh_broker: Any, topic: str) -> None:
     p.produce(topic, value=b"nowhere", on_delivery=lambda err, msg: results.append(err))
     p.flush(15)
     assert len(results) == 1 and results[0] is not None, results
-    assert results[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._MSG_TIMED_OUT,
-                                 KafkaError._UNKNOWN_TOPIC)
+    assert results[0].code() in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._UNKNOWN_TOPIC,
+    )
     assert topic not in admin(b.bootstrap).list_topics(timeout=10).topics
 
 

@@ -51,7 +51,9 @@ class Numbers:
         for i in range(start, self.n if stop is None else stop):
             while True:
                 try:
-                    self.producer.produce(self.topic, value=b"%06d" % i, partition=0, on_delivery=self.on_delivery)
+                    self.producer.produce(
+                        self.topic, value=b"%06d" % i, partition=0, on_delivery=self.on_delivery
+                    )
                     break
                 except BufferError:
                     self.producer.poll(0.05)

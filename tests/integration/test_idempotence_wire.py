@@ -71,7 +71,9 @@ def test_init_producer_id_hands_out_distinct_ids(conn: WireClient) -> None:
 
 
 @pytest.mark.parametrize("version", [3, 8])
-def test_resend_returns_original_offset_and_stores_nothing(conn: WireClient, topic: str, version: int) -> None:
+def test_resend_returns_original_offset_and_stores_nothing(
+    conn: WireClient, topic: str, version: int
+) -> None:
     pid, epoch = init_producer_id(conn)
     b0 = batch(pid, epoch, 0, 3)
     b1 = batch(pid, epoch, 3, 2)

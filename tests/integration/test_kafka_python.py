@@ -19,7 +19,9 @@ pytestmark = pytest.mark.timeout(90)
 def test_admin_create_list_describe_delete(broker: Broker, topic: str) -> None:
     a = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=15000)
     try:
-        a.create_topics({topic: {"num_partitions": 2, "replication_factor": 1, "configs": {"retention.ms": "3600000"}}})
+        a.create_topics(
+            {topic: {"num_partitions": 2, "replication_factor": 1, "configs": {"retention.ms": "3600000"}}}
+        )
         assert topic in a.list_topics()
         (desc,) = a.describe_topics([topic])
         assert desc["name"] == topic

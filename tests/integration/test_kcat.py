@@ -29,11 +29,24 @@ def _kcat(kcat: str, broker: Broker, *args: str, stdin: bytes | None = None, tim
 def test_kcat_produce_then_consume(kcat: str, broker: Broker, topic: str) -> None:
     create_topic(broker.bootstrap, topic, partitions=2)
     lines = b"".join(f"key{i}:value {i}\n".encode() for i in range(100))
-    _kcat(kcat, broker, "-P", "-t", topic, "-p", "1", "-K", ":", "-H", "source=kcat",
-          "-X", "enable.idempotence=true", stdin=lines)
+    _kcat(
+        kcat,
+        broker,
+        "-P",
+        "-t",
+        topic,
+        "-p",
+        "1",
+        "-K",
+        ":",
+        "-H",
+        "source=kcat",
+        "-X",
+        "enable.idempotence=true",
+        stdin=lines,
+    )
 
-    out = _kcat(kcat, broker, "-C", "-t", topic, "-p", "1", "-o", "beginning", "-e",
-                "-f", "%p|%o|%k|%s|%h\n")
+    out = _kcat(kcat, broker, "-C", "-t", topic, "-p", "1", "-o", "beginning", "-e", "-f", "%p|%o|%k|%s|%h\n")
     rows = [line.split("|") for line in out.decode().splitlines()]
     assert [r[1] for r in rows] == [str(i) for i in range(100)]
     assert all(r[0] == "1" for r in rows)
@@ -79,8 +92,18 @@ def test_kcat_query_offset_by_timestamp(kcat: str, broker: Broker, topic: str) -
     lines = b"".join(f"v{i}\n".encode() for i in range(5))
     # kcat has no per-line timestamps: produce in 5 calls with distinct broker-visible timestamps instead
     for i in range(5):
-        _kcat(kcat, broker, "-P", "-t", topic, "-p", "0", "-X", f"enable.idempotence={'true' if i else 'false'}",
-              stdin=lines.splitlines(keepends=True)[i])
+        _kcat(
+            kcat,
+            broker,
+            "-P",
+            "-t",
+            topic,
+            "-p",
+            "0",
+            "-X",
+            f"enable.idempotence={'true' if i else 'false'}",
+            stdin=lines.splitlines(keepends=True)[i],
+        )
         time.sleep(0.01)
     got = consume(broker.bootstrap, topic, 5)
     ts = [g.timestamp for g in got]

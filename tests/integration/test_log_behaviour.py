@@ -81,7 +81,9 @@ def test_log_append_time(broker: Broker, topic: str) -> None:
     create_topic(broker.bootstrap, topic, config={"message.timestamp.type": "LogAppendTime"})
     before = int(time.time() * 1000)
     with WireClient(broker.bootstrap) as c:
-        part = partition_response(c.send(produce_request(topic, 0, simple_batch([b"a", b"b"], base_timestamp=1000))))
+        part = partition_response(
+            c.send(produce_request(topic, 0, simple_batch([b"a", b"b"], base_timestamp=1000)))
+        )
         assert part.error_code == 0
         append_time = part.log_append_time
         assert append_time is not None
@@ -135,7 +137,9 @@ def test_acks_zero_gets_no_response_and_pipelined_responses_keep_order(broker: B
 
         fetch = fetch_request(topic, 0, 1, max_wait_ms=600, min_bytes=1)
         c.send_frame(encode_request(fetch, 100))
-        c.send_frame(encode_request(ApiVersionsRequest(client_software_name="t", client_software_version="1"), 101))
+        c.send_frame(
+            encode_request(ApiVersionsRequest(client_software_name="t", client_software_version="1"), 101)
+        )
         first = c.recv_frame()
         second = c.recv_frame()
         assert struct.unpack_from(">i", first)[0] == 100
@@ -147,15 +151,21 @@ def test_acks_zero_gets_no_response_and_pipelined_responses_keep_order(broker: B
 
 def test_producer_state_expires(fresh_broker: Any, topic: str) -> None:
     """After producer.id.expiration.ms of silence the broker forgets the producer: any sequence goes."""
-    b: Broker = fresh_broker(**{"producer.id.expiration.ms": "1000",
-                                "producer.id.expiration.check.interval.ms": "200"})
+    b: Broker = fresh_broker(
+        **{"producer.id.expiration.ms": "1000", "producer.id.expiration.check.interval.ms": "200"}
+    )
     with WireClient(b.bootstrap) as c:
         assert wire_create_topic(c, topic).error_code == 0
         pid, epoch = init_producer_id(c)
 
         def send(seq: int) -> Any:
-            data = build_batch([Record(value=b"e")], producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-                               base_timestamp=int(time.time() * 1000))
+            data = build_batch(
+                [Record(value=b"e")],
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=seq,
+                base_timestamp=int(time.time() * 1000),
+            )
             return partition_response(c.send(produce_request(topic, 0, data)))
 
         assert send(0).error_code == 0

@@ -109,8 +109,9 @@ def _half_batch() -> bytes:
 
 
 def _bad_crc_batch() -> bytes:
-    batch = bytearray(build_batch([Record(value=b"y" * 100)], base_offset=100,
-                                  base_timestamp=int(time.time() * 1000)))
+    batch = bytearray(
+        build_batch([Record(value=b"y" * 100)], base_offset=100, base_timestamp=int(time.time() * 1000))
+    )
     batch[-1] ^= 0xFF
     return bytes(batch)
 
@@ -186,8 +187,13 @@ def _idempotent_batches(b: Broker, topic: str) -> tuple[int, int, list[bytes]]:
         assert wire_create(c, topic).error_code == 0
         pid, epoch = init_producer_id(c)
         batches = [
-            build_batch([Record(value=f"s{3 * i + j}".encode()) for j in range(3)], producer_id=pid,
-                        producer_epoch=epoch, base_sequence=3 * i, base_timestamp=int(time.time() * 1000))
+            build_batch(
+                [Record(value=f"s{3 * i + j}".encode()) for j in range(3)],
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=3 * i,
+                base_timestamp=int(time.time() * 1000),
+            )
             for i in range(6)
         ]
         for i, x in enumerate(batches):
@@ -197,12 +203,16 @@ def _idempotent_batches(b: Broker, topic: str) -> tuple[int, int, list[bytes]]:
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_corrupt_producer_snapshot_falls_back_to_log_replay(fresh_broker: Any, topic: str, damage: str) -> None:
+def test_corrupt_producer_snapshot_falls_back_to_log_replay(
+    fresh_broker: Any, topic: str, damage: str
+) -> None:
     b: Broker = fresh_broker()
     pid, epoch, batches = _idempotent_batches(b, topic)
     assert b.stop() == 0  # a clean shutdown writes producer snapshots
     snapshots = list(b.partition_dir(topic).glob("*.snapshot"))
-    assert snapshots, f"no producer snapshot after clean shutdown: {sorted(os.listdir(b.partition_dir(topic)))}"
+    assert snapshots, (
+        f"no producer snapshot after clean shutdown: {sorted(os.listdir(b.partition_dir(topic)))}"
+    )
     for snap in snapshots:
         data = snap.read_bytes()
         if damage == "garbage":

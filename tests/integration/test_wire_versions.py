@@ -30,7 +30,9 @@ def filled(broker: Broker, topic: str) -> str:
     with WireClient(broker.bootstrap) as c:
         assert create_topic(c, topic).error_code == 0
         for chunk in (range(4), range(4, 10)):
-            part = partition_response(c.send(produce_request(topic, 0, simple_batch([f"v{i}".encode() for i in chunk]))))
+            part = partition_response(
+                c.send(produce_request(topic, 0, simple_batch([f"v{i}".encode() for i in chunk])))
+            )
             assert part.error_code == 0
     return topic
 
@@ -40,7 +42,9 @@ def test_produce_versions(broker: Broker, topic: str, version: int) -> None:
     with WireClient(broker.bootstrap) as c:
         assert create_topic(c, topic).error_code == 0
         for expected in (0, 2):
-            part = partition_response(c.send(produce_request(topic, 0, simple_batch([b"a", b"b"]), version=version)))
+            part = partition_response(
+                c.send(produce_request(topic, 0, simple_batch([b"a", b"b"]), version=version))
+            )
             assert part.error_code == 0
             assert int(part.base_offset) == expected
         assert [r.value for r in fetch_records(c, topic)] == [b"a", b"b", b"a", b"b"]
@@ -49,7 +53,9 @@ def test_produce_versions(broker: Broker, topic: str, version: int) -> None:
 @pytest.mark.parametrize("version", [4, 5, 7, 11, 12])
 def test_fetch_versions(broker: Broker, filled: str, version: int) -> None:
     with WireClient(broker.bootstrap) as c:
-        assert [r.value for r in fetch_records(c, filled, version=version)] == [f"v{i}".encode() for i in range(10)]
+        assert [r.value for r in fetch_records(c, filled, version=version)] == [
+            f"v{i}".encode() for i in range(10)
+        ]
         # from the middle of a batch: Kafka returns the whole batch, the client skips the head
         records = fetch_records(c, filled, offset=6, version=version)
         assert [r.offset for r in records] == [6, 7, 8, 9]
@@ -127,4 +133,3 @@ def test_describe_cluster(broker: Broker) -> None:
     assert (b.host, int(b.port)) == (broker.host, broker.port)
     assert int(resp.controller_id) == int(b.broker_id)
     assert resp.cluster_id
-

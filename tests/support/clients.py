@@ -33,8 +33,13 @@ def admin(bootstrap: str, **conf: Any) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, **QUIET, **conf})
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, config: Mapping[str, str] | None = None,
-                 timeout: float = 15) -> None:
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int = 1,
+    config: Mapping[str, str] | None = None,
+    timeout: float = 15,
+) -> None:
     client = admin(bootstrap)  # keep a reference: a collected AdminClient fails its futures
     futures = client.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1, config=dict(config or {}))],
@@ -55,8 +60,9 @@ def producer(bootstrap: str, **conf: Any) -> Producer:
     return Producer(base)
 
 
-def produce_values(bootstrap: str, topic: str, values: Iterable[bytes], partition: int = 0,
-                   timeout: float = 30, **conf: Any) -> list[int]:
+def produce_values(
+    bootstrap: str, topic: str, values: Iterable[bytes], partition: int = 0, timeout: float = 30, **conf: Any
+) -> list[int]:
     """Produce with an idempotent producer; returns the offsets, asserting every delivery succeeded."""
     p = producer(bootstrap, **conf)
     offsets: list[int] = []
@@ -99,9 +105,16 @@ def consumer(bootstrap: str, **conf: Any) -> Consumer:
     return Consumer(base)
 
 
-def consume(bootstrap: str, topic: str, count: int, partitions: Iterable[int] = (0,),
-            start: int = OFFSET_BEGINNING, timeout: float = 30, idle: float | None = None,
-            **conf: Any) -> list[Got]:
+def consume(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    partitions: Iterable[int] = (0,),
+    start: int = OFFSET_BEGINNING,
+    timeout: float = 30,
+    idle: float | None = None,
+    **conf: Any,
+) -> list[Got]:
     """Assign the partitions at ``start`` and read until ``count`` records (or ``idle`` s of silence).
 
     Fails on any consumer error. Returns what was read, in arrival order.
@@ -122,8 +135,15 @@ def consume(bootstrap: str, topic: str, count: int, partitions: Iterable[int] = 
                 ts_type, ts = m.timestamp()
                 headers: Any = m.headers() or ()
                 got.append(
-                    Got(int(m.partition() or 0), int(m.offset() or 0), m.key(), m.value(), tuple(headers),
-                        ts_type, ts)
+                    Got(
+                        int(m.partition() or 0),
+                        int(m.offset() or 0),
+                        m.key(),
+                        m.value(),
+                        tuple(headers),
+                        ts_type,
+                        ts,
+                    )
                 )
                 last = time.monotonic()
         return got

@@ -18,8 +18,9 @@ _cached: tuple[str | None, str] | None = None
 def _run(cmd: list[str], timeout: float) -> tuple[bool, str]:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
     return proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
@@ -50,4 +51,3 @@ def ensure_kcat() -> tuple[str | None, str]:
         return _cached
     _cached = (path, "")
     return _cached
-

@@ -49,8 +49,14 @@ def encode_request(request: Any, correlation_id: int, client_id: str | None = "w
     return buf.getvalue()
 
 
-def raw_request(api_key: int, api_version: int, correlation_id: int, body: bytes = b"",
-                client_id: str | None = "wire-test", flexible: bool = False) -> bytes:
+def raw_request(
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    body: bytes = b"",
+    client_id: str | None = "wire-test",
+    flexible: bool = False,
+) -> bytes:
     """A hand-made request (header v1, or v2 with an empty tag buffer) for odd keys/versions."""
     out = struct.pack(">hhi", api_key, api_version, correlation_id)
     if client_id is None:
@@ -217,8 +223,9 @@ def partition_response(response: Any) -> Any:
     return part
 
 
-def create_topic(client: WireClient, name: str, partitions: int = 1,
-                 configs: dict[str, str] | None = None) -> Any:
+def create_topic(
+    client: WireClient, name: str, partitions: int = 1, configs: dict[str, str] | None = None
+) -> Any:
     """CreateTopics v4; returns the topic's result entry (error_code 0 on success)."""
     import datetime
 
@@ -294,8 +301,17 @@ def _build(cls: Any, **candidates: Any) -> Any:
     return cls(**{k: v for k, v in candidates.items() if k in names})
 
 
-def fetch_request(topic: str, partition: int, offset: int, *, version: int = 11, max_wait_ms: int = 0,
-                  min_bytes: int = 0, isolation_level: int = 0, partition_max_bytes: int = 4 * 1024 * 1024) -> Any:
+def fetch_request(
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    version: int = 11,
+    max_wait_ms: int = 0,
+    min_bytes: int = 0,
+    isolation_level: int = 0,
+    partition_max_bytes: int = 4 * 1024 * 1024,
+) -> Any:
     """A one-partition FetchRequest (v4-v12: sessionless, by topic name)."""
     import datetime
     import importlib
@@ -304,8 +320,12 @@ def fetch_request(topic: str, partition: int, offset: int, *, version: int = 11,
     from kio.static.primitive import i8, i64
 
     fr: Any = importlib.import_module(f"kio.schema.fetch.v{version}.request")
-    part = _build(fr.FetchPartition, partition=i32(partition), fetch_offset=i64(offset),
-                  partition_max_bytes=i32(partition_max_bytes))
+    part = _build(
+        fr.FetchPartition,
+        partition=i32(partition),
+        fetch_offset=i64(offset),
+        partition_max_bytes=i32(partition_max_bytes),
+    )
     return _build(
         fr.FetchRequest,
         replica_id=BrokerId(-1),
@@ -318,8 +338,16 @@ def fetch_request(topic: str, partition: int, offset: int, *, version: int = 11,
     )
 
 
-def fetch_batches(client: WireClient, topic: str, partition: int = 0, offset: int = 0, *,
-                  max_wait_ms: int = 0, version: int = 11, decode: bool = True) -> list[tuple[Any, list[Record]]]:
+def fetch_batches(
+    client: WireClient,
+    topic: str,
+    partition: int = 0,
+    offset: int = 0,
+    *,
+    max_wait_ms: int = 0,
+    version: int = 11,
+    decode: bool = True,
+) -> list[tuple[Any, list[Record]]]:
     """Every batch from the one holding ``offset`` to the high watermark, as (BatchHeader, records).
 
     With ``decode=False`` the record lists are empty (for codecs the builder cannot decode).
@@ -350,13 +378,20 @@ def fetch_batches(client: WireClient, topic: str, partition: int = 0, offset: in
             return out
 
 
-def fetch_records(client: WireClient, topic: str, partition: int = 0, offset: int = 0,
-                  max_wait_ms: int = 0, version: int = 11) -> list[Record]:
+def fetch_records(
+    client: WireClient,
+    topic: str,
+    partition: int = 0,
+    offset: int = 0,
+    max_wait_ms: int = 0,
+    version: int = 11,
+) -> list[Record]:
     """Every record from ``offset`` to the high watermark (read_uncommitted)."""
     return [
         record
-        for _header, records in fetch_batches(client, topic, partition, offset, max_wait_ms=max_wait_ms,
-                                               version=version)
+        for _header, records in fetch_batches(
+            client, topic, partition, offset, max_wait_ms=max_wait_ms, version=version
+        )
         for record in records
         if record.offset >= offset
     ]

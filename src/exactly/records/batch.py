@@ -228,13 +228,10 @@ def validate_produce_records(records: bytes | bytearray | memoryview) -> BatchHe
     if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
         raise InvalidRecordError(
             ErrorCode.invalid_record,
-            f"record count {header.record_count} does not match last offset delta "
-            f"{header.last_offset_delta}",
+            f"record count {header.record_count} does not match last offset delta {header.last_offset_delta}",
         )
     if header.is_control:
-        raise InvalidRecordError(
-            ErrorCode.invalid_record, "clients may not produce control batches"
-        )
+        raise InvalidRecordError(ErrorCode.invalid_record, "clients may not produce control batches")
     return header
 
 

@@ -137,7 +137,11 @@ def build_batch(
     )
     crc = crc32c.crc32c(after_crc)
     batch_length = HEADER_SIZE - LOG_OVERHEAD + len(payload)
-    return _PREFIX.pack(base_offset, batch_length, partition_leader_epoch, 2) + struct.pack(">I", crc) + after_crc
+    return (
+        _PREFIX.pack(base_offset, batch_length, partition_leader_epoch, 2)
+        + struct.pack(">I", crc)
+        + after_crc
+    )
 
 
 def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeader, list[Record]]:

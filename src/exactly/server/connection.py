@@ -8,7 +8,10 @@ exactly as in Kafka; clients use separate connections where that matters.
 Receiving without copies: the connection is an ``asyncio.BufferedProtocol``. Small frames are
 read into a reusable buffer and copied out once; a large frame (a produce request) gets a
 bytearray of its exact size and the kernel writes its body straight into it. That bytearray is
-the request: the produce path patches offsets inside it and writes it to the segment.
+the request: the produce path patches offsets inside it and writes it to the segment. Once the
+request is answered and nothing references the bytearray any more, it is kept as the buffer of
+the connection's next large frame (resized within its allocation: no new zero-filled megabyte
+per produce request).
 
 What closes a connection (each with a log line, as Kafka does): a frame over
 socket.request.max.bytes (or a negative size), an unparseable header, an unknown API key, a
@@ -23,6 +26,7 @@ import asyncio
 import collections
 import logging
 import struct
+import sys
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +51,7 @@ log = logging.getLogger("exactly.connection")
 
 SMALL_BUFFER = 256 * 1024
 LARGE_FRAME = 64 * 1024  # frames at least this big are received into their own buffer
+SPARE_MAX = 4 * 1024 * 1024  # largest answered frame buffer kept for reuse
 MAX_QUEUED_FRAMES = 32  # read-ahead before we stop reading the socket
 WRITE_HIGH_WATER = 8 * 1024 * 1024
 _SIZE = struct.Struct(">i")
@@ -77,6 +82,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._end = 0
         self._large: bytearray | None = None
         self._large_filled = 0
+        self._spare: bytearray | None = None  # an answered large frame's buffer, free for reuse
         self._frames: collections.deque[bytearray] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
@@ -146,8 +152,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 self._start = body + size
                 continue
             if size >= LARGE_FRAME or size + 4 > len(buf):
-                large = bytearray(size)
-                large[:available] = buf[body : self._end]
+                large = self._large_buffer(size)
+                large[:available] = memoryview(buf)[body : self._end]
                 self._large, self._large_filled = large, available
                 self._start = self._end = 0
                 return
@@ -156,6 +162,21 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._start = self._end = 0
         elif self._start > len(buf) // 2:
             self._compact()
+
+    def _large_buffer(self, size: int) -> bytearray:
+        """A bytearray of exactly ``size`` bytes for a large frame. The spare (the last answered
+        large frame) is resized in place when that is cheap: shrinking keeps its allocation, a
+        small growth reuses the over-allocation; a new bytearray costs a zero fill of ``size``."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            n = len(spare)
+            if n >= size:
+                del spare[size:]
+                return spare
+            if size - n <= n // 8:
+                spare.extend(bytes(size - n))
+                return spare
+        return bytearray(size)
 
     def _push(self, payload: bytearray) -> None:
         self._frames.append(payload)
@@ -194,6 +215,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 except CloseConnection as exc:
                     self._close(str(exc))
                     return
+                # nothing but this frame's local holds the buffer (a memoryview into it would
+                # count): reuse it for the next large frame
+                if LARGE_FRAME <= len(payload) <= SPARE_MAX and sys.getrefcount(payload) == 2:
+                    self._spare = payload
                 if chunks is None or self._closing:
                     continue
                 transport.writelines(chunks)
