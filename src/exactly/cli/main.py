@@ -1,7 +1,11 @@
 """`exactly` command line: one sub-command module per area, each exposing ``register(subparsers)``.
 
-Modules: serve (the broker), topics (create/list/describe/delete), console (produce/consume).
-Later areas (txn, groups, producers, pipeline) plug in the same way.
+Modules: serve (the broker), topics (create/list/describe/delete), console (produce/consume),
+txn / producers / groups (operations), pipeline (the Spark orders pipeline).
+
+Start-up cost matters (tests and scripts run the CLI many times, and the Kafka schema library
+alone takes about a second to import), so only the module of the command being run is imported;
+``exactly --help`` or an unknown command imports them all to list every command.
 """
 
 from __future__ import annotations
@@ -17,14 +21,28 @@ _COMMAND_MODULES = (
     "exactly.cli.txn",
     "exactly.cli.producers",
     "exactly.cli.groups",
+    "exactly.cli.pipeline",
 )
 
+# command name -> the module that registers it (modules may register several commands)
+_COMMAND_OWNER = {
+    "serve": "exactly.cli.serve",
+    "topics": "exactly.cli.topics",
+    "produce": "exactly.cli.console",
+    "consume": "exactly.cli.console",
+    "txn": "exactly.cli.txn",
+    "producers": "exactly.cli.producers",
+    "groups": "exactly.cli.groups",
+    "pipeline": "exactly.cli.pipeline",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exactly", description="Kafka-compatible exactly-once broker")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in _COMMAND_MODULES:
+    owner = _COMMAND_OWNER.get(command or "")
+    for name in (owner,) if owner else _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -36,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = sys.argv[1:] if argv is None else argv
+    first = next((a for a in args_in if not a.startswith("-")), None)
+    parser = build_parser(first)
+    args = parser.parse_args(args_in)
     try:
         result = args.func(args)
     except KeyboardInterrupt:
