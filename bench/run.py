@@ -63,7 +63,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="bundled",
         help="librdkafka for kcat: the one confluent-kafka ships (default) or Debian's",
     )
-    ap.add_argument("--latency-seconds", type=float, help="latency run length (default 30; --quick: 5)")
+    ap.add_argument(
+        "--pair-factor",
+        type=int,
+        default=2,
+        help="paired produce workloads (txn-produce-*) send --records x this many records per variant",
+    )
+    ap.add_argument("--latency-seconds", type=float, help="latency run length (default 20; --quick: 5)")
     ap.add_argument("--recovery-mb", type=int, help="recovery data set size (default 1000; --quick: 100)")
     ap.add_argument(
         "--profile",
@@ -86,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.records is None:
         args.records = 50_000 if args.quick else 300_000
     if args.latency_seconds is None:
-        args.latency_seconds = 5.0 if args.quick else 30.0
+        args.latency_seconds = 5.0 if args.quick else 20.0
     if args.recovery_mb is None:
         args.recovery_mb = 100 if args.quick else 1000
     if args.name is None:
@@ -204,8 +210,9 @@ def run_workload(
     try:
         for rep in range(wl.repeats(ctx)):
             prof = None
-            if args.profile and rep == 0 and broker is not None and broker.name == "exactly":
-                prof = profile.PySpy(broker.pid, raw_dir / f"pyspy-{stamp}-{wl.name}")
+            target = wl.measured_broker(broker, state)
+            if args.profile and rep == 0 and target is not None and target.name == "exactly":
+                prof = profile.PySpy(target.pid, raw_dir / f"pyspy-{stamp}-{wl.name}")
             try:
                 if prof:
                     prof.start()
@@ -226,6 +233,9 @@ def run_workload(
                 in (
                     "mb_s",
                     "records_s",
+                    "ratio",
+                    "assign_s",
+                    "cold_s",
                     "broker_cpu_s_per_gb",
                     "client_cores",
                     "broker_cores",
@@ -242,13 +252,14 @@ def run_workload(
             if broker is not None and not broker.alive():
                 break
     finally:
+        target = wl.measured_broker(broker, state)
+        if target is not None and target.alive():
+            entry["broker_rss_mb"] = target.rss_mb()
         try:
             if broker is None or broker.alive():
                 wl.teardown(ctx, broker, state)
         except Exception as exc:
             print(f"   teardown failed: {exc}", flush=True)
-    if broker is not None and broker.alive():
-        entry["broker_rss_mb"] = broker.rss_mb()
     return entry
 
 
@@ -339,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             recovery_bytes=args.recovery_mb * 1_000_000,
             broker_options=args.broker_opt,
             pool=drivers.payload_pool(),
+            pair_factor=args.pair_factor,
         )
         peers = [p for p in dict.fromkeys(args.peer) if p != args.primary]
         if peers or args.primary == "tansu":

@@ -43,6 +43,8 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
         f"{meta['record_size']} B per throughput run; median of {meta['repeat']} run(s) "
         "(min-max in brackets); MB = 10^6 bytes of record values, GB = 10^9"
     )
+    if meta.get("chart"):
+        out.append(f"- chart: [{meta['chart']}]({meta['chart']})")
     if meta.get("broker_options"):
         out.append(f"- broker options: {' '.join(meta['broker_options'])}")
     for b in meta.get("brokers", []):
@@ -52,6 +54,8 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_kind.setdefault(e["kind"], []).append(e)
+
+    out += scorecard(entries)
 
     thr = by_kind.get("throughput", [])
     if thr:
@@ -77,23 +81,6 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
             "figure is client-bound. The machine has 2 cores shared by broker and client.",
             "",
         ]
-
-        out += [
-            "## Targets (issue #2)",
-            "",
-            "| workload | broker | target | measured | met? |",
-            "| --- | --- | --- | ---: | --- |",
-        ]
-        for e in thr:
-            cls = REGISTRY.get(e["workload"])
-            for t in cls.targets if cls else ():
-                m = median_of(e["samples"], t.metric)
-                met = t.met(m)
-                out.append(
-                    f"| {e['workload']} | {e['broker']} | {t.text()} | {_f(m, 2)} | "
-                    f"{'—' if met is None else ('yes' if met else '**NO**')} |"
-                )
-        out.append("")
 
         peers = sorted({e["broker"] for e in thr} - {"exactly"})
         for peer in peers:
@@ -123,6 +110,9 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
                 "ratio = exactly / peer: above 1 is better for MB/s, below 1 is better for CPU-s/GB.",
                 "",
             ]
+
+    out += pair_section(by_kind.get("pair", []))
+    out += group_section(by_kind.get("group", []))
 
     lat = by_kind.get("latency", [])
     if lat:
@@ -202,10 +192,17 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
             )
         out.append("")
 
+    out += targets_section(entries)
+
     failures = [(e, s) for e in entries for s in e["samples"] if not s.get("ok")]
     setup_failures = [e for e in entries if e.get("setup_error")]
     if failures or setup_failures:
-        out += ["## Failures", ""]
+        out += [
+            "## Failures and capability gaps",
+            "",
+            "Left out of the medians. *fails X* = the broker ran the workload but failed its verification.",
+            "",
+        ]
         for e in setup_failures:
             out.append(f"- {e['workload']} on {e['broker']}: setup: {e['setup_error']}")
         for e, s in failures:
@@ -217,12 +214,228 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def write(out_dir: Path, meta: dict[str, Any], entries: list[dict[str, Any]]) -> tuple[Path, Path]:
+def write(
+    out_dir: Path, meta: dict[str, Any], entries: list[dict[str, Any]], chart_png: bool = True
+) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{meta['name']}.md"
+    png = out_dir / f"{meta['name']}.png"
+    if chart_png:
+        try:
+            from benchlib import chart
+
+            chart.render(meta, entries, png)
+            meta["chart"] = png.name
+        except ImportError as exc:
+            meta["chart"] = None
+            meta.setdefault("notes", []).append(f"no chart: {exc} (pip install -e '.[dev]')")
     md.write_text(render(meta, entries))
     js = raw / f"{meta['name']}-{meta['stamp']}.json"
     js.write_text(json.dumps({"meta": meta, "entries": entries}, indent=1, default=str))
     return md, js
+
+
+# ------------------------------------------------------------------------------ issue #5 / pairs / groups
+
+
+def _entry(entries: list[dict[str, Any]], workload: str, broker: str) -> dict[str, Any] | None:
+    return next((e for e in entries if e["workload"] == workload and e["broker"] == broker), None)
+
+
+def _unsupported(entry: dict[str, Any] | None) -> str:
+    """A capability the broker lacks, as detected by the workload (e.g. read_committed not filtering)."""
+    if entry is None:
+        return ""
+    texts = [s.get("unsupported") for s in entry["samples"] if s.get("unsupported")]
+    return texts[0].split(":")[0] if texts and len(texts) == len(entry["samples"]) else ""
+
+
+def _value(entry: dict[str, Any] | None, metric: str, digits: int = 2) -> str:
+    if entry is None:
+        return "not run"
+    if entry.get("setup_error"):
+        return "setup failed"
+    why = _unsupported(entry)
+    if why:
+        return f"**{why}**"
+    v = median_of(entry["samples"], metric)
+    if v is None:
+        return "failed"
+    return _f(v, digits) + _spread(entry["samples"], metric, digits)
+
+
+PEER_RATIO_TARGET = 1.5  # issue #5: exactly's produce MB/s >= 1.5x Tansu's, same run
+
+
+def scorecard(entries: list[dict[str, Any]]) -> list[str]:
+    """Issue #5 targets (and issue #3's ratios) per workload: exactly, the peer's figure, met?"""
+    rows: list[str] = []
+    peers = sorted({e["broker"] for e in entries} - {"exactly", "-"})
+    peer = peers[0] if peers else None
+    for e in entries:
+        if e["broker"] != "exactly":
+            continue
+        cls = REGISTRY.get(e["workload"])
+        for t in cls.targets if cls else ():
+            if t.issue not in ("#5", "#3"):
+                continue
+            m = None if _unsupported(e) else median_of(e["samples"], t.metric)
+            met = t.met(m)
+            pv = "—"
+            if peer is not None:
+                pe = _entry(entries, e["workload"], peer)
+                pv = _value(pe, t.metric) if pe is not None else "n/a"
+                if e["workload"].startswith("recovery-"):
+                    pv = "n/a (in-memory)"
+                elif e["workload"] == "group-assign-delay3000":
+                    pv = "see delay0 row"
+            rows.append(
+                f"| {t.issue} | {e['workload']} | {t.text()} | {_value(e, t.metric)} | {pv} | "
+                f"{'—' if met is None else ('yes' if met else '**NO**')} |"
+            )
+        if e["workload"] == "group-assign-delay3000":
+            rows.append(
+                f"| info | {e['workload']} | (Kafka default delay, reported separately) | "
+                f"{_value(e, 'assign_s')} | — | — |"
+            )
+        if peer is not None and e["kind"] == "throughput" and e["workload"].startswith("produce-"):
+            pe = _entry(entries, e["workload"], peer)
+            a = median_of(e["samples"], "mb_s")
+            b = median_of(pe["samples"], "mb_s") if pe else None
+            if a and b:
+                ratio = a / b
+                rows.append(
+                    f"| #5 | {e['workload']} | ≥ {PEER_RATIO_TARGET:g}x {peer} MB/s | {ratio:.2f}x "
+                    f"({_f(a)} / {_f(b)} MB/s) | — | {'yes' if ratio >= PEER_RATIO_TARGET else '**NO**'} |"
+                )
+    if not rows:
+        return []
+    head = [
+        "## Issue #5 scorecard (and issue #3's ratios)",
+        "",
+        f"| issue | workload | target | exactly | {peer or 'peer'} | exactly met? |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+    return [
+        *head,
+        *rows,
+        "",
+        "Medians with min-max in brackets. Ratios (txn-*, rc-*) are medians of per-repetition pairs run "
+        "back to back on the same broker. A bold capability note in the peer column means the peer ran the "
+        "workload but failed its verification (e.g. read_committed delivered aborted records).",
+        "",
+    ]
+
+
+def pair_section(pairs: list[dict[str, Any]]) -> list[str]:
+    if not pairs:
+        return []
+    out = [
+        "## Paired workloads (A and B back to back in each repetition)",
+        "",
+        "| workload | broker | A | A MB/s | A records/s | A broker CPU-s/GB | B | B MB/s | B records/s "
+        "| B broker CPU-s/GB | A/B ratio (MB/s) | A/B CPU-s/GB | runs ok |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    notes: list[str] = []
+    for e in pairs:
+        cls = REGISTRY.get(e["workload"])
+        a, b = (cls.a, cls.b) if cls else ("a", "b")
+        s = e["samples"]
+        why = _unsupported(e)
+        ratio = f"**{why}**" if why else f"{_f(median_of(s, 'ratio'), 3)}{_spread(s, 'ratio', 3)}"
+        if why:  # show what was measured anyway
+            s = [dict(x, ok=True) for x in s]
+        out.append(
+            f"| {e['workload']} | {e['broker']} | {a} | {_f(median_of(s, f'{a}_mb_s'))} | "
+            f"{_f(median_of(s, f'{a}_records_s'), 0)} | {_f(median_of(s, f'{a}_broker_cpu_s_per_gb'), 2)} | "
+            f"{b} | {_f(median_of(s, f'{b}_mb_s'))} | {_f(median_of(s, f'{b}_records_s'), 0)} | "
+            f"{_f(median_of(s, f'{b}_broker_cpu_s_per_gb'), 2)} | {ratio} | "
+            f"{_f(median_of(s, 'cpu_ratio'), 2)} | {_runs(e)} |"
+        )
+        if cls is not None and cls.ratio_of:
+            note = f"`{e['workload'].rsplit('-', 1)[0]}-*`: A/B = {cls.ratio_of}"
+            if note not in notes:
+                notes.append(note)
+        commits = median_of(s, "txn_commits")
+        if commits:
+            per = 1000 / commits
+            notes.append(
+                f"{e['workload']} on {e['broker']}: {commits:.0f} commits per run, "
+                f"{_f(median_of(s, 'txn_txn_ms'), 0)} ms per transaction; per commit "
+                f"{_f((median_of(s, 'txn_commit_s') or 0) * per, 1)} ms blocked = "
+                f"{_f((median_of(s, 'txn_flush_s') or 0) * per, 1)} ms draining in-flight records (flush) + "
+                f"{_f((median_of(s, 'txn_endtxn_s') or 0) * per, 1)} ms EndTxn; worst commit "
+                f"{_f(median_of(s, 'txn_commit_max_ms'), 0)} ms (medians over runs)"
+            )
+        aborted = median_of(s, "aborted_records")
+        if aborted:
+            notes.append(
+                f"{e['workload']} on {e['broker']}: log of {_f(median_of(s, 'log_records'), 0)} records in "
+                f"{_f(median_of(s, 'transactions'), 0)} transactions, {aborted:,.0f} aborted; rc delivered "
+                f"{_f(median_of(s, 'rc_records'), 0)} records ({_f(median_of(s, 'rc_aborted_delivered'), 0)} "
+                f"aborted), ru {_f(median_of(s, 'ru_records'), 0)}"
+            )
+    out += [
+        "",
+        "Each repetition runs both variants back to back (order alternating) and the ratio is taken per "
+        "pair; the table shows medians (min-max of the ratio in brackets). MB/s of 10^6 record-value bytes.",
+        "",
+        *[f"- {n}" for n in notes],
+        "",
+    ]
+    return out
+
+
+def group_section(groups: list[dict[str, Any]]) -> list[str]:
+    if not groups:
+        return []
+    out = [
+        "## Consumer group: subscribe -> first assignment",
+        "",
+        "| workload | broker | group.initial.rebalance.delay.ms | first join on the broker (cold) s "
+        "| fresh group s (median) | runs ok |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for e in groups:
+        cls = REGISTRY.get(e["workload"])
+        delay = str(cls.delay_ms) if (cls and e["broker"] == "exactly") else "(its own)"
+        s = e["samples"]
+        out.append(
+            f"| {e['workload']} | {e['broker']} | {delay} | {_f(median_of(s, 'cold_s'), 2)} | "
+            f"{_f(median_of(s, 'assign_s'), 3)}{_spread(s, 'assign_s', 3)} | {_runs(e)} |"
+        )
+    out += [
+        "",
+        "confluent-kafka consumer (classic protocol), 4-partition topic, connection and metadata set up "
+        "before the clock; time from subscribe() to the on_assign callback. exactly runs on a private broker "
+        "started with the delay shown; *cold* is the first join on that broker (exactly creates "
+        "__consumer_offsets then).",
+        "",
+    ]
+    return out
+
+
+def targets_section(entries: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for e in entries:
+        cls = REGISTRY.get(e["workload"])
+        for t in cls.targets if cls else ():
+            m = None if _unsupported(e) else median_of(e["samples"], t.metric)
+            met = t.met(m)
+            rows.append(
+                f"| {t.issue} | {e['workload']} | {e['broker']} | {t.text()} | {_value(e, t.metric)} | "
+                f"{'—' if met is None else ('yes' if met else '**NO**')} |"
+            )
+    if not rows:
+        return []
+    return [
+        "## All targets",
+        "",
+        "| issue | workload | broker | target | measured | met? |",
+        "| --- | --- | --- | --- | ---: | --- |",
+        *rows,
+        "",
+    ]

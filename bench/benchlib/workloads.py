@@ -36,6 +36,7 @@ class Target:
     op: str  # ">=" or "<="
     value: float
     label: str
+    issue: str = "#2"
 
     def met(self, measured: float | None) -> bool | None:
         if measured is None:
@@ -62,7 +63,9 @@ class Context:
     broker_options: list[str]
     pool: list[bytes]
     tansu_bin: Path | None = None
+    pair_factor: int = 2
     _lines: Path | None = None
+    _pools: dict[int, list[bytes]] | None = None
     datasets: dict[tuple[str, int], tuple[str, int]] | None = None
 
     def lines_file(self) -> Path:
@@ -71,6 +74,16 @@ class Context:
                 self.scratch / f"records-{self.records}.txt", self.records, self.pool
             )
         return self._lines
+
+    def pool_for(self, size: int) -> list[bytes]:
+        """Payload pool of ``size``-byte values (``pool`` itself for the default 1 KB)."""
+        if size == len(self.pool[0]):
+            return self.pool
+        if self._pools is None:
+            self._pools = {}
+        if size not in self._pools:
+            self._pools[size] = drivers.payload_pool(size)
+        return self._pools[size]
 
     def timeout_for(self, nbytes: int) -> float:
         """Generous bound for one timed section: 60 s + 1 s per MB (a 1 MB/s floor)."""
@@ -112,12 +125,14 @@ class Context:
             self.datasets[key] = (topic, 0)
         return self.datasets[key][0]
 
-    def count_records(self, broker: BrokerProcess, topic: str, partitions: int) -> int:
+    def count_records(self, broker: BrokerProcess, topic: str, partitions: int, size: int = 0) -> int:
         """Records in the log.  exactly: ListOffsets (log end - log start), which is part of what is under
         test.  Peers whose ListOffsets is known to be off (Tansu answers "latest" with the last batch's base
         offset) are counted by reading the topic back with kcat instead."""
         if broker.info.get("verify") == "consume":
-            run = drivers.kcat_consume(broker.bootstrap, topic, 0, len(self.pool[0]), 600, self.kcat_env)
+            run = drivers.kcat_consume(
+                broker.bootstrap, topic, 0, size or len(self.pool[0]), 600, self.kcat_env
+            )
             if run.errors:
                 raise RuntimeError(f"counting {topic} by consuming: {run.errors}")
             return run.records
@@ -150,6 +165,11 @@ class Workload:
 
     def repeats(self, ctx: Context) -> int:
         return ctx.repeat
+
+    def measured_broker(self, broker: BrokerProcess | None, state: Any) -> BrokerProcess | None:
+        """The broker process this workload actually loads (profiling, RSS): ``broker`` unless the
+        workload started a private one in ``setup``."""
+        return broker
 
 
 REGISTRY: dict[str, type[Workload]] = {}
@@ -219,13 +239,17 @@ def _topic(prefix: str, broker: BrokerProcess, rep: int) -> str:
 PRODUCE_TARGETS = (
     Target("mb_s", ">=", 150, "MB/s"),
     Target("broker_cpu_s_per_gb", "<=", 1.5, "broker CPU-s/GB"),
+    Target("broker_cpu_s_per_gb", "<=", 1.0, "broker CPU-s/GB", "#5"),
 )
+PRODUCE_SMALL_TARGETS = (Target("broker_cpu_s_per_gb", "<=", 1.0, "broker CPU-s/GB", "#5"),)
 CONSUME_TARGETS = (Target("mb_s", ">=", 300, "MB/s"),)
 
 
 class ProduceWorkload(Workload):
     client: ClassVar[str] = "confluent"
     partitions: ClassVar[int] = 1
+    record_size: ClassVar[int] = drivers.RECORD_SIZE
+    records_factor: ClassVar[int] = 1  # records per run = ctx.records * records_factor
     targets = PRODUCE_TARGETS
 
     def setup(self, ctx: Context, broker: BrokerProcess | None) -> list[str]:
@@ -240,23 +264,29 @@ class ProduceWorkload(Workload):
         topic = _topic(self.name, broker, rep)
         kafka.create_topic(broker.bootstrap, topic, self.partitions)
         state.append(topic)
-        size = len(ctx.pool[0])
-        timeout = ctx.timeout_for(ctx.records * size)
+        size = self.record_size
+        records = ctx.records * self.records_factor
+        timeout = ctx.timeout_for(records * max(size, 1024))
         warmup = ctx.warmup_topic(broker) if self.client == "confluent" else None
         with Meter(broker) as meter:
             if self.client == "kcat":
+                assert size == len(ctx.pool[0]) and records == ctx.records
                 run = drivers.kcat_produce(
-                    broker.bootstrap, topic, ctx.lines_file(), ctx.records, size, timeout, ctx.kcat_env
+                    broker.bootstrap, topic, ctx.lines_file(), records, size, timeout, ctx.kcat_env
                 )
             else:
                 run = drivers.confluent_produce(
-                    broker.bootstrap, topic, ctx.records, ctx.pool, timeout, warmup_topic=warmup
+                    broker.bootstrap, topic, records, ctx.pool_for(size), timeout, warmup_topic=warmup
                 )
-        in_log = ctx.count_records(broker, topic, self.partitions)
+        in_log = ctx.count_records(broker, topic, self.partitions, size)
         if in_log != run.records:
             run.errors.append(f"log holds {in_log} records, producer reported {run.records} delivered")
-        sample = throughput_sample(run, meter, ctx.records)
+        sample = throughput_sample(run, meter, records)
         sample["records_in_log"] = in_log
+        sample["record_size"] = size
+        # free the disk / Tansu's memory now rather than at teardown
+        kafka.delete_topic(broker.bootstrap, topic)
+        state.remove(topic)
         return sample
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: list[str]) -> None:
@@ -311,6 +341,298 @@ for _kind in ("produce", "consume"):
     for _client in ("confluent", "kcat"):
         for _parts in (1, 4):
             _make_throughput(_kind, _client, _parts)
+    if _kind == "produce":
+        # issue #5: small records too (per-record and per-batch costs weigh more than per-byte ones)
+        for _parts in (1, 4):
+            register(
+                type(
+                    f"produce_confluent_100b_p{_parts}",
+                    (ProduceWorkload,),
+                    {
+                        "name": f"produce-confluent-100b-p{_parts}",
+                        "title": f"produce 100 B records, {_parts} partition{'s' if _parts > 1 else ''}, "
+                        "confluent-kafka (Python), 3x the records",
+                        "partitions": _parts,
+                        "record_size": 100,
+                        "records_factor": 3,
+                        "targets": PRODUCE_SMALL_TARGETS,
+                    },
+                )
+            )
+
+
+# ------------------------------------------------------------------------------------ paired (A / B)
+
+TXN_TARGETS = (
+    Target("ratio", ">=", 0.97, "txn / idempotent MB/s", "#3"),
+    Target("ratio", ">=", 0.98, "txn / idempotent MB/s", "#5"),
+)
+RC_TARGETS = (
+    Target("ratio", ">=", 0.97, "read_committed / read_uncommitted MB/s scanned", "#3"),
+    Target("ratio", ">=", 0.98, "read_committed / read_uncommitted MB/s scanned", "#5"),
+)
+
+
+def _prefixed(prefix: str, sample: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}_{k}": v for k, v in sample.items() if k not in ("ok", "error")}
+
+
+class PairWorkload(Workload):
+    """Two variants measured back to back in every repetition (order alternating), so the ratio of each
+    pair is taken under the same machine conditions; the report shows the median of the per-pair ratios.
+    Sample keys: ``<a>_*`` and ``<b>_*`` (each a throughput sample), ``ratio`` = a / b."""
+
+    kind = "pair"
+    a: ClassVar[str] = ""
+    b: ClassVar[str] = ""
+    ratio_of: ClassVar[str] = ""
+
+    def repeats(self, ctx: Context) -> int:
+        return ctx.repeat if ctx.quick else ctx.repeat + 2
+
+
+class TxnVsIdempotent(PairWorkload):
+    """Transactional producer committing every 100 ms vs the idempotent producer; same loop, same 1 KB
+    records, same settings (acks=all, linger.ms=10, 1 MB batches), ``ctx.records * pair_factor`` records
+    each, fresh topic each."""
+
+    a, b = "txn", "idem"
+    ratio_of = "MB/s acked (transactional incl. its commits) / MB/s acked (idempotent)"
+    partitions: ClassVar[int] = 1
+    targets = TXN_TARGETS
+    interval_s: ClassVar[float] = 0.1
+
+    def setup(self, ctx: Context, broker: BrokerProcess | None) -> list[str]:
+        return []
+
+    def _one(
+        self, ctx: Context, broker: BrokerProcess, state: list[str], rep: int, mode: str
+    ) -> dict[str, Any]:
+        topic = _topic(f"{self.name}-{mode}", broker, rep)
+        kafka.create_topic(broker.bootstrap, topic, self.partitions)
+        state.append(topic)
+        records = ctx.records * ctx.pair_factor
+        size = len(ctx.pool[0])
+        txn = mode == "txn"
+        conf = {"transactional.id": f"bench-{topic}"} if txn else None
+        with Meter(broker) as meter:
+            run = drivers.confluent_produce(
+                broker.bootstrap,
+                topic,
+                records,
+                ctx.pool,
+                ctx.timeout_for(records * size),
+                conf=conf,
+                warmup_topic=ctx.warmup_topic(broker),
+                txn_interval_s=self.interval_s if txn else None,
+            )
+        in_log = ctx.count_records(broker, topic, self.partitions)
+        if broker.info.get("verify") == "consume":  # counted by reading back: data records only
+            if in_log != run.records:
+                run.errors.append(f"read back {in_log} records, producer reported {run.records}")
+        else:  # ListOffsets: data records + one commit marker per partition per transaction
+            markers = in_log - run.records
+            commits = int(run.extra.get("commits", 0))
+            lo, hi = (commits, commits * self.partitions) if txn else (0, 0)
+            if not lo <= markers <= hi:
+                run.errors.append(
+                    f"log holds {in_log} offsets for {run.records} records: {markers} control records, "
+                    f"expected {lo}..{hi}"
+                )
+        sample = throughput_sample(run, meter, records)
+        sample["offsets_in_log"] = in_log
+        kafka.delete_topic(broker.bootstrap, topic)
+        state.remove(topic)
+        return sample
+
+    def run_once(
+        self, ctx: Context, broker: BrokerProcess | None, state: list[str], rep: int
+    ) -> dict[str, Any]:
+        assert broker is not None
+        order = [self.b, self.a] if rep % 2 == 0 else [self.a, self.b]
+        parts = {mode: self._one(ctx, broker, state, rep, mode) for mode in order}
+        a, b = parts[self.a], parts[self.b]
+        errors = [f"{m}: {parts[m]['error']}" for m in order if not parts[m]["ok"]]
+        out: dict[str, Any] = {
+            "ok": not errors,
+            "error": "; ".join(errors)[:1000],
+            "order": "/".join(order),
+            "ratio": a["mb_s"] / b["mb_s"] if b["mb_s"] else None,
+            "cpu_ratio": (
+                a["broker_cpu_s_per_gb"] / b["broker_cpu_s_per_gb"]
+                if a.get("broker_cpu_s_per_gb") and b.get("broker_cpu_s_per_gb")
+                else None
+            ),
+        }
+        out.update(_prefixed(self.a, a))
+        out.update(_prefixed(self.b, b))
+        return out
+
+    def teardown(self, ctx: Context, broker: BrokerProcess | None, state: list[str]) -> None:
+        assert broker is not None
+        for topic in state:
+            kafka.delete_topic(broker.bootstrap, topic)
+
+
+class ReadCommittedVsUncommitted(PairWorkload):
+    """A topic of ``ctx.records`` 1 KB records written in transactions of 1,000 records, every third one
+    aborted after its records were flushed (so they are in the log).  read_committed must deliver exactly
+    the committed records, read_uncommitted all of them.  Both modes fetch (scan) the same log bytes --
+    Kafka sends aborted batches to read_committed consumers with the aborted-transaction list and the
+    client drops them -- so the ratio is of MB/s of log scanned (= inverse wall-time ratio); delivered
+    records/s are reported too."""
+
+    a, b = "rc", "ru"
+    ratio_of = "MB/s of log scanned, read_committed / read_uncommitted"
+    partitions: ClassVar[int] = 1
+    client: ClassVar[str] = "kcat"
+    targets = RC_TARGETS
+    txn_records: ClassVar[int] = 1000
+
+    def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
+        assert broker is not None
+        topic = f"{self.name}-{broker.name}-{uuid.uuid4().hex[:6]}"
+        kafka.create_topic(broker.bootstrap, topic, self.partitions)
+        t0 = time.perf_counter()
+        committed, aborted, txns, errors = drivers.confluent_txn_fill(
+            broker.bootstrap,
+            topic,
+            ctx.records,
+            ctx.pool,
+            self.txn_records,
+            3,
+            ctx.timeout_for(ctx.records * 1024),
+        )
+        fill_s = time.perf_counter() - t0
+        if errors:
+            raise RuntimeError(f"filling {topic}: {errors}")
+        in_log = ctx.count_records(broker, topic, self.partitions)
+        total = committed + aborted
+        if broker.info.get("verify") == "consume":
+            if in_log != total:
+                raise RuntimeError(f"{topic}: read back {in_log} records, wrote {total}")
+        elif not txns <= in_log - total <= txns * self.partitions:
+            raise RuntimeError(f"{topic}: {in_log} offsets for {total} records in {txns} transactions")
+        return {
+            "topic": topic,
+            "committed": committed,
+            "aborted": aborted,
+            "total": total,
+            "txns": txns,
+            "fill_s": fill_s,
+        }
+
+    def run_once(
+        self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
+    ) -> dict[str, Any]:
+        assert broker is not None
+        size = len(ctx.pool[0])
+        total, committed, aborted = state["total"], state["committed"], state["aborted"]
+        scanned = total * size
+        order = [self.b, self.a] if rep % 2 == 0 else [self.a, self.b]
+        parts: dict[str, dict[str, Any]] = {}
+        unsupported = ""
+        for mode in order:
+            rc = mode == "rc"
+            expected = committed if rc else total
+            conf = {"isolation.level": "read_committed" if rc else "read_uncommitted"}
+            with Meter(broker) as meter:
+                if self.client == "kcat":
+                    run = drivers.kcat_consume(
+                        broker.bootstrap,
+                        state["topic"],
+                        expected,
+                        size,
+                        ctx.timeout_for(scanned),
+                        ctx.kcat_env,
+                        conf,
+                        mark=b"A",
+                    )
+                else:
+                    run = drivers.confluent_consume_to_eof(
+                        broker.bootstrap,
+                        state["topic"],
+                        self.partitions,
+                        expected,
+                        ctx.timeout_for(scanned),
+                        conf,
+                    )
+            marked = int(run.extra.get("marked", 0))
+            if rc and marked:
+                unsupported = (
+                    f"fails filtering: read_committed delivered {marked} of {aborted} aborted records"
+                )
+                # the clock stopped at the committed count; time the whole (unfiltered) read instead
+                run.wall_s = float(run.extra.get("eof_s", run.extra.get("exit_s", run.wall_s)))
+            elif run.records != expected:
+                run.errors.append(f"{mode}: delivered {run.records} records, expected {expected}")
+            elif not rc and marked != aborted:
+                run.errors.append(f"ru: {marked} aborted records delivered, expected {aborted}")
+            elif run.bytes != expected * size:
+                run.errors.append(f"{mode}: payload bytes {run.bytes} != {expected * size}")
+            sample = throughput_sample(run, meter, run.records)
+            # throughput_sample's mb_s / CPU per GB are of delivered bytes; rate both modes on the log scanned
+            sample["delivered_mb_s"] = sample["mb_s"]
+            sample["mb_s"] = scanned / MB / run.wall_s if run.wall_s else 0.0
+            sample["broker_cpu_s_per_gb"] = meter.broker_cpu / (scanned / GB)
+            sample["client_cpu_s_per_gb"] = run.client_cpu_s / (scanned / GB)
+            sample["aborted_delivered"] = marked
+            parts[mode] = sample
+        a, b = parts[self.a], parts[self.b]
+        errors = [f"{m}: {parts[m]['error']}" for m in order if not parts[m]["ok"]]
+        out: dict[str, Any] = {
+            "ok": not errors and not unsupported,
+            "error": "; ".join([unsupported, *errors] if unsupported else errors)[:1000],
+            "unsupported": unsupported,
+            "order": "/".join(order),
+            "ratio": a["mb_s"] / b["mb_s"] if b["mb_s"] else None,
+            "records_ratio": a["records_s"] / b["records_s"] if b["records_s"] else None,
+            "cpu_ratio": a["broker_cpu_s_per_gb"] / b["broker_cpu_s_per_gb"]
+            if b["broker_cpu_s_per_gb"]
+            else None,
+            "log_records": total,
+            "aborted_records": aborted,
+            "transactions": state["txns"],
+        }
+        out.update(_prefixed(self.a, a))
+        out.update(_prefixed(self.b, b))
+        return out
+
+    def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
+        assert broker is not None
+        kafka.delete_topic(broker.bootstrap, state["topic"])
+
+
+for _parts in (1, 4):
+    register(
+        type(
+            f"txn_produce_p{_parts}",
+            (TxnVsIdempotent,),
+            {
+                "name": f"txn-produce-p{_parts}",
+                "title": f"transactional (commit every 100 ms) vs idempotent produce, 1 KB, {_parts} "
+                f"partition{'s' if _parts > 1 else ''}, confluent-kafka",
+                "partitions": _parts,
+            },
+        )
+    )
+for _client, _parts, _default in (("kcat", 1, True), ("confluent", 1, True), ("kcat", 4, False)):
+    _cname = "" if _client == "kcat" else "-confluent"
+    register(
+        type(
+            f"rc_consume{_cname.replace('-', '_')}_p{_parts}",
+            (ReadCommittedVsUncommitted,),
+            {
+                "name": f"rc-consume{_cname}-p{_parts}",
+                "title": f"read_committed vs read_uncommitted consume, 1 KB, {_parts} partition"
+                f"{'s' if _parts > 1 else ''}, 1/3 of transactions aborted, "
+                f"{'kcat (C)' if _client == 'kcat' else 'confluent-kafka (Python)'}",
+                "partitions": _parts,
+                "client": _client,
+                "default": _default,
+            },
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------ latency
@@ -331,6 +653,7 @@ class LatencyFixedRate(Workload):
     name = "latency-1k"
     kind = "latency"
     title = "latency at a fixed 1,000 msg/s, 1 KB, 1 partition, acks=all"
+    targets = (Target("ack_p99_ms", "<=", 3.0, "ms produce-to-ack p99", "#5"),)
 
     def setup(self, ctx: Context, broker: BrokerProcess | None) -> list[str]:
         return []
@@ -433,6 +756,99 @@ class LatencyFixedRate(Workload):
             kafka.delete_topic(broker.bootstrap, topic)
 
 
+# ------------------------------------------------------------------------------------------- groups
+
+
+class GroupFirstAssignment(Workload):
+    """A fresh consumer subscribes to a 4-partition topic under a new group id: seconds from
+    ``subscribe()`` to its first assignment callback (FindCoordinator, JoinGroup twice (KIP-394
+    member id), SyncGroup).  exactly runs on a private broker started with
+    ``group.initial.rebalance.delay.ms=<delay_ms>``; peers run on the shared broker with their own
+    settings.  The very first join on a broker (exactly creates ``__consumer_offsets`` then) is done in
+    setup and reported as *cold*."""
+
+    kind = "group"
+    delay_ms: ClassVar[int] = 0
+    partitions: ClassVar[int] = 4
+
+    def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
+        assert broker is not None
+        private = None
+        target = broker
+        if broker.name == "exactly":
+            opts = [*ctx.broker_options, f"group.initial.rebalance.delay.ms={self.delay_ms}"]
+            private = brokers.start_exactly(
+                ctx.scratch / f"group-d{self.delay_ms}-{uuid.uuid4().hex[:6]}", opts
+            )
+            target = private
+        state: dict[str, Any] = {"broker": target, "private": private}
+        try:
+            topic = f"{self.name}-{uuid.uuid4().hex[:6]}"
+            kafka.create_topic(target.bootstrap, topic, self.partitions)
+            state["topic"] = topic
+            if private is not None:  # a peer's first join is not special-cased (and Tansu's takes ~20 s)
+                cold, _n, errs = drivers.confluent_first_assignment(
+                    target.bootstrap, topic, f"bench-cold-{uuid.uuid4().hex[:8]}"
+                )
+                state["cold_s"], state["cold_errors"] = cold, errs
+        except BaseException:
+            if private is not None:
+                private.stop()
+            raise
+        return state
+
+    def measured_broker(self, broker: BrokerProcess | None, state: Any) -> BrokerProcess | None:
+        return state["broker"] if isinstance(state, dict) else broker
+
+    def run_once(
+        self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
+    ) -> dict[str, Any]:
+        target: BrokerProcess = state["broker"]
+        with Meter(target) as meter:
+            secs, n, errs = drivers.confluent_first_assignment(
+                target.bootstrap, state["topic"], f"bench-g-{uuid.uuid4().hex[:8]}"
+            )
+        errors = []
+        if secs is None:
+            errors = errs or ["no assignment"]
+        elif n != self.partitions:
+            errors = [f"assigned {n} of {self.partitions} partitions"]
+        sample: dict[str, Any] = {
+            "ok": not errors,
+            "error": "; ".join(errors)[:1000],
+            "assign_s": secs,
+            "partitions": n,
+            "client_errors": "; ".join(errs)[:300],
+            "broker_cpu_s": meter.broker_cpu,
+            "delay_ms": self.delay_ms if target.name == "exactly" else None,
+        }
+        if rep == 0:
+            sample["cold_s"] = state.get("cold_s")
+        return sample
+
+    def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
+        if state.get("topic") and state["broker"].alive():
+            kafka.delete_topic(state["broker"].bootstrap, state["topic"])
+        if state.get("private") is not None:
+            state["private"].stop()
+
+
+@register
+class GroupAssignDelay0(GroupFirstAssignment):
+    name = "group-assign-delay0"
+    title = "consumer group: subscribe -> first assignment, exactly with group.initial.rebalance.delay.ms=0"
+    delay_ms = 0
+    targets = (Target("assign_s", "<=", 0.5, "s to first assignment", "#5"),)
+
+
+@register
+class GroupAssignDelay3000(GroupFirstAssignment):
+    name = "group-assign-delay3000"
+    title = "consumer group: subscribe -> first assignment, exactly with the Kafka default delay (3000 ms)"
+    delay_ms = 3000
+    peer_ok = False  # the peer's figure does not depend on exactly's setting: see group-assign-delay0
+
+
 # ----------------------------------------------------------------------------------------- recovery
 
 
@@ -445,6 +861,7 @@ class RecoveryKill9(Workload):
     name = "recovery-kill9"
     kind = "recovery"
     title = "restart after kill -9, 100 partitions"
+    targets = (Target("ready_s", "<=", 2.0, "s to offsets ok (1 GB, 100 partitions)", "#5"),)
     peer_ok = False  # Tansu runs on memory:// here: nothing to recover
     own_broker = True
     partitions = 100
