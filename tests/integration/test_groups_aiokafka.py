@@ -5,45 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.support.broker import Broker
 from tests.support.clients import create_topic, produce_values
-from tests.support.reporting import note_broker
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def _groups_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    base = tmp_path_factory.mktemp("groups-aiokafka")
-    b = Broker(
-        base / "data",
-        base / "broker.log",
-        overrides={"group.initial.rebalance.delay.ms": "0"},
-        name="groups-broker",
-    )
-    try:
-        b.start()
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.fixture
-def gb(_groups_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    if not _groups_broker.running:
-        _groups_broker.restart()
-    note_broker(request, _groups_broker)
-    return _groups_broker
-
-
-@pytest.fixture
-def group(unique_name: Callable[[str], str]) -> str:
-    return unique_name("g")
 
 
 def group_consumer(bootstrap: str, group_id: str, topic: str) -> AIOKafkaConsumer:

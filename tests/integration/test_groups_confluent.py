@@ -4,7 +4,7 @@ membership, admin APIs, and offsets that survive a consumer restart and a broker
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,39 +12,13 @@ from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient
 
 from tests.conftest import BrokerFactory
+from tests.integration.conftest import FAST_GROUPS
 from tests.support.broker import Broker
 from tests.support.clients import QUIET, admin, create_topic, produce_values
-from tests.support.reporting import note_broker
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST_GROUPS = {"group.initial.rebalance.delay.ms": "0"}
 OFFSET_INVALID = -1001
-
-
-@pytest.fixture(scope="module")
-def _groups_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    base = tmp_path_factory.mktemp("groups-confluent")
-    b = Broker(base / "data", base / "broker.log", overrides=FAST_GROUPS, name="groups-broker")
-    try:
-        b.start()
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.fixture
-def gb(_groups_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    """A broker with group.initial.rebalance.delay.ms=0, shared by this module."""
-    if not _groups_broker.running:
-        _groups_broker.restart()
-    note_broker(request, _groups_broker)
-    return _groups_broker
-
-
-@pytest.fixture
-def group(unique_name: Callable[[str], str]) -> str:
-    return unique_name("g")
 
 
 def group_consumer(bootstrap: str, group_id: str, **conf: Any) -> Consumer:

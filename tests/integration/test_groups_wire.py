@@ -4,7 +4,6 @@ version, and the error codes Kafka answers for the edge cases clients rarely hit
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from exactly.protocol.apis import VERSION_RANGES, ApiKey, build, schema
 from tests.support.broker import Broker
 from tests.support.clients import create_topic
-from tests.support.reporting import note_broker
 from tests.support.wire import WireClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,35 +24,6 @@ UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
 MEMBER_ID_REQUIRED = 79
-
-
-@pytest.fixture(scope="module")
-def _groups_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    base = tmp_path_factory.mktemp("groups-wire")
-    b = Broker(
-        base / "data",
-        base / "broker.log",
-        overrides={"group.initial.rebalance.delay.ms": "0"},
-        name="groups-broker",
-    )
-    try:
-        b.start()
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.fixture
-def gb(_groups_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    if not _groups_broker.running:
-        _groups_broker.restart()
-    note_broker(request, _groups_broker)
-    return _groups_broker
-
-
-@pytest.fixture
-def group(unique_name: Callable[[str], str]) -> str:
-    return unique_name("g")
 
 
 def req(key: ApiKey, version: int, /, **fields: Any) -> Any:
