@@ -17,8 +17,9 @@ system-deps:
 
 setup: $(STAMP) system-deps
 
+# embedded broker + orders pipeline on Spark local[*] (needs Java 17: system-deps), exactly once
 run: setup
-	$(BIN)/python -m exactly.demo
+	$(BIN)/python -m exactly.demo $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -32,6 +33,12 @@ test: setup lint typecheck
 
 bench: setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Jepsen-style chaos runs (tests/chaos/run.py): `make chaos RUNS=50 SEED=1 [CHAOS_ARGS=--duration 20]`
+RUNS ?= 5
+SEED ?= 1
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.run --runs $(RUNS) --seed $(SEED) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,31 +1,32 @@
-"""`make run`: the embedded broker and the orders example, end to end.
+"""`make run`: the embedded broker and the orders pipeline on Spark, end to end, exactly once.
 
-Starts ``exactly serve`` as a subprocess on a free loopback port with a temporary data directory,
-writes sample order-completed events with an idempotent producer (acks=all), reads them back with
-a consumer, prints sales per category, checks the totals against what was produced, and stops
-the broker cleanly. The Spark pipeline (issue #4) replaces the consume-and-sum step with the
-exactly-once Structured Streaming job; this demo already shows the broker doing its part.
+1. starts ``exactly serve`` as a subprocess on a free loopback port with a temporary data dir;
+2. writes sample order-completed events with a transactional producer - every 5th transaction is
+   flushed to the broker and then aborted, so the log holds orders that must never be counted;
+3. runs the Structured Streaming job (``exactly.spark.pipeline``) on Spark ``local[*]`` with
+   ``trigger(availableNow=True)``: exactly source (read_committed) -> running totals per category
+   and overall -> exactly-once sink into category-sales and total-sales, with a checkpoint,
+   printing each micro-batch as it completes;
+4. prints the category table read back from category-sales / total-sales (read_committed) and the
+   verification result (``exactly pipeline verify``'s checks), then stops Spark and the broker.
+
+Exit code 0 only if the verification passes.
 """
 
 from __future__ import annotations
 
-import json
-import random
+import argparse
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
-CATEGORIES = ("books", "electronics", "garden", "grocery", "toys")
-TOPIC = "order-completed"
+CATEGORIES_NOTE = "sales per category (read_committed from category-sales / total-sales)"
 
 
 def start_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "exactly", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE,
@@ -40,70 +41,68 @@ def start_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, line.rsplit(" ", 1)[1]
 
 
-def main(orders: int = 20_000) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--orders", type=int, default=20_000)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=6_000)
+    parser.add_argument("--master", default="local[*]")
+    args = parser.parse_args(argv)
+
+    from exactly.spark.orders import Topics, category_table, create_topics, generate, verify
+    from exactly.spark.pipeline import JobConfig, run
+    from exactly.spark.session import build_session
+
     with tempfile.TemporaryDirectory(prefix="exactly-demo-") as tmp:
-        data_dir = Path(tmp)
-        proc, bootstrap = start_broker(data_dir)
+        root = Path(tmp)
+        proc, bootstrap = start_broker(root / "data")
+        spark = None
         try:
-            print(f"broker listening on {bootstrap} (data dir {data_dir})")
-            admin = AdminClient({"bootstrap.servers": bootstrap})
-            admin.create_topics([NewTopic(TOPIC, num_partitions=3, replication_factor=1)])[TOPIC].result(10)
-
-            rng = random.Random(7)
-            truth: Counter[str] = Counter()
-            producer = Producer(
-                {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+            print(f"broker listening on {bootstrap} (data dir {root / 'data'})", flush=True)
+            topics = Topics()
+            create_topics(bootstrap, topics, partitions=3)
+            made = generate(bootstrap, topics, args.orders, transactional=True, txn_size=200, abort_every=5)
+            print(
+                f"generated {made.committed} committed orders in {made.transactions - made.aborted_transactions} "
+                f"transactions, plus {made.aborted} orders in {made.aborted_transactions} aborted ones "
+                f"({made.seconds:.1f}s)",
+                flush=True,
             )
+            print(f"starting Spark ({args.master}) ...", flush=True)
             started = time.monotonic()
-            for i in range(orders):
-                category = rng.choice(CATEGORIES)
-                amount = rng.randint(100, 50_000)
-                truth[category] += amount
-                event = {
-                    "order_id": i,
-                    "category": category,
-                    "amount": amount,
-                    "completed_at": int(time.time() * 1000),
-                }
-                producer.produce(TOPIC, key=str(i).encode(), value=json.dumps(event).encode())
-                if i % 1000 == 0:
-                    producer.poll(0)
-            if producer.flush(30) != 0:
-                raise SystemExit("producer could not deliver every order")
-            produced_s = time.monotonic() - started
-
-            consumer = Consumer(
-                {
-                    "bootstrap.servers": bootstrap,
-                    "group.id": "demo",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                }
+            spark = build_session(
+                args.master, "exactly-demo", {"spark.sql.shuffle.partitions": "4"}, log_level="ERROR"
             )
-            consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(3)])
-            totals: Counter[str] = Counter()
-            seen = 0
-            deadline = time.monotonic() + 60
-            while seen < orders and time.monotonic() < deadline:
-                for msg in consumer.consume(1000, timeout=1.0):
-                    if msg.error():
-                        continue
-                    event = json.loads(msg.value() or b"{}")
-                    totals[event["category"]] += event["amount"]
-                    seen += 1
-            consumer.close()
-
-            print(f"\nproduced {orders} orders in {produced_s:.2f} s; consumed {seen}\n")
-            print(f"{'category':<12} {'sales':>14}")
-            for category in sorted(totals):
-                print(f"{category:<12} {totals[category] / 100:>14,.2f}")
-            print(f"{'TOTAL':<12} {sum(totals.values()) / 100:>14,.2f}")
-            ok = seen == orders and totals == truth
-            print(f"\nverification: {'OK, every order counted exactly once' if ok else 'MISMATCH'}")
-            return 0 if ok else 1
+            print(
+                f"Spark {spark.version} up in {time.monotonic() - started:.1f}s; running the pipeline",
+                flush=True,
+            )
+            config = JobConfig(
+                bootstrap=bootstrap,
+                checkpoint=str(root / "checkpoint"),
+                topics=topics,
+                trigger="availableNow",
+                max_offsets_per_trigger=args.max_offsets_per_trigger,
+            )
+            summary = run(spark, config, on_progress=lambda line: print(f"  {line}", flush=True))
+            rate = summary["orders"] / summary["seconds"] if summary["seconds"] else 0.0
+            print(
+                f"caught up: {summary['orders']} orders in {summary['batches']} micro-batches, "
+                f"{summary['seconds']:.1f}s ({rate:.0f} orders/s, first batch includes worker start-up)\n",
+                flush=True,
+            )
+            report = verify(bootstrap, topics)
+            print(CATEGORIES_NOTE)
+            print(category_table(report))
+            print(f"\nverification: {report.summary()}", flush=True)
+            return 0 if report.ok else 1
         finally:
+            if spark is not None:
+                spark.stop()
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+"""Fault hooks for the sink's crash tests (``testing.*`` writer options; never set in production).
+
+They coordinate with a test through files in ``testing.hookDir``, because a write task runs in a
+Spark Python worker, not in the test process:
+
+* ``testing.failOnce=before-commit|after-commit`` - the first attempt of each (batch, partition)
+  raises there (``failed-<stage>-<batch>-<partition>`` marks it done); Spark retries the task.
+* ``testing.pauseBeforeCommit=true`` - after producing, before committing: create
+  ``paused-<partition>`` and wait for ``resume-<partition>`` (at most 120 s).
+* ``testing.hangBatch=B`` - in micro-batch B, the first task to commit creates ``committed-B-<p>``
+  and hangs right after its commit; a task that reaches its commit after that hangs *before* it
+  (``paused-B-<p>``, its transaction left open). The test then SIGKILLs the driver: some tasks
+  committed, some left open transactions, and Spark never wrote its commit log for B.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_PAUSE_S = 120.0
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ``testing.failOnce``."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    hook_dir: str | None = None
+    fail_once: str | None = None
+    pause_before_commit: bool = False
+    hang_batch: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.hook_dir is not None
+
+    def _path(self, name: str) -> Path:
+        assert self.hook_dir is not None
+        return Path(self.hook_dir) / name
+
+    def _touch(self, name: str) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+    def _wait_for(self, name: str, timeout: float = MAX_PAUSE_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._path(name).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _fail_once(self, stage: str, batch: int, partition: int) -> None:
+        if self.fail_once != stage:
+            return
+        name = f"failed-{stage}-{batch}-{partition}"
+        if not self._path(name).exists():
+            self._touch(name)
+            raise InjectedFault(f"injected failure {stage} (batch {batch}, partition {partition})")
+
+    def before_commit(self, batch: int, partition: int) -> None:
+        if not self.active:
+            return
+        self._fail_once("before-commit", batch, partition)
+        if self.pause_before_commit:
+            self._touch(f"paused-{partition}")
+            self._wait_for(f"resume-{partition}")
+        if self.hang_batch == batch and self._path(f"claimed-{batch}").exists():
+            self._touch(f"paused-{batch}-{partition}")
+            self._wait_for("never")
+
+    def after_commit(self, batch: int, partition: int) -> None:
+        if not self.active:
+            return
+        if self.hang_batch == batch:
+            self._path("").mkdir(parents=True, exist_ok=True)
+            try:  # the first committer of the batch claims the hang (atomic create)
+                self._path(f"claimed-{batch}").open("x").close()
+            except FileExistsError:
+                pass
+            self._touch(f"committed-{batch}-{partition}")
+            self._wait_for("never")
+        self._fail_once("after-commit", batch, partition)
+
+
+def parse_faults(get: dict[str, str]) -> Faults:
+    """From the lower-cased writer options."""
+    hang = get.get("testing.hangbatch")
+    return Faults(
+        hook_dir=get.get("testing.hookdir"),
+        fail_once=get.get("testing.failonce"),
+        pause_before_commit=get.get("testing.pausebeforecommit", "false").lower() == "true",
+        hang_batch=int(hang) if hang is not None else None,
+    )

@@ -1,0 +1,218 @@
+"""The orders Structured Streaming job: order-completed -> category-sales, total-sales.
+
+    order-completed --(exactly source, read_committed)--> parse JSON
+        --> each order counted under its category and under "total"
+        --> running totals per key (applyInPandasWithState: state = total cents, order count)
+        --> one update per (micro-batch, key): total, count, this batch's delta, the batch id
+        --(exactly sink, exactly-once)--> category-sales (key = category) / total-sales (key = total)
+
+Why a stateful Python function rather than ``groupBy().agg()``: the update must carry the batch's
+*delta* and the batch id next to the new total, so ``verify`` can prove that no micro-batch was
+lost or applied twice (total_i = total_{i-1} + delta_i). Spark checkpoints the state with the
+offsets; a replayed batch recomputes the same updates from the same state, and the sink's
+progress markers keep them from being written twice.
+
+Everything here that runs on executors (``running_totals``) is a module-level function so the
+Python workers import it from ``exactly`` rather than unpickling a closure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from exactly.spark.orders import TOTAL_KEY, Topics
+
+log = logging.getLogger("exactly.spark.pipeline")
+
+ORDER_SCHEMA = "order_id long, category string, amount long, completed_at long"
+UPDATE_SCHEMA = "key string, batch long, total_cents long, orders long, delta_cents long, delta_orders long"
+STATE_SCHEMA = "total_cents long, orders long"
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    bootstrap: str
+    checkpoint: str
+    topics: Topics = field(default_factory=Topics)
+    trigger: str = "availableNow"  # "availableNow" | "processingTime:<interval>"
+    max_offsets_per_trigger: int | None = 5000
+    delivery: str = "exactly_once"
+    transactional_id_prefix: str = "orders-pipeline"
+    query_name: str = "orders-pipeline"
+    extra_sink_options: tuple[tuple[str, str], ...] = ()
+
+
+def running_totals(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """One key's orders of this micro-batch -> one update row (runs in a Python worker)."""
+    import pandas as pd
+    from pyspark import TaskContext
+
+    total_cents, orders = state.get if state.exists else (0, 0)
+    delta_cents = delta_orders = 0
+    for pdf in pdfs:
+        delta_cents += int(pdf["amount"].sum())
+        delta_orders += len(pdf)
+    if delta_orders == 0:
+        return
+    ctx = TaskContext.get()
+    batch_text = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    batch = int(batch_text) if batch_text is not None else -1
+    total_cents, orders = int(total_cents) + delta_cents, int(orders) + delta_orders
+    state.update((total_cents, orders))
+    yield pd.DataFrame(
+        {
+            "key": [key[0]],
+            "batch": [batch],
+            "total_cents": [total_cents],
+            "orders": [orders],
+            "delta_cents": [delta_cents],
+            "delta_orders": [delta_orders],
+        }
+    )
+
+
+def build_updates(spark: Any, config: JobConfig) -> Any:
+    """The streaming DataFrame of (topic, key, value) rows the sink writes."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    reader = (
+        spark.readStream.format("exactly")
+        .option("kafka.bootstrap.servers", config.bootstrap)
+        .option("subscribe", config.topics.orders)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+    )
+    if config.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+    orders = (
+        reader.load()
+        .select(F.from_json(F.col("value").cast("string"), ORDER_SCHEMA).alias("o"))
+        .select("o.category", "o.amount")
+        .where(F.col("category").isNotNull() & F.col("amount").isNotNull())
+    )
+    per_key = orders.select(
+        F.explode(F.array(F.col("category"), F.lit(TOTAL_KEY))).alias("key"), F.col("amount")
+    )
+    updates = per_key.groupBy("key").applyInPandasWithState(
+        running_totals, UPDATE_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout
+    )
+    return updates.select(
+        F.when(F.col("key") == TOTAL_KEY, F.lit(config.topics.total))
+        .otherwise(F.lit(config.topics.category))
+        .alias("topic"),
+        F.col("key"),
+        F.to_json(
+            F.struct(
+                *[F.col(c) for c in ("key", "batch", "total_cents", "orders", "delta_cents", "delta_orders")]
+            )
+        ).alias("value"),
+    )
+
+
+def start(spark: Any, config: JobConfig) -> Any:
+    """Start the query (returns the StreamingQuery)."""
+    writer = (
+        build_updates(spark, config)
+        .writeStream.format("exactly")
+        .queryName(config.query_name)
+        .outputMode("append")  # each update is an immutable event; Python sinks take append only
+        .option("kafka.bootstrap.servers", config.bootstrap)
+        .option("checkpointLocation", config.checkpoint)
+        .option("deliveryGuarantee", config.delivery)
+        .option("transactionalIdPrefix", config.transactional_id_prefix)
+    )
+    for key, value in config.extra_sink_options:
+        writer = writer.option(key, value)
+    if config.trigger == "availableNow":
+        writer = writer.trigger(availableNow=True)
+    elif config.trigger.startswith("processingTime:"):
+        writer = writer.trigger(processingTime=spark_interval(config.trigger.split(":", 1)[1]))
+    else:
+        raise ValueError(f"unknown trigger {config.trigger!r} (availableNow | processingTime:<interval>)")
+    return writer.start()
+
+
+_SHORT_INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|s|m)\s*$")
+_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes"}
+
+
+def spark_interval(text: str) -> str:
+    """``5s`` / ``500ms`` / ``1m`` -> Spark's ``5 seconds``; anything else is passed through."""
+    match = _SHORT_INTERVAL.match(text)
+    return f"{match.group(1)} {_UNITS[match.group(2)]}" if match else text
+
+
+def describe_progress(progress: dict[str, Any] | None) -> str | None:
+    """One line per micro-batch: orders in, time, rate, updates out."""
+    if not progress:
+        return None
+    return (
+        f"batch {progress.get('batchId')}: {progress.get('numInputRows', 0)} orders in "
+        f"{progress.get('batchDuration', 0) / 1000:.2f}s "
+        f"({progress.get('processedRowsPerSecond', 0.0):.0f} orders/s), "
+        f"{(progress.get('sink') or {}).get('numOutputRows', 0)} updates written"
+    )
+
+
+def run(
+    spark: Any,
+    config: JobConfig,
+    *,
+    timeout: float | None = None,
+    until_caught_up: bool = False,
+    on_progress: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Run the query until it ends (availableNow), is caught up (``until_caught_up``), or times out.
+
+    Returns a summary: batches, input rows, seconds, and whether it finished."""
+    query = start(spark, config)
+    started = time.monotonic()
+    seen: set[int] = set()
+    rows = batches = idle_polls = 0
+    finished = False
+    try:
+        while True:
+            ended = query.awaitTermination(1.0)
+            for progress in query.recentProgress:
+                batch = progress.get("batchId")
+                if batch is None or batch in seen:
+                    continue
+                seen.add(batch)
+                if progress.get("numInputRows", 0) or (progress.get("sink") or {}).get("numOutputRows", 0):
+                    rows += int(progress.get("numInputRows", 0))
+                    batches += 1
+                    line = describe_progress(progress)
+                    if on_progress is not None and line:
+                        on_progress(line)
+            if ended:
+                finished = True
+                break
+            if until_caught_up:
+                latest = query.lastProgress
+                if latest and not query.status.get("isDataAvailable") and _caught_up(latest):
+                    idle_polls += 1
+                    if idle_polls >= 2:
+                        finished = True
+                        break
+                else:
+                    idle_polls = 0
+            if timeout is not None and time.monotonic() - started > timeout:
+                break
+    finally:
+        if query.isActive:
+            query.stop()
+    exc = query.exception()
+    if exc is not None:
+        raise RuntimeError(f"streaming query failed: {exc}")
+    return {"batches": batches, "orders": rows, "seconds": time.monotonic() - started, "finished": finished}
+
+
+def _caught_up(progress: dict[str, Any]) -> bool:
+    source = (progress.get("sources") or [{}])[0]
+    return bool(source.get("latestOffset")) and source.get("endOffset") == source.get("latestOffset")

@@ -1,0 +1,218 @@
+"""Progress markers: how a write task learns whether its micro-batch is already committed.
+
+Every exactly-once write task commits one Kafka transaction holding its output records **and** one
+progress marker, a small record in the progress topic (default ``exactly-spark-progress``):
+
+    key   = the task's transactional.id  (prefix-queryId-sparkPartition)
+    value = JSON {"batch": 7, "query": "...", "partition": 0, "records": 123, "attempt": 0, ...}
+
+Both become visible atomically, so "a committed marker for batch >= B exists" is equivalent to
+"this (query, partition) already wrote batch B". A replayed task (Spark re-runs the last batch
+after a crash, with the same id and the same data) finds the marker and skips.
+
+Lookup (``last_committed_batch``), after ``init_transactions()`` has fenced and completed every
+earlier transaction of the same transactional.id:
+
+1. Take the partition's high watermark (read_uncommitted ListOffsets) *now*. Our last marker, if
+   any, is below it.
+2. Read the partition with a read_committed consumer up to that high watermark - newest window
+   first, widening backwards (x8 each time) until a marker with our key turns up or the log start
+   is reached. A read_committed consumer cannot pass the LSO, so the read waits while some
+   *other* writer has a transaction open on this progress partition; markers of Spark partition
+   ``p`` go to progress partition ``p % N`` so tasks of one query never wait for each other.
+3. A per-process cache remembers (marker offset, batch) per transactional.id so the next batch of
+   the same task only reads the markers written since (Python workers are reused).
+
+The topic is created (compacted, keyed by transactional.id) by the driver before any task runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+log = logging.getLogger("exactly.spark.progress")
+
+# (bootstrap, topic, txn id, partition) -> (offset of our newest marker, its batch)
+_CACHE: dict[tuple[str, str, str, int], tuple[int, int]] = {}
+_CACHE_LOCK = threading.Lock()
+_FIRST_WINDOW = 512
+
+
+class ProgressBlocked(RuntimeError):
+    """An open transaction of another writer kept the progress partition's LSO below our marker."""
+
+
+@dataclass(frozen=True)
+class Marker:
+    batch: int
+    offset: int
+    value: dict[str, Any]
+
+
+def ensure_progress_topic(
+    client_conf: dict[str, str], topic: str, partitions: int, timeout: float = 30
+) -> int:
+    """Create the progress topic if missing; return its partition count."""
+    admin = AdminClient({**client_conf, "log_level": "3"})
+    # list all topics: a Metadata request naming the topic may auto-create it with 1 partition
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics.get(topic)
+    if existing is not None and existing.error is None and existing.partitions:
+        return len(existing.partitions)
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                topic, num_partitions=partitions, replication_factor=-1, config={"cleanup.policy": "compact"}
+            )
+        ],
+        request_timeout=timeout,
+    )
+    try:
+        futures[topic].result(timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = admin.list_topics(timeout=timeout).topics.get(topic)
+        if found is not None and found.error is None and found.partitions:
+            return len(found.partitions)
+        time.sleep(0.1)
+    raise KafkaException(f"progress topic {topic} did not appear within {timeout}s")
+
+
+def marker_value(batch: int, query: str, partition: int, records: int, attempt: int) -> bytes:
+    return json.dumps(
+        {
+            "batch": batch,
+            "query": query,
+            "partition": partition,
+            "records": records,
+            "attempt": attempt,
+            "committed_at_ms": int(time.time() * 1000),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def remember(
+    client_conf: dict[str, str], topic: str, txn_id: str, partition: int, offset: int, batch: int
+) -> None:
+    """Record a marker we know is committed so the next lookup starts after it."""
+    key = (client_conf["bootstrap.servers"], topic, txn_id, partition)
+    with _CACHE_LOCK:
+        known = _CACHE.get(key)
+        if known is None or known[0] < offset:
+            _CACHE[key] = (offset, batch)
+
+
+def last_committed_batch(
+    client_conf: dict[str, str], topic: str, partition: int, txn_id: str, *, wait_s: float
+) -> int | None:
+    """The highest batch id with a committed marker for ``txn_id``, or None if there is none."""
+    consumer = Consumer(
+        {
+            "log_level": 3,
+            **client_conf,
+            "group.id": "exactly-spark-progress-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        low, high = _watermarks_uncommitted(client_conf, topic, partition)
+        key = txn_id.encode()
+        with _CACHE_LOCK:
+            cached = _CACHE.get((client_conf["bootstrap.servers"], topic, txn_id, partition))
+        if cached is not None and low <= cached[0] < high:
+            found = _scan(consumer, topic, partition, cached[0] + 1, high, key, wait_s)
+            if found is None:
+                return cached[1]
+            remember(client_conf, topic, txn_id, partition, found.offset, found.batch)
+            return max(cached[1], found.batch)
+        stop = high
+        window = _FIRST_WINDOW
+        while stop > low:
+            begin = max(low, stop - window)
+            found = _scan(consumer, topic, partition, begin, stop, key, wait_s)
+            if found is not None:
+                remember(client_conf, topic, txn_id, partition, found.offset, found.batch)
+                return found.batch
+            stop = begin
+            window *= 8
+        return None
+    finally:
+        consumer.close()
+
+
+def _watermarks_uncommitted(client_conf: dict[str, str], topic: str, partition: int) -> tuple[int, int]:
+    """(log start, high watermark) regardless of open transactions."""
+    consumer = Consumer(
+        {
+            "log_level": 3,
+            **client_conf,
+            "group.id": "exactly-spark-progress-reader",
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(low), int(high)
+    finally:
+        consumer.close()
+
+
+def _scan(
+    consumer: Consumer, topic: str, partition: int, begin: int, stop: int, key: bytes, wait_s: float
+) -> Marker | None:
+    """The newest marker with ``key`` in ``[begin, stop)``; reads until the position reaches ``stop``."""
+    if begin >= stop:
+        return None
+    tp = TopicPartition(topic, partition)
+    consumer.assign([TopicPartition(topic, partition, begin)])
+    newest: Marker | None = None
+    position = begin
+    deadline = time.monotonic() + wait_s
+    while position < stop:
+        for msg in consumer.consume(num_messages=5000, timeout=0.1):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(err)
+            offset = msg.offset() or 0
+            if offset >= stop:
+                position = stop
+                break
+            position = offset + 1
+            if msg.key() == key:
+                try:
+                    value = json.loads(msg.value() or b"{}")
+                    batch = int(value["batch"])
+                except (ValueError, KeyError, TypeError):
+                    log.warning("%s-%d@%d: unreadable progress marker", topic, partition, offset)
+                    continue
+                if newest is None or batch >= newest.batch:
+                    newest = Marker(batch, offset, value)
+        at = consumer.position([tp])[0].offset
+        if at > position:
+            position = at
+        if position < stop and time.monotonic() > deadline:
+            raise ProgressBlocked(
+                f"progress partition {topic}-{partition} stays below offset {stop} (stuck at {position}): "
+                f"another writer's transaction is open there for more than {wait_s:.0f}s"
+            )
+    consumer.unassign()
+    return newest

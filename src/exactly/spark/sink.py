@@ -1,0 +1,365 @@
+"""The writing side of the ``exactly`` data source: an exactly-once Kafka sink for Spark.
+
+Input columns, as Spark's Kafka sink: ``value`` (string or binary, required), ``key`` (string or
+binary, optional), ``topic`` (string; the ``topic`` option overrides it), ``partition`` (int,
+optional: else librdkafka's murmur2 partitioner - the Java client's - picks by key), ``headers``
+(array<struct<key string, value binary>>, optional).
+
+Exactly-once mode (``deliveryGuarantee=exactly_once``, the default)
+-------------------------------------------------------------------
+One transactional producer per (query id, Spark partition)::
+
+    transactional.id = <transactionalIdPrefix>-<query id>-<partition id>
+
+Spark's query id is stored in the checkpoint, so a restarted query and every retry of a task
+reuse the same transactional.id. Each ``write()`` (executor):
+
+1. ``init_transactions()`` - bumps the producer epoch: an older attempt of the same task (a zombie
+   still running somewhere) is fenced, and its open transaction is aborted.
+2. Looks up the newest committed progress marker of this transactional.id (``progress.py``).
+   If it is for this batch id (or a later one) the batch was committed before - the driver died
+   after the tasks committed but before Spark wrote its commit log - and the task skips it.
+3. ``begin_transaction()``, produces the records, produces the progress marker for this batch,
+   ``commit_transaction()``. Data and marker become visible together or not at all.
+
+The driver's ``commit(messages, batchId)`` only reports: every task already committed its own
+transaction, so a second call for the same batch (Spark may repeat it) changes nothing.
+
+The guarantee, precisely
+~~~~~~~~~~~~~~~~~~~~~~~~
+* A ``read_committed`` consumer of the output sees every record of every micro-batch **exactly
+  once**, whatever crashes, task retries or zombie tasks happen - provided the batch is
+  deterministic (same input offsets, same records in the same Spark partition on replay, which
+  Spark guarantees for its replay of the last batch with the same batch id and offsets).
+* A micro-batch becomes visible **partition by partition** (one transaction per Spark task), not
+  atomically as a whole: while a batch is being written a reader may see the output of some
+  Spark partitions of the batch and not yet of others. Nothing is ever visible twice. (As with any
+  Kafka transaction, a committed task's records on a Kafka partition also wait behind the LSO: an
+  earlier-started transaction still open on that partition holds them back until it ends.)
+* ``read_uncommitted`` readers may see records of aborted attempts (as with any Kafka
+  transactional producer).
+* Batch (non-streaming) writes get the same per-task guarantee under a random write id: retried
+  tasks never duplicate, but a failed job leaves the partitions that did commit visible.
+
+At-least-once mode (``deliveryGuarantee=at_least_once``) uses a plain idempotent producer: no
+duplicates from producer retries, but a replayed batch is written again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import KafkaException, Producer
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
+
+from exactly.spark import progress
+from exactly.spark.options import OptionError, SinkOptions
+
+log = logging.getLogger("exactly.spark.sink")
+
+Row = tuple[str, bytes | None, bytes | None, int | None, list[tuple[str, bytes | None]] | None]
+
+
+@dataclass
+class SinkCommitMessage(WriterCommitMessage):
+    """What one write task did (travels back to the driver, so plain data only)."""
+
+    partition: int
+    attempt: int
+    batch_id: int
+    records: int
+    skipped: bool = False  # the batch was already committed by an earlier attempt
+    transactional_id: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def validate_schema(schema: StructType, options: SinkOptions) -> None:
+    """Fail on the driver, before any task runs, on a DataFrame the sink cannot write."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise OptionError("the DataFrame to write needs a 'value' column (string or binary)")
+    for name in ("key", "value"):
+        if name in fields and not isinstance(fields[name], StringType | BinaryType):
+            raise OptionError(f"column {name} must be string or binary, not {fields[name].simpleString()}")
+    if options.topic is None and "topic" not in fields:
+        raise OptionError("no topic: set the 'topic' option or add a 'topic' column")
+    if "partition" in fields and not isinstance(fields["partition"], IntegerType):
+        raise OptionError("column partition must be int")
+
+
+# ---------------------------------------------------------------------------- executor side
+def _as_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def arrow_rows(batches: Iterator[pa.RecordBatch], default_topic: str | None) -> Iterator[Row]:
+    """Arrow record batches -> (topic, key, value, partition, headers) tuples."""
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        names = batch.schema.names
+
+        def column(
+            name: str, batch: pa.RecordBatch = batch, names: list[str] = names, n: int = n
+        ) -> list[Any]:
+            return batch.column(names.index(name)).to_pylist() if name in names else [None] * n
+
+        values = column("value")
+        keys = column("key")
+        topics = [default_topic] * n if default_topic is not None else column("topic")
+        partitions = column("partition")
+        headers = column("headers")
+        for i in range(n):
+            topic = topics[i]
+            if not topic:
+                raise ValueError("a row has no topic (null 'topic' column and no 'topic' option)")
+            hdrs = headers[i]
+            yield (
+                topic,
+                _as_bytes(keys[i]),
+                _as_bytes(values[i]),
+                partitions[i],
+                [(h["key"], _as_bytes(h["value"])) for h in hdrs] if hdrs else None,
+            )
+
+
+def _produce(producer: Producer, row: Row, on_delivery: Any) -> None:
+    topic, key, value, partition, headers = row
+    kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
+    if partition is not None:
+        kwargs["partition"] = partition
+    if headers:
+        kwargs["headers"] = headers
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:  # local queue full: serve delivery reports, then retry
+            producer.poll(0.05)
+
+
+class _Deliveries:
+    """Delivery-report callback: remembers the first error and the offset of the marker."""
+
+    def __init__(self) -> None:
+        self.error: Any = None
+        self.marker_offset = -1
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None and self.error is None:
+            self.error = err
+
+    def marker(self, err: Any, msg: Any) -> None:
+        self(err, msg)
+        if err is None:
+            self.marker_offset = msg.offset()
+
+
+def _producer_conf(options: SinkOptions) -> dict[str, Any]:
+    return {
+        "log_level": 3,
+        "partitioner": "murmur2_random",  # the Java client's partitioner, as Spark's Kafka sink
+        "linger.ms": 5,
+        "batch.size": 1_000_000,
+        **options.client,
+        "enable.idempotence": True,
+        "acks": "all",
+    }
+
+
+def _task() -> tuple[int, int, str | None, int | None]:
+    ctx = TaskContext.get()
+    if ctx is None:  # not inside a Spark task (unit use): behave like partition 0, attempt 0
+        return 0, 0, None, None
+    query = ctx.getLocalProperty("sql.streaming.queryId")
+    batch = ctx.getLocalProperty("streaming.sql.batchId")
+    return ctx.partitionId(), ctx.attemptNumber(), query, int(batch) if batch is not None else None
+
+
+def write_exactly_once(
+    options: SinkOptions, progress_partitions: int, write_id: str, batch_id: int, rows: Iterator[Row]
+) -> SinkCommitMessage:
+    partition, attempt, _query, _batch = _task()
+    first = next(rows, None)
+    if first is None:  # nothing to write: no transaction (a replay of this task is empty too)
+        return SinkCommitMessage(partition, attempt, batch_id, 0)
+    txn_id = f"{options.transactional_id_prefix}-{write_id}-{partition}"
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    producer = Producer(
+        {
+            **_producer_conf(options),
+            "transactional.id": txn_id,
+            "transaction.timeout.ms": options.transaction_timeout_ms,
+        }
+    )
+    timeout = options.transaction_timeout_ms / 1000.0
+    producer.init_transactions(timeout)  # fences older attempts, completes their transactions
+    timings["init"] = time.monotonic() - t0
+    marker_partition = partition % progress_partitions
+    last = progress.last_committed_batch(
+        options.client, options.progress_topic, marker_partition, txn_id, wait_s=options.progress_wait_s
+    )
+    timings["lookup"] = time.monotonic() - t0 - timings["init"]
+    if last is not None and last >= batch_id:
+        if last > batch_id:
+            log.warning(
+                "%s: asked to write batch %d but batch %d is committed; skipping", txn_id, batch_id, last
+            )
+        else:
+            log.info("%s: batch %d already committed by an earlier attempt; skipping", txn_id, batch_id)
+        return SinkCommitMessage(partition, attempt, batch_id, 0, True, txn_id, timings)
+    deliveries = _Deliveries()
+    producer.begin_transaction()
+    count = 0
+    try:
+        for row in chain([first], rows):
+            _produce(producer, row, deliveries)
+            count += 1
+            if count % 10_000 == 0:
+                producer.poll(0)
+        marker = progress.marker_value(batch_id, write_id, partition, count, attempt)
+        producer.produce(
+            options.progress_topic,
+            key=txn_id.encode(),
+            value=marker,
+            partition=marker_partition,
+            on_delivery=deliveries.marker,
+        )
+        timings["produce"] = time.monotonic() - t0 - timings["init"] - timings["lookup"]
+        producer.flush(timeout)  # commit_transaction would flush too; explicit so faults see it all sent
+        options.faults.before_commit(batch_id, partition)
+        producer.commit_transaction(timeout)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if error is not None and hasattr(error, "txn_requires_abort") and error.txn_requires_abort():
+            try:
+                producer.abort_transaction(timeout)
+            except KafkaException:
+                log.warning("%s: abort after a failed batch %d failed too", txn_id, batch_id, exc_info=True)
+        raise
+    if deliveries.error is not None:  # commit succeeded, so this cannot happen; be loud if it does
+        raise KafkaException(deliveries.error)
+    timings["total"] = time.monotonic() - t0
+    options.faults.after_commit(batch_id, partition)
+    if deliveries.marker_offset >= 0:
+        progress.remember(
+            options.client,
+            options.progress_topic,
+            txn_id,
+            marker_partition,
+            deliveries.marker_offset,
+            batch_id,
+        )
+    return SinkCommitMessage(partition, attempt, batch_id, count, False, txn_id, timings)
+
+
+def write_at_least_once(options: SinkOptions, batch_id: int, rows: Iterator[Row]) -> SinkCommitMessage:
+    partition, attempt, _query, _batch = _task()
+    first = next(rows, None)
+    if first is None:
+        return SinkCommitMessage(partition, attempt, batch_id, 0)
+    t0 = time.monotonic()
+    producer = Producer(_producer_conf(options))
+    deliveries = _Deliveries()
+    count = 0
+    for row in chain([first], rows):
+        _produce(producer, row, deliveries)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    options.faults.before_commit(batch_id, partition)
+    remaining = producer.flush(options.transaction_timeout_ms / 1000.0)
+    if deliveries.error is not None:
+        raise KafkaException(deliveries.error)
+    if remaining:
+        raise KafkaException(f"{remaining} records not delivered in time")
+    options.faults.after_commit(batch_id, partition)
+    return SinkCommitMessage(partition, attempt, batch_id, count, timings={"total": time.monotonic() - t0})
+
+
+# ---------------------------------------------------------------------------- writers
+class _WriterBase:
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        validate_schema(schema, options)
+        self.options = options
+        self.progress_partitions = 1
+        if options.exactly_once:  # driver side, before any task: create the progress topic
+            self.progress_partitions = progress.ensure_progress_topic(
+                options.client, options.progress_topic, options.progress_partitions
+            )
+
+    def _write(self, iterator: Iterator[pa.RecordBatch], write_id: str | None) -> SinkCommitMessage:
+        _partition, _attempt, query, batch = _task()
+        rows = arrow_rows(iterator, self.options.topic)
+        batch_id = batch if batch is not None else 0
+        if not self.options.exactly_once:
+            return write_at_least_once(self.options, batch_id, rows)
+        wid = write_id or query
+        if wid is None:
+            raise RuntimeError("streaming write task without a query id (sql.streaming.queryId)")
+        return write_exactly_once(self.options, self.progress_partitions, wid, batch_id, rows)
+
+    @staticmethod
+    def _report(messages: list[Any], batch_id: int, verb: str) -> None:
+        done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+        records = sum(m.records for m in done)
+        skipped = sorted(m.partition for m in done if m.skipped)
+        log.info(
+            "batch %d %s: %d records from %d tasks%s",
+            batch_id,
+            verb,
+            records,
+            len(done),
+            f"; partitions {skipped} were already committed" if skipped else "",
+        )
+
+
+class ExactlyStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
+    """Streaming sink: one transaction per (micro-batch, Spark partition)."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        return self._write(iterator, None)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Idempotent: the tasks committed their own transactions; a repeat call changes nothing."""
+        self._report(list(messages), batchId, "committed")
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Tasks that committed stay committed; the replay of this batch id skips them."""
+        self._report(list(messages), batchId, "aborted (tasks that committed stay visible)")
+
+
+class ExactlyBatchWriter(_WriterBase, DataSourceArrowWriter):
+    """Batch sink (``df.write.format("exactly")``): per-task transactions under a random write id."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self.write_id = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        return self._write(iterator, self.write_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._report(list(messages), 0, "committed")
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._report(list(messages), 0, "aborted (tasks that committed stay visible)")
