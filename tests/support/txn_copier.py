@@ -13,6 +13,10 @@ the consumer group metadata *captured when the batch was read*, as KIP-447 wants
 successor's InitProducerId fences the zombie). ``--tid-mode process``: one producer per process,
 transactional.id ``PFX-NAME`` (KIP-447: the group generation in TxnOffsetCommit fences the zombie).
 
+``--abort-prob P`` (default 0): after producing (and flushing) a batch, abort its transaction on
+purpose with probability P and seek the consumer back to the batch's first offsets, so the batch
+is copied again (Kafka's TransactionalMessageCopier does this in transactions_test.py).
+
 ``--freeze-on-batch K``: after producing (and flushing) the K-th batch and before committing it, the
 process stops itself with SIGSTOP - the zombie: frozen mid-transaction until someone sends SIGCONT.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -75,6 +80,7 @@ class Copier:
         self.assigned: set[int] = set()
         self.batches = 0
         self.copied = 0
+        self.rng = random.Random(args.seed if args.seed is not None else os.getpid())
 
     def producer(self, key: str) -> Producer:
         p = self.producers.get(key)
@@ -173,6 +179,15 @@ class Copier:
             return 2
         keys = [f"{int(m.partition())}:{int(m.offset())}" for m in msgs]
         emit("batch", n=len(msgs), keys=keys, offsets={str(k): v for k, v in nxt.items()})
+        if args.abort_prob > 0 and self.rng.random() < args.abort_prob:
+            p.abort_transaction(30)
+            firsts: dict[int, int] = {}
+            for m in msgs:
+                firsts.setdefault(int(m.partition()), int(m.offset()))
+            for part, off in firsts.items():
+                self.consumer.seek(TopicPartition(args.input, part, off))
+            emit("aborted_on_purpose", keys=keys)
+            return None
         if freeze:
             emit("freezing", pid=os.getpid())
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -215,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freeze-on-batch", type=int, default=0)
     ap.add_argument("--session-timeout-ms", type=int, default=3000)
     ap.add_argument("--txn-timeout-ms", type=int, default=60_000)
+    ap.add_argument("--abort-prob", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args(argv)
     copier = Copier(args)
     try:

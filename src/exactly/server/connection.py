@@ -35,6 +35,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import VERSION_RANGES, ApiKey, ApiSchema, build, encode_response, schema
 from exactly.protocol.framing import frame
+from exactly.protocol.guard import overlong_array
 from exactly.protocol.header import (
     HeaderError,
     RequestHeader,
@@ -288,6 +289,9 @@ async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] |
         if parser is not None:
             request = parser(payload, pos, header.api_version)
         else:
+            overlong = overlong_array(api.request_type, payload, pos)
+            if overlong is not None:  # kio would reserve memory for it and abort the process
+                raise ValueError(f"array length past the end of the request: {overlong}")
             # kio's native reader refuses writable buffers; small frames, one copy is fine
             request, _size = api.read_request(bytes(payload), pos)
     except Exception as exc:  # any decode failure of client bytes

@@ -53,6 +53,8 @@ def parse_request(buf: bytes | bytearray, pos: int, version: int) -> MetadataReq
     if count < 0 or (version == 0 and count == 0):
         topics = None
     else:
+        if count > len(buf) - pos:  # every entry takes at least one byte
+            raise ValueError(f"topic count {count} exceeds the {len(buf) - pos} bytes left")
         topics = []
         for _ in range(count):
             topic_id: uuid.UUID | None = None
@@ -69,12 +71,16 @@ def parse_request(buf: bytes | bytearray, pos: int, version: int) -> MetadataReq
                 if n == 0:
                     name = None
                 else:
+                    if pos + n - 1 > len(buf):
+                        raise ValueError("truncated topic name")
                     name = bytes(buf[pos : pos + n - 1]).decode()
                     pos += n - 1
                 pos = skip_tagged_fields(buf, pos)
             else:
                 length = _I16.unpack_from(buf, pos)[0]
                 pos += 2
+                if length < 0 or pos + length > len(buf):  # a negative length moved pos backwards
+                    raise ValueError(f"bad topic name length {length}")
                 name = bytes(buf[pos : pos + length]).decode()
                 pos += length
             topics.append((name, topic_id))

@@ -1,0 +1,162 @@
+"""Refuse request bodies whose array lengths cannot fit the bytes that are left.
+
+Why: kio 0.6.5's native (Rust) reader reserves memory for an array from its length prefix before
+reading any element, so a 20-byte frame claiming 2**31 elements asks for hundreds of GB and the
+allocator aborts the whole process (SIGABRT; no Python exception). Found by the fuzz suite
+(tests/fuzz). An array of n elements needs at least n bytes, so a length above the bytes left is
+always invalid: rejecting it never refuses a valid request, and Kafka closes the connection on an
+unparseable request, so that is what the dispatcher does.
+
+``overlong_array`` walks a body by its kio schema, checking every array length prefix; it stops
+quietly (None) at truncation or anything it does not understand, leaving those to kio's ordinary
+parse errors. The walk is bounded by the frame: every element it visits consumes at least one
+byte, or the array was short enough to fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import types
+import typing
+from typing import Any
+
+_FIXED = {
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+    "uuid": 16,
+    "timedelta_i32": 4,
+    "timedelta_i64": 8,
+    "uint16": 2,
+    "uint32": 4,
+    "float64": 8,
+    "error_code": 2,
+    "datetime_i64": 8,
+}
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+Buffer = bytes | bytearray
+_Plan = tuple[tuple[str, str, Any, bool], ...]
+
+
+class _Stop(Exception):
+    """Truncated or not understood: leave it to kio."""
+
+
+class _Overlong(Exception):
+    pass
+
+
+def _uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise _Stop
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 35:
+            raise _Stop
+
+
+_PLANS: dict[type[Any], _Plan] = {}
+
+
+def _plan(cls: type[Any]) -> _Plan:
+    """(name, kind, element class, is_array) per untagged field; kind is 'entity' or a kafka type."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = _make_plan(cls)
+    return plan
+
+
+def _make_plan(cls: type[Any]) -> _Plan:
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, str, Any, bool]] = []
+    for f in dataclasses.fields(cls):
+        if "tag" in f.metadata:
+            continue
+        hint = hints[f.name]
+        if typing.get_origin(hint) in (types.UnionType, typing.Union):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = args[0] if len(args) == 1 else hint
+        is_array = typing.get_origin(hint) is tuple
+        elem = typing.get_args(hint)[0] if is_array else hint
+        if isinstance(elem, type) and dataclasses.is_dataclass(elem):
+            out.append((f.name, "entity", elem, is_array))
+        else:
+            out.append((f.name, str(f.metadata.get("kafka_type", "?")), None, is_array))
+    return tuple(out)
+
+
+def _length(buf: Buffer, pos: int, flexible: bool, legacy: struct.Struct) -> tuple[int, int]:
+    if flexible:
+        n, pos = _uvarint(buf, pos)
+        return n - 1, pos
+    if pos + legacy.size > len(buf):
+        raise _Stop
+    value: int = legacy.unpack_from(buf, pos)[0]
+    return value, pos + legacy.size
+
+
+def _value(kind: str, buf: Buffer, pos: int, flexible: bool) -> int:
+    size = _FIXED.get(kind)
+    if size is not None:
+        if pos + size > len(buf):
+            raise _Stop
+        return pos + size
+    if kind in ("string", "bytes", "records"):
+        n, pos = _length(buf, pos, flexible, _I16 if kind == "string" else _I32)
+        if n < 0:
+            return pos  # null
+        if n > len(buf) - pos:
+            raise _Stop  # kio raises an ordinary error for these
+        return pos + n
+    raise _Stop
+
+
+def _entity(cls: type[Any], buf: Buffer, pos: int, path: str) -> int:
+    flexible = bool(getattr(cls, "__flexible__", False))
+    for name, kind, elem, is_array in _plan(cls):
+        where = f"{path}.{name}"
+        if is_array:
+            n, pos = _length(buf, pos, flexible, _I32)
+            if n < 0:
+                continue
+            if n > len(buf) - pos:
+                raise _Overlong(f"{where}[{n}]")
+            for _ in range(n):
+                pos = _entity(elem, buf, pos, where) if kind == "entity" else _value(kind, buf, pos, flexible)
+        elif kind == "entity":
+            pos = _entity(elem, buf, pos, where)
+        else:
+            pos = _value(kind, buf, pos, flexible)
+    if flexible:
+        count, pos = _uvarint(buf, pos)
+        if count > len(buf) - pos:
+            raise _Stop
+        for _ in range(count):
+            _tag, pos = _uvarint(buf, pos)
+            size, pos = _uvarint(buf, pos)
+            if size > len(buf) - pos:
+                raise _Stop
+            pos += size
+    return pos
+
+
+def overlong_array(request_cls: type[Any], buf: Buffer, pos: int) -> str | None:
+    """The path of the first array length prefix that cannot fit the bytes left, or None."""
+    try:
+        _entity(request_cls, buf, pos, request_cls.__name__)
+    except _Overlong as exc:
+        return str(exc)
+    except (_Stop, RecursionError):
+        return None
+    return None
