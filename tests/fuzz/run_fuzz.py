@@ -10,8 +10,9 @@ connections at once; every input must get a response or a closed connection with
 separate control connection must keep working. If the broker process dies, the input is saved,
 the broker restarted, and the run goes on.
 
-Inputs that would make kio's native reader abort the process (a known broker bug, see
-notes/broker-bugs.md) are counted and skipped unless ``--no-guard``. Exit status 1 on any crash.
+Inputs with overlong array lengths (which made kio's native reader abort the process before the
+dispatcher refused them, src/exactly/protocol/guard.py) are sent like any other; ``--guard`` counts
+and skips them, for brokers without that fix. Exit status 1 on any crash.
 """
 
 from __future__ import annotations
