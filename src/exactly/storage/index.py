@@ -41,49 +41,83 @@ TIME_ENTRY = struct.Struct(">qI")
 _LITTLE = sys.byteorder == "little"
 
 
-def _append_file(path: Path, data: bytes) -> int:
-    """Open ``path`` for appending (creating it), write ``data``; returns the descriptor."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    if data:
-        os.write(fd, data)
-    return fd
-
-
 def _strictly_increasing(values: array[int]) -> bool:
     return all(a < b for a, b in itertools.pairwise(values))
 
 
-class OffsetIndex:
-    """Sparse offset -> position map of one segment (``<base>.index``)."""
+class _IndexFile:
+    """File handling both indexes share: an append-only file of fixed-size entries, opened lazily,
+    rewritten whole when entries are dropped."""
 
-    __slots__ = ("_fd", "_loaded", "_offsets", "_positions", "base_offset", "max_entries", "path")
+    __slots__ = ("_fd", "_loaded", "base_offset", "max_entries", "path")
+    ENTRY: struct.Struct
 
     def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
         self.path = path
         self.base_offset = base_offset
         self.max_entries = max(1, max_entries)
-        self._offsets: array[int] = array("I")  # relative offsets
-        self._positions: array[int] = array("I")
         self._fd = -1
         self._loaded = False
 
-    # --- loading ----------------------------------------------------------------------------
     def quick_check(self) -> bool:
         """Cheap test used when a segment is opened: the file exists with a sane size."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return False
-        return size % OFFSET_ENTRY.size == 0
+        return size % self.ENTRY.size == 0
 
-    def load(self, log_size: int) -> bool:
-        """Read the entries; False (and empty) when the file is missing or corrupt."""
+    def _read(self) -> bytes | None:
+        """The file's bytes, or None when it is missing or not a whole number of entries."""
         self._loaded = True
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return False
-        if len(data) % OFFSET_ENTRY.size:
+            return None
+        return None if len(data) % self.ENTRY.size else data
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def _replace_file(self, data: bytes) -> None:
+        """Truncate the file to ``data`` and keep it open for appends."""
+        self.close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        if data:
+            os.write(self._fd, data)
+
+    def _write_entry(self, entry: bytes) -> None:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._fd, entry)
+
+    def flush(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class OffsetIndex(_IndexFile):
+    """Sparse offset -> position map of one segment (``<base>.index``)."""
+
+    __slots__ = ("_offsets", "_positions")
+    ENTRY = OFFSET_ENTRY
+
+    def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
+        super().__init__(path, base_offset, max_entries)
+        self._offsets: array[int] = array("I")  # relative offsets
+        self._positions: array[int] = array("I")
+
+    # --- loading ----------------------------------------------------------------------------
+    def load(self, log_size: int) -> bool:
+        """Read the entries; False (and empty) when the file is missing or corrupt."""
+        data = self._read()
+        if data is None:
             return False
         cols: array[int] = array("I")
         cols.frombytes(data)
@@ -97,17 +131,12 @@ class OffsetIndex:
         self._offsets, self._positions = offsets, positions
         return True
 
-    @property
-    def loaded(self) -> bool:
-        return self._loaded
-
     def reset(self) -> None:
         """Forget every entry and empty the file (before a rebuild)."""
-        self.close()
         self._offsets = array("I")
         self._positions = array("I")
         self._loaded = True
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._replace_file(b"")
 
     # --- entries ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -129,9 +158,7 @@ class OffsetIndex:
             raise ValueError(f"index entry ({offset}, {position}) does not follow the last one")
         self._offsets.append(rel)
         self._positions.append(position)
-        if self._fd < 0:
-            self._fd = _append_file(self.path, b"")
-        os.write(self._fd, OFFSET_ENTRY.pack(rel, position))
+        self._write_entry(OFFSET_ENTRY.pack(rel, position))
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """(offset, position) of the last entry with offset <= ``offset`` (the segment start when
@@ -157,50 +184,24 @@ class OffsetIndex:
             cols.append(pos)
         if _LITTLE:
             cols.byteswap()
-        self.close()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        os.write(self._fd, cols.tobytes())
-
-    # --- durability -------------------------------------------------------------------------
-    def flush(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._replace_file(cols.tobytes())
 
 
-class TimeIndex:
+class TimeIndex(_IndexFile):
     """Sparse max-timestamp -> offset map of one segment (``<base>.timeindex``)."""
 
-    __slots__ = ("_fd", "_loaded", "_offsets", "_timestamps", "base_offset", "max_entries", "path")
+    __slots__ = ("_offsets", "_timestamps")
+    ENTRY = TIME_ENTRY
 
     def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
-        self.path = path
-        self.base_offset = base_offset
-        self.max_entries = max(1, max_entries)
+        super().__init__(path, base_offset, max_entries)
         self._timestamps: array[int] = array("q")
         self._offsets: array[int] = array("I")  # relative offsets
-        self._fd = -1
-        self._loaded = False
-
-    def quick_check(self) -> bool:
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return False
-        return size % TIME_ENTRY.size == 0
 
     def load(self) -> bool:
         """Read the entries; False (and empty) when the file is missing or corrupt."""
-        self._loaded = True
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return False
-        if len(data) % TIME_ENTRY.size:
+        data = self._read()
+        if data is None:
             return False
         timestamps: array[int] = array("q")
         offsets: array[int] = array("I")
@@ -212,16 +213,11 @@ class TimeIndex:
         self._timestamps, self._offsets = timestamps, offsets
         return True
 
-    @property
-    def loaded(self) -> bool:
-        return self._loaded
-
     def reset(self) -> None:
-        self.close()
         self._timestamps = array("q")
         self._offsets = array("I")
         self._loaded = True
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self._replace_file(b"")
 
     def __len__(self) -> int:
         return len(self._timestamps)
@@ -246,9 +242,7 @@ class TimeIndex:
             return
         self._timestamps.append(timestamp)
         self._offsets.append(rel)
-        if self._fd < 0:
-            self._fd = _append_file(self.path, b"")
-        os.write(self._fd, TIME_ENTRY.pack(timestamp, rel))
+        self._write_entry(TIME_ENTRY.pack(timestamp, rel))
 
     def lookup(self, timestamp: int) -> int:
         """An offset at or before the first batch whose max timestamp is >= ``timestamp``: the
@@ -268,15 +262,4 @@ class TimeIndex:
             return
         del self._timestamps[keep:]
         del self._offsets[keep:]
-        self.close()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        os.write(self._fd, b"".join(TIME_ENTRY.pack(t, o) for t, o in zip(self._timestamps, self._offsets)))
-
-    def flush(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._replace_file(b"".join(TIME_ENTRY.pack(t, o) for t, o in zip(self._timestamps, self._offsets)))
