@@ -103,7 +103,7 @@ class InProcessBroker:
         self.last: Any = None  # a writable buffer (shared memory) that gets each input first
 
     async def open(self) -> InProcessBroker:
-        from exactly.server.broker import now_ms
+        from exactly.server.clock import now_ms
 
         b = Broker.open(self.config, self.data_dir)
         b.waiters = _NoWait()  # type: ignore[assignment]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exactly.coordinator.producer_id.manager import ProducerIdManager
+from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics
@@ -40,10 +41,6 @@ log = logging.getLogger("exactly.broker")
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def topic_name_error(name: str) -> str | None:

@@ -37,6 +37,7 @@ from exactly.coordinator.group import (
     GroupCoordinatorConfig,
 )
 from exactly.records.control import ControlType
+from exactly.server.clock import now_ms
 from exactly.server.internal_topics import OFFSETS_TOPIC, AppendFailed
 
 if TYPE_CHECKING:
@@ -47,12 +48,6 @@ log = logging.getLogger("exactly.groups")
 R = TypeVar("R")
 
 IDLE_POLL_S = 0.1  # timer loop period when no deadline is nearer
-
-
-def _now_ms() -> int:
-    from exactly.server.broker import now_ms
-
-    return now_ms()
 
 
 def millis(delta: datetime.timedelta) -> int:
@@ -116,7 +111,7 @@ class GroupRuntime:
                         batch.partition,
                         offset,
                     )
-        self.execute(coord.load_complete(_now_ms()))
+        self.execute(coord.load_complete(now_ms()))
         self.loaded = True
         if batches:
             log.info("loaded %d groups from %d records of %s", len(coord.groups), records, OFFSETS_TOPIC)
@@ -162,7 +157,7 @@ class GroupRuntime:
                     producer_epoch=effect.producer_epoch,
                     transactional=effect.transactional,
                 )
-                result = AppendResult(now_ms=_now_ms(), base_offset=base)
+                result = AppendResult(now_ms=now_ms(), base_offset=base)
             except AppendFailed as exc:
                 log.warning(
                     "append to %s-%d failed: %s (%s)",
@@ -171,10 +166,10 @@ class GroupRuntime:
                     exc.error_code.name,
                     exc,
                 )
-                result = AppendResult(now_ms=_now_ms(), error=exc.error_code)
+                result = AppendResult(now_ms=now_ms(), error=exc.error_code)
             except Exception:
                 log.exception("unexpected error appending to %s-%d", OFFSETS_TOPIC, effect.partition)
-                result = AppendResult(now_ms=_now_ms(), error=ErrorCode.unknown_server_error)
+                result = AppendResult(now_ms=now_ms(), error=ErrorCode.unknown_server_error)
             todo.extend(reversed(effect.complete(result)))
 
     # ---- time ---------------------------------------------------------------------------------
@@ -190,7 +185,7 @@ class GroupRuntime:
         wake = self._wake
         assert wake is not None
         while True:
-            now = _now_ms()
+            now = now_ms()
             deadline = self.coordinator.next_deadline()
             delay_ms = (
                 IDLE_POLL_S * 1000 if deadline is None else min(max(deadline - now, 0), IDLE_POLL_S * 1000)
@@ -204,7 +199,7 @@ class GroupRuntime:
                     pass
             self._sleep_until = None
             try:
-                self.execute(self.coordinator.poll(_now_ms()))
+                self.execute(self.coordinator.poll(now_ms()))
             except Exception:  # a bug in one timer must not stop every group's timers
                 log.exception("group coordinator poll failed")
                 await asyncio.sleep(IDLE_POLL_S)

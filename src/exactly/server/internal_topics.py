@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode
 from exactly.records.batch import InvalidRecordError, iter_batches
 from exactly.records.builder import Record, build_batch, decode_batch
 from exactly.records.control import ControlType, build_control_batch, read_control_marker
+from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.log_manager import TopicExistsError, TopicInfo
 from exactly.storage.partition_log import PartitionLog
@@ -81,7 +82,7 @@ class InternalTopics:
         }
         try:
             info = self.broker.logs.create_topic(
-                name, self.partitions_of(name), overrides, now_ms=_now(), internal=True
+                name, self.partitions_of(name), overrides, now_ms=now_ms(), internal=True
             )
         except TopicExistsError:
             existing = self.broker.logs.topic(name)
@@ -114,7 +115,7 @@ class InternalTopics:
         offset. Transactional batches (TxnOffsetCommit) carry the producer's id and epoch so the
         partition's producer state tracks the open transaction and its marker completes it."""
         plog = self._partition(topic, partition)
-        now = _now()
+        now = now_ms()
         raw = build_batch(
             [Record(key=k, value=v) for k, v in records],
             producer_id=producer_id,
@@ -138,7 +139,7 @@ class InternalTopics:
         plog = self.broker.logs.get_partition(tp)
         if plog is None:
             return False
-        now = _now()
+        now = now_ms()
         raw = build_control_batch(
             result,
             producer_id=producer_id,
@@ -200,9 +201,3 @@ class InternalTopics:
                         entries,
                     )
                     offset = header.next_offset
-
-
-def _now() -> int:
-    from exactly.server.broker import now_ms
-
-    return now_ms()

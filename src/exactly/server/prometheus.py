@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.metrics import api_name, error_name
 
@@ -70,8 +71,6 @@ class BrokerCollector(Collector):
         self.broker = broker
 
     def collect(self) -> Iterator[Metric]:
-        from exactly.server.broker import now_ms
-
         broker = self.broker
         labels = ["topic", "partition"]
         leo = GaugeMetricFamily("exactly_partition_log_end_offset", "Log end offset.", labels=labels)

@@ -42,6 +42,7 @@ from exactly.coordinator.txn.config import TxnCoordinatorConfig
 from exactly.coordinator.txn.coordinator import TransactionCoordinator
 from exactly.coordinator.txn.effects import AppendTxnLog, Step, WriteMarkers
 from exactly.records.control import ControlType
+from exactly.server.clock import now_ms
 from exactly.server.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, AppendFailed
 
 if TYPE_CHECKING:
@@ -57,12 +58,6 @@ _SKIP_MARKER_ERRORS = {
     ErrorCode.transaction_coordinator_fenced,
     ErrorCode.unknown_topic_or_partition,
 }
-
-
-def _now() -> int:
-    from exactly.server.broker import now_ms
-
-    return now_ms()
 
 
 class TxnRuntime:
@@ -94,7 +89,7 @@ class TxnRuntime:
                 if key is not None:
                     coord.replay(key, value)
                     records += 1
-        owed = coord.end_load(_now())
+        owed = coord.end_load(now_ms())
         log.info(
             "transaction coordinator loaded %d records (epoch %d); %d transactions to complete",
             records,
@@ -128,7 +123,7 @@ class TxnRuntime:
                 except AppendFailed as exc:
                     log.warning("__transaction_state append for %s failed: %s", effect.transactional_id, exc)
                     error = exc.error_code
-                nxt = coord.on_log_append_done(effect, error, now_ms=_now())
+                nxt = coord.on_log_append_done(effect, error, now_ms=now_ms())
                 if nxt.response is not None:
                     response = nxt.response
                 effects.extend(nxt.effects)
@@ -172,7 +167,7 @@ class TxnRuntime:
         while True:
             await asyncio.sleep(interval)
             try:
-                for append in self.coordinator.expire_timed_out(_now()):
+                for append in self.coordinator.expire_timed_out(now_ms()):
                     log.info("aborting timed-out transaction %s", append.transactional_id)
                     self.drive(Step(None, (append,)))
             except Exception:
@@ -183,7 +178,7 @@ class TxnRuntime:
         while True:
             await asyncio.sleep(interval)
             try:
-                for append in self.coordinator.expire_transactional_ids(_now()):
+                for append in self.coordinator.expire_transactional_ids(now_ms()):
                     self.drive(Step(None, (append,)))
             except Exception:
                 log.exception("transactional id expiration failed")

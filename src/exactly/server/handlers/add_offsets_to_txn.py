@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import now_ms
+from exactly.server.clock import now_ms
 from exactly.server.internal_topics import OFFSETS_TOPIC
 
 if TYPE_CHECKING:

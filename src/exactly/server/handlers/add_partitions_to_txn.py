@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import now_ms
+from exactly.server.clock import now_ms
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:

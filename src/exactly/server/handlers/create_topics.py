@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import now_ms, topic_name_error
+from exactly.server.broker import topic_name_error
+from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.log_manager import TopicExistsError, TopicInfo
 

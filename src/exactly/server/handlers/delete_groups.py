@@ -9,7 +9,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import DeleteGroupResult
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import now_ms
+from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker

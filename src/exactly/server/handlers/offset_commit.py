@@ -19,7 +19,7 @@ from exactly.coordinator.group.api import (
     OffsetCommitResponseData,
 )
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import now_ms
+from exactly.server.clock import now_ms
 from exactly.server.group_runtime import millis
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ from exactly.protocol.fast import (
     parse_produce_request,
 )
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
-from exactly.server.broker import INTERNAL_TOPICS, now_ms
+from exactly.server.broker import INTERNAL_TOPICS
+from exactly.server.clock import now_ms
 from exactly.storage.partition_log import AppendResult, PartitionLog
 from exactly.storage.producer_state import ProducerStateError
 from exactly.types import TopicPartition

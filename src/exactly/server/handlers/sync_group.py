@@ -17,7 +17,7 @@ from exactly.coordinator.group.api import (
     SyncGroupResponseData,
 )
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import now_ms
+from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker

@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import OffsetCommitResponseData, TxnOffsetCommitRequestData
 from exactly.protocol.apis import ApiKey
-from exactly.server.broker import now_ms
+from exactly.server.clock import now_ms
 from exactly.server.handlers.offset_commit import (
     PartitionErrors,
     build_response,
