@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
-from exactly.records.batch import InvalidRecordError, iter_batches
+from exactly.records.batch import BatchHeader, InvalidRecordError, iter_batches
 from exactly.records.builder import Record, build_batch, decode_batch
 from exactly.records.control import ControlType, build_control_batch, read_control_marker
 from exactly.server.clock import now_ms
@@ -151,8 +151,6 @@ class InternalTopics:
         return True
 
     def _append_raw(self, plog: PartitionLog, raw: bytes, now: int) -> int:
-        from exactly.records.batch import BatchHeader
-
         buf = bytearray(raw)
         header = BatchHeader.parse(buf, 0)
         try:
