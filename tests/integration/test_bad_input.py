@@ -180,6 +180,20 @@ def test_unsupported_version_of_other_api_closes_connection(sb: Broker) -> None:
 
 
 # ---------------------------------------------------------------------------- record validation
+def test_unknown_tagged_fields_are_skipped_as_kafka_does(sb: Broker) -> None:
+    """A newer client may send tags this broker's schema predates; Kafka skips them."""
+    from kio.schema.find_coordinator.v4.response import FindCoordinatorResponse
+
+    # FindCoordinator v4: key_type=0 (group), keys=["g-tags"], then 2 unknown tags (99, 100)
+    body = b"\x00" + b"\x02" + b"\x07g-tags" + b"\x02" + b"\x63\x02\xab\xcd" + b"\x64\x00"
+    with WireClient(sb.bootstrap) as c:
+        c.send_frame(raw_request(10, 4, correlation_id=11, body=body, flexible=True))
+        corr, resp = parse_response(FindCoordinatorResponse, c.recv_frame(), header_v1=True)
+        assert corr == 11
+        assert [(k.key, k.error_code) for k in resp.coordinators] == [("g-tags", 0)]
+    assert_still_serving(sb)
+
+
 def test_corrupt_crc_is_rejected_with_corrupt_message(sb: Broker, topic: str) -> None:
     with WireClient(sb.bootstrap) as c:
         assert create_topic(c, topic).error_code == 0

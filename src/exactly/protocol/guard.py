@@ -122,7 +122,31 @@ def _value(kind: str, buf: Buffer, pos: int, flexible: bool) -> int:
     raise _Stop
 
 
-def _entity(cls: type[Any], buf: Buffer, pos: int, path: str) -> int:
+_Edit = tuple[int, int, bytes]  # replace buf[start:end] with these bytes
+
+
+def _known_tags(cls: type[Any]) -> frozenset[int]:
+    tags = _TAGS.get(cls)
+    if tags is None:
+        tags = _TAGS[cls] = frozenset(
+            int(f.metadata["tag"]) for f in dataclasses.fields(cls) if "tag" in f.metadata
+        )
+    return tags
+
+
+_TAGS: dict[type[Any], frozenset[int]] = {}
+
+
+def _write_uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _entity(cls: type[Any], buf: Buffer, pos: int, path: str, edits: list[_Edit] | None = None) -> int:
     flexible = bool(getattr(cls, "__flexible__", False))
     for name, kind, elem, is_array in _plan(cls):
         where = f"{path}.{name}"
@@ -133,22 +157,58 @@ def _entity(cls: type[Any], buf: Buffer, pos: int, path: str) -> int:
             if n > len(buf) - pos:
                 raise _Overlong(f"{where}[{n}]")
             for _ in range(n):
-                pos = _entity(elem, buf, pos, where) if kind == "entity" else _value(kind, buf, pos, flexible)
+                if kind == "entity":
+                    pos = _entity(elem, buf, pos, where, edits)
+                else:
+                    pos = _value(kind, buf, pos, flexible)
         elif kind == "entity":
-            pos = _entity(elem, buf, pos, where)
+            pos = _entity(elem, buf, pos, where, edits)
         else:
             pos = _value(kind, buf, pos, flexible)
     if flexible:
+        start = pos
         count, pos = _uvarint(buf, pos)
         if count > len(buf) - pos:
             raise _Stop
+        kept: list[tuple[int, int]] = []
+        known = _known_tags(cls) if edits is not None else frozenset()
         for _ in range(count):
-            _tag, pos = _uvarint(buf, pos)
+            field_start = pos
+            tag, pos = _uvarint(buf, pos)
             size, pos = _uvarint(buf, pos)
             if size > len(buf) - pos:
                 raise _Stop
             pos += size
+            if tag in known:
+                kept.append((field_start, pos))
+        if edits is not None and len(kept) < count:
+            section = _write_uvarint(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)
+            edits.append((start, pos, section))
     return pos
+
+
+def without_unknown_tags(request_cls: type[Any], buf: Buffer, pos: int) -> bytes | None:
+    """``buf[pos:]`` with every tagged field its schema does not know removed, or None when there
+    were none (or the body is truncated or not understood; kio's parse error stands then).
+
+    Why: kio's reader raises on an unknown tag, while Kafka skips them (a newer client may send
+    tags this broker's schema predates); the dispatcher retries the parse on these bytes.
+    """
+    edits: list[_Edit] = []
+    try:
+        _entity(request_cls, buf, pos, request_cls.__name__, edits)
+    except (_Stop, _Overlong, RecursionError):
+        return None
+    if not edits:
+        return None
+    out = bytearray()
+    last = pos
+    for start, end, section in edits:
+        out += buf[last:start]
+        out += section
+        last = end
+    out += buf[last:]
+    return bytes(out)
 
 
 def overlong_array(request_cls: type[Any], buf: Buffer, pos: int) -> str | None:

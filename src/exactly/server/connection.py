@@ -35,7 +35,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import VERSION_RANGES, ApiKey, ApiSchema, build, encode_response, schema
 from exactly.protocol.framing import frame
-from exactly.protocol.guard import overlong_array
+from exactly.protocol.guard import overlong_array, without_unknown_tags
 from exactly.protocol.header import (
     HeaderError,
     RequestHeader,
@@ -260,6 +260,20 @@ def supported_apis() -> list[tuple[int, tuple[int, int]]]:
     return [(int(k), VERSION_RANGES[k]) for k in sorted(HANDLERS) if k in VERSION_RANGES]
 
 
+def _read_kio(api: Any, payload: bytearray, pos: int) -> Any:
+    """Parse a request body with kio, skipping tagged fields its schema does not know (Kafka
+    skips them; kio raises KeyError). kio's native reader refuses writable buffers, hence the
+    copy; these are the small, rare requests."""
+    try:
+        request, _size = api.read_request(bytes(payload), pos)
+    except KeyError:
+        stripped = without_unknown_tags(api.request_type, payload, pos)
+        if stripped is None:
+            raise
+        request, _size = api.read_request(stripped, 0)
+    return request
+
+
 async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response). Raises CloseConnection where Kafka closes the connection."""
@@ -292,8 +306,7 @@ async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] |
             overlong = overlong_array(api.request_type, payload, pos)
             if overlong is not None:  # kio would reserve memory for it and abort the process
                 raise ValueError(f"array length past the end of the request: {overlong}")
-            # kio's native reader refuses writable buffers; small frames, one copy is fine
-            request, _size = api.read_request(bytes(payload), pos)
+            request = _read_kio(api, payload, pos)
     except Exception as exc:  # any decode failure of client bytes
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
