@@ -43,3 +43,16 @@ def test_truncated_body_is_left_to_kio() -> None:
 def test_overlong_array_is_named() -> None:
     body = b"\x02g" + b"\xff\xff\xff\x7f"  # topics claims 2**28 - 2 entries in a 6-byte body
     assert overlong_array(OFFSET_FETCH_V6.request_type, body, 0) == "OffsetFetchRequest.topics[268435454]"
+
+
+def test_null_where_the_schema_allows_none_is_named() -> None:
+    join_v5 = schema(11, 5)
+    head = b"\x00\x01g" + b"\x00\x00\x10\x00" * 2 + b"\x00\x00" + b"\xff\xff" + b"\x00\x01c"
+    assert overlong_array(join_v5.request_type, head + b"\xff\xff\xff\xff", 0) == (
+        "null JoinGroupRequest.protocols is not nullable"
+    )
+    assert overlong_array(join_v5.request_type, head + b"\x00\x00\x00\x00", 0) is None
+    # group_instance_id (the \xff\xff) is nullable; group_id is not
+    assert overlong_array(join_v5.request_type, b"\xff\xff" + head[3:] + b"\x00\x00\x00\x00", 0) == (
+        "null JoinGroupRequest.group_id is not nullable"
+    )

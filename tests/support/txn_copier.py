@@ -59,6 +59,13 @@ def error_fields(exc: KafkaException) -> dict[str, Any]:
     }
 
 
+def _debug_config() -> dict[str, Any]:
+    """``COPIER_RDKAFKA_DEBUG=eos,protocol`` turns on librdkafka's debug log (to stderr), for
+    finding out what a stuck transactional call waits for."""
+    debug = os.environ.get("COPIER_RDKAFKA_DEBUG")
+    return {"debug": debug, "log_level": 7} if debug else {}
+
+
 class Copier:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -92,6 +99,7 @@ class Copier:
                     "transaction.timeout.ms": self.args.txn_timeout_ms,
                     "linger.ms": 5,
                     "log_level": 3,
+                    **_debug_config(),
                 }
             )
             p.init_transactions(30)  # fences any older instance with this transactional.id

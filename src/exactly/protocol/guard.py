@@ -40,7 +40,7 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 Buffer = bytes | bytearray
-_Plan = tuple[tuple[str, str, Any, bool], ...]
+_Plan = tuple[tuple[str, str, Any, bool, bool], ...]
 
 
 class _Stop(Exception):
@@ -49,6 +49,10 @@ class _Stop(Exception):
 
 class _Overlong(Exception):
     pass
+
+
+class _Null(Exception):
+    """A null length where the schema does not allow null: Kafka's parser rejects the request."""
 
 
 def _uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
@@ -70,7 +74,8 @@ _PLANS: dict[type[Any], _Plan] = {}
 
 
 def _plan(cls: type[Any]) -> _Plan:
-    """(name, kind, element class, is_array) per untagged field; kind is 'entity' or a kafka type."""
+    """(name, kind, element class, is_array, nullable) per untagged field; kind is 'entity' or a
+    kafka type."""
     plan = _PLANS.get(cls)
     if plan is None:
         plan = _PLANS[cls] = _make_plan(cls)
@@ -79,20 +84,22 @@ def _plan(cls: type[Any]) -> _Plan:
 
 def _make_plan(cls: type[Any]) -> _Plan:
     hints = typing.get_type_hints(cls)
-    out: list[tuple[str, str, Any, bool]] = []
+    out: list[tuple[str, str, Any, bool, bool]] = []
     for f in dataclasses.fields(cls):
         if "tag" in f.metadata:
             continue
         hint = hints[f.name]
+        nullable = False
         if typing.get_origin(hint) in (types.UnionType, typing.Union):
+            nullable = type(None) in typing.get_args(hint)
             args = [a for a in typing.get_args(hint) if a is not type(None)]
             hint = args[0] if len(args) == 1 else hint
         is_array = typing.get_origin(hint) is tuple
         elem = typing.get_args(hint)[0] if is_array else hint
         if isinstance(elem, type) and dataclasses.is_dataclass(elem):
-            out.append((f.name, "entity", elem, is_array))
+            out.append((f.name, "entity", elem, is_array, nullable))
         else:
-            out.append((f.name, str(f.metadata.get("kafka_type", "?")), None, is_array))
+            out.append((f.name, str(f.metadata.get("kafka_type", "?")), None, is_array, nullable))
     return tuple(out)
 
 
@@ -106,7 +113,7 @@ def _length(buf: Buffer, pos: int, flexible: bool, legacy: struct.Struct) -> tup
     return value, pos + legacy.size
 
 
-def _value(kind: str, buf: Buffer, pos: int, flexible: bool) -> int:
+def _value(kind: str, buf: Buffer, pos: int, flexible: bool, nullable: bool = True) -> int:
     size = _FIXED.get(kind)
     if size is not None:
         if pos + size > len(buf):
@@ -115,6 +122,8 @@ def _value(kind: str, buf: Buffer, pos: int, flexible: bool) -> int:
     if kind in ("string", "bytes", "records"):
         n, pos = _length(buf, pos, flexible, _I16 if kind == "string" else _I32)
         if n < 0:
+            if not nullable and kind == "string":
+                raise _Null
             return pos  # null
         if n > len(buf) - pos:
             raise _Stop  # kio raises an ordinary error for these
@@ -148,11 +157,13 @@ def _write_uvarint(value: int) -> bytes:
 
 def _entity(cls: type[Any], buf: Buffer, pos: int, path: str, edits: list[_Edit] | None = None) -> int:
     flexible = bool(getattr(cls, "__flexible__", False))
-    for name, kind, elem, is_array in _plan(cls):
+    for name, kind, elem, is_array, nullable in _plan(cls):
         where = f"{path}.{name}"
         if is_array:
             n, pos = _length(buf, pos, flexible, _I32)
             if n < 0:
+                if not nullable:
+                    raise _Null(where)
                 continue
             if n > len(buf) - pos:
                 raise _Overlong(f"{where}[{n}]")
@@ -164,7 +175,10 @@ def _entity(cls: type[Any], buf: Buffer, pos: int, path: str, edits: list[_Edit]
         elif kind == "entity":
             pos = _entity(elem, buf, pos, where, edits)
         else:
-            pos = _value(kind, buf, pos, flexible)
+            try:
+                pos = _value(kind, buf, pos, flexible, nullable)
+            except _Null:
+                raise _Null(where) from None
     if flexible:
         start = pos
         count, pos = _uvarint(buf, pos)
@@ -197,7 +211,7 @@ def without_unknown_tags(request_cls: type[Any], buf: Buffer, pos: int) -> bytes
     edits: list[_Edit] = []
     try:
         _entity(request_cls, buf, pos, request_cls.__name__, edits)
-    except (_Stop, _Overlong, RecursionError):
+    except (_Stop, _Overlong, _Null, RecursionError):
         return None
     if not edits:
         return None
@@ -212,11 +226,15 @@ def without_unknown_tags(request_cls: type[Any], buf: Buffer, pos: int) -> bytes
 
 
 def overlong_array(request_cls: type[Any], buf: Buffer, pos: int) -> str | None:
-    """The path of the first array length prefix that cannot fit the bytes left, or None."""
+    """What kio must not be asked to parse, or None: the path of the first array length prefix
+    that cannot fit the bytes left (kio would abort the process), or of a null array or string
+    where the schema allows none (kio would hand the handler a None; Kafka's parser refuses it)."""
     try:
         _entity(request_cls, buf, pos, request_cls.__name__)
     except _Overlong as exc:
         return str(exc)
+    except _Null as exc:
+        return f"null {exc} is not nullable"
     except (_Stop, RecursionError):
         return None
     return None
