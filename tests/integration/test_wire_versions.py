@@ -14,6 +14,7 @@ from tests.support.broker import Broker
 from tests.support.wire import (
     WireClient,
     create_topic,
+    encode_request,
     fetch_records,
     fetch_request,
     partition_response,
@@ -98,6 +99,56 @@ def test_metadata_versions(broker: Broker, filled: str, version: int) -> None:
     assert t.name == filled and t.error_code == 0
     (p,) = t.partitions
     assert int(p.leader_id) == int(b.node_id)
+
+
+def test_metadata_by_topic_id(broker: Broker, filled: str) -> None:
+    """v12 looks topics up by id (null name); an unknown or zero id gets UNKNOWN_TOPIC_ID (100)."""
+    import uuid
+
+    from kio.schema.metadata.v12 import request as v12
+
+    def ask(entries: tuple[Any, ...]) -> Any:
+        with WireClient(broker.bootstrap) as c:
+            return c.send(
+                v12.MetadataRequest(
+                    topics=entries,
+                    allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False,
+                )
+            )
+
+    (known,) = ask((v12.MetadataRequestTopic(topic_id=None, name=TopicName(filled)),)).topics
+    assert known.error_code == 0 and known.topic_id.int != 0
+    stranger = uuid.uuid4()
+    by_id, unknown, zero = ask(
+        (
+            v12.MetadataRequestTopic(topic_id=known.topic_id, name=None),
+            v12.MetadataRequestTopic(topic_id=stranger, name=None),
+            v12.MetadataRequestTopic(topic_id=None, name=None),
+        )
+    ).topics
+    assert (by_id.name, by_id.error_code, len(by_id.partitions)) == (filled, 0, 1)
+    assert (unknown.topic_id, unknown.error_code) == (stranger, 100)
+    assert zero.error_code == 100
+
+
+def test_metadata_null_topic_name_before_v12_closes_the_connection(broker: Broker) -> None:
+    from kio.schema.metadata.v11 import request as v11
+
+    with WireClient(broker.bootstrap) as c:
+        c.send_frame(
+            encode_request(
+                v11.MetadataRequest(
+                    topics=(v11.MetadataRequestTopic(topic_id=None, name=None),),
+                    allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False,
+                ),
+                c.next_correlation_id(),
+            )
+        )
+        assert c.is_closed()
+    with WireClient(broker.bootstrap) as c:  # others are still served
+        assert create_topic(c, "after-null-name").error_code == 0
 
 
 @pytest.mark.parametrize("version", [1, 2, 4, 7])

@@ -83,6 +83,8 @@ def parse_request(buf: bytes | bytearray, pos: int, version: int) -> MetadataReq
                     raise ValueError(f"bad topic name length {length}")
                 name = bytes(buf[pos : pos + length]).decode()
                 pos += length
+            if name is None and version < 12:  # Kafka: null topic names need v12+
+                raise ValueError(f"null topic name in Metadata v{version}")
             topics.append((name, topic_id))
     allow_auto = True
     if version >= 4 and pos < len(buf):
@@ -105,21 +107,20 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
         names = list(request.topics)
     for name, topic_id in names:
         info = None
-        if name is None and topic_id is not None:
-            info = logs.topic_by_id(topic_id)
+        if name is None:  # v12+: by topic id (a zero id finds nothing)
+            info = logs.topic_by_id(topic_id) if topic_id is not None else None
             if info is None:
                 topic_results.append(
                     build(
                         mod.MetadataResponseTopic,
                         error_code=ErrorCode.unknown_topic_id,
                         name=None,
-                        topic_id=topic_id,
+                        topic_id=topic_id or uuid.UUID(int=0),
                     )
                 )
                 broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_id)
                 continue
             name = info.name
-        assert name is not None
         if info is None:
             info = logs.topic(name)
         if info is None and request.topics is not None:
