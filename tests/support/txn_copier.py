@@ -102,7 +102,10 @@ class Copier:
                     **_debug_config(),
                 }
             )
-            p.init_transactions(30)  # fences any older instance with this transactional.id
+            self.call("init_transactions")
+            p.init_transactions(
+                self.args.api_timeout_s
+            )  # fences any older instance with this transactional.id
             self.producers[key] = p
         return p
 
@@ -188,7 +191,8 @@ class Copier:
         keys = [f"{int(m.partition())}:{int(m.offset())}" for m in msgs]
         emit("batch", n=len(msgs), keys=keys, offsets={str(k): v for k, v in nxt.items()})
         if args.abort_prob > 0 and self.rng.random() < args.abort_prob:
-            p.abort_transaction(30)
+            self.call("abort_transaction")
+            p.abort_transaction(self.args.api_timeout_s)
             firsts: dict[int, int] = {}
             for m in msgs:
                 firsts.setdefault(int(m.partition()), int(m.offset()))
@@ -202,14 +206,17 @@ class Copier:
             emit("resumed")
         try:
             offsets = [TopicPartition(args.input, part, off) for part, off in sorted(nxt.items())]
-            p.send_offsets_to_transaction(offsets, group_metadata, 30)
-            p.commit_transaction(30)
+            self.call("send_offsets_to_transaction")
+            p.send_offsets_to_transaction(offsets, group_metadata, self.args.api_timeout_s)
+            self.call("commit_transaction")
+            p.commit_transaction(self.args.api_timeout_s)
         except KafkaException as exc:
             info = error_fields(exc)
             emit("commit_failed", keys=keys, **info)
             if info["abortable"]:
                 try:
-                    p.abort_transaction(30)
+                    self.call("abort_transaction")
+                    p.abort_transaction(self.args.api_timeout_s)
                     emit("aborted", keys=keys)
                 except KafkaException as exc2:
                     emit("abort_failed", **error_fields(exc2))
@@ -217,6 +224,14 @@ class Copier:
         self.copied += len(msgs)
         emit("committed", n=len(msgs), keys=keys, offsets={str(k): v for k, v in nxt.items()})
         return None
+
+    def call(self, api: str) -> None:
+        """Announce a blocking transactional call. A supervisor that sees this as the last event
+        long after ``--api-timeout-s`` knows the call outlived its own timeout: librdkafka 2.16's
+        send_offsets_to_transaction can wait forever for a group coordinator that its re-bootstrap
+        decommissioned (confluentinc/librdkafka#5511, #5456), which a single broker's restart
+        triggers."""
+        emit("call", api=api, timeout_s=self.args.api_timeout_s)
 
     def close(self) -> None:
         try:
@@ -238,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freeze-on-batch", type=int, default=0)
     ap.add_argument("--session-timeout-ms", type=int, default=3000)
     ap.add_argument("--txn-timeout-ms", type=int, default=60_000)
+    ap.add_argument("--api-timeout-s", type=float, default=30.0)
     ap.add_argument("--abort-prob", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args(argv)
