@@ -53,9 +53,11 @@ class Copiers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: Counter[str] = Counter()
         self.exits: Counter[str] = Counter()
+        self.started_at: dict[str, float] = {}
 
     def start(self, name: str) -> None:
         self.starts[name] += 1
+        self.started_at[name] = time.time()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(SRC_DIR), str(REPO), env.get("PYTHONPATH", "")])
         cmd = [
@@ -112,7 +114,8 @@ class Copiers:
                 self.start(name)
 
     def _hung_in_call(self, name: str) -> bool:
-        """The copier's last event is a transactional call older than HUNG_AFTER_S."""
+        """The running copier's last event is a transactional call older than HUNG_AFTER_S (the
+        log is shared by a copier's incarnations: earlier ones' events do not count)."""
         with (self.tmp / f"{name}.log").open("rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 65536))
@@ -123,6 +126,8 @@ class Copiers:
                     event = json.loads(line)
                 except ValueError:
                     return False  # a line cut by the seek, or still being written
+                if event["t"] < self.started_at[name]:
+                    return False  # written by the previous incarnation
                 return bool(event["event"] == "call" and time.time() - event["t"] > HUNG_AFTER_S)
         return False
 
