@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,18 @@ def test_produce_to_missing_topic_without_auto_create(fresh_broker: object, topi
     b: Broker = fresh_broker(**{"auto.create.topics.enable": "false"})  # type: ignore[operator]
     line = fails("produce", topic, "--bootstrap-server", b.bootstrap, "--request-timeout", "5", stdin=b"x\n")
     assert "does not exist" in line
+
+
+# ---------------------------------------------------------------------------- serve
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("no.such.setting=1", "no.such.setting"),
+        ("num.partitions=zero", "num.partitions"),
+        ("offsets.retention.minutes=0", "offsets.retention.minutes must be at least 1"),
+    ],
+)
+def test_serve_refuses_bad_config_with_one_line(tmp_path: Path, option: str, message: str) -> None:
+    proc = exactly("serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path), "-o", option)
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert message in proc.stderr.decode().splitlines()[-1]

@@ -78,13 +78,16 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: object) -> int:
     from exactly.server.broker import Broker
-    from exactly.server.config import BrokerConfig
+    from exactly.server.config import BrokerConfig, ConfigError
 
     assert isinstance(config, BrokerConfig)
     data_dir = Path(config.get("log.dirs").split(",")[0])
     try:
         broker = Broker.open(config, data_dir)
         bound = await broker.start()
+    except ConfigError as exc:  # a value the subsystems refuse (e.g. a retention below 1)
+        print(f"exactly serve: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"exactly serve: {exc}", file=sys.stderr)
         return 1

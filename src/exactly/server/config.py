@@ -49,6 +49,7 @@ _DEFAULTS: dict[str, str] = {
     "offsets.topic.num.partitions": "50",
     "offsets.topic.segment.bytes": "104857600",
     "offsets.retention.minutes": "10080",
+    "offsets.retention.check.interval.ms": "600000",
     "group.initial.rebalance.delay.ms": "3000",
     "group.min.session.timeout.ms": "6000",
     "group.max.session.timeout.ms": "1800000",

@@ -7,7 +7,10 @@ What the broker calls:
   exists) through ``broker.internal.replay(OFFSETS_TOPIC)`` into the coordinator, then
   ``load_complete``. Until then group requests get COORDINATOR_LOAD_IN_PROGRESS.
 * ``start_tasks()`` after the listener opens: the timer loop that calls ``coordinator.poll`` at
-  ``next_deadline()``; the broker cancels it at shutdown.
+  ``next_deadline()``, and the offset-retention loop that calls
+  ``coordinator.cleanup_group_metadata`` every ``offsets.retention.check.interval.ms`` (first run
+  one interval after start, as Kafka's group coordinator schedules it); the broker cancels both at
+  shutdown.
 * ``on_marker(partition, producer_id, commit)`` from the transaction marker writer right after a
   COMMIT/ABORT marker was appended to ``__consumer_offsets-<partition>``.
 
@@ -36,8 +39,10 @@ from exactly.coordinator.group import (
     GroupCoordinator,
     GroupCoordinatorConfig,
 )
+from exactly.coordinator.group.api import CleanupStats
 from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
+from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.internal_topics import OFFSETS_TOPIC, AppendFailed
 
 if TYPE_CHECKING:
@@ -53,6 +58,14 @@ IDLE_POLL_S = 0.1  # timer loop period when no deadline is nearer
 def millis(delta: datetime.timedelta) -> int:
     """A kio duration field as Kafka's integer milliseconds."""
     return delta // datetime.timedelta(milliseconds=1)
+
+
+def _positive(cfg: BrokerConfig, name: str) -> int:
+    """Kafka requires these at least 1 (0 would make the cleanup loop spin)."""
+    value = cfg.get_int(name)
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 def client_host(peer: str) -> str:
@@ -77,6 +90,8 @@ class GroupRuntime:
                 initial_rebalance_delay_ms=cfg.get_int("group.initial.rebalance.delay.ms"),
                 min_session_timeout_ms=cfg.get_int("group.min.session.timeout.ms"),
                 max_session_timeout_ms=cfg.get_int("group.max.session.timeout.ms"),
+                offsets_retention_ms=_positive(cfg, "offsets.retention.minutes") * 60_000,
+                offsets_retention_check_interval_ms=_positive(cfg, "offsets.retention.check.interval.ms"),
             )
         )
         self.loaded = False
@@ -118,7 +133,10 @@ class GroupRuntime:
 
     def start_tasks(self) -> list[asyncio.Task[None]]:
         self._wake = asyncio.Event()
-        return [asyncio.create_task(self._timer_loop(), name="group-timers")]
+        return [
+            asyncio.create_task(self._timer_loop(), name="group-timers"),
+            asyncio.create_task(self._cleanup_loop(), name="group-offset-expiration"),
+        ]
 
     def on_marker(self, partition: int, producer_id: int, commit: bool) -> None:
         self.coordinator.complete_transaction(producer_id, commit, partition)
@@ -203,3 +221,34 @@ class GroupRuntime:
             except Exception:  # a bug in one timer must not stop every group's timers
                 log.exception("group coordinator poll failed")
                 await asyncio.sleep(IDLE_POLL_S)
+
+    # ---- offset retention ---------------------------------------------------------------------
+    def cleanup(self) -> CleanupStats:
+        """One retention run: expire offsets, remove dead groups (appends done when it returns)."""
+        started = now_ms()
+        answers: list[CleanupStats] = []
+        self.execute(self.coordinator.cleanup_group_metadata(started, answers.append))
+        stats = answers[0] if answers else CleanupStats()
+        if stats.offsets_removed or stats.groups_removed:
+            log.info(
+                "removed %d expired offsets and %d groups in %d ms",
+                stats.offsets_removed,
+                stats.groups_removed,
+                now_ms() - started,
+            )
+        if stats.failed_appends:
+            log.warning(
+                "offset expiration could not write to %d %s partitions; retrying next run",
+                stats.failed_appends,
+                OFFSETS_TOPIC,
+            )
+        return stats
+
+    async def _cleanup_loop(self) -> None:
+        interval = self.coordinator.config.offsets_retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.cleanup()
+            except Exception:  # one bad run must not stop retention for good
+                log.exception("group metadata cleanup failed")

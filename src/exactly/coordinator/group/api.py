@@ -335,3 +335,21 @@ class ListedGroup:
 class DeleteGroupResult:
     group_id: str
     error_code: ErrorCode = ErrorCode.none
+
+
+# ---------------------------------------------------------------------------------------------
+# Offset retention (periodic cleanup)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanupStats:
+    """Outcome of one ``cleanup_group_metadata`` run, counted after its appends completed.
+
+    ``failed_appends`` counts ``__consumer_offsets`` partitions whose tombstones could not be
+    written; their offsets and groups stay and the next run retries them.
+    """
+
+    offsets_removed: int = 0
+    groups_removed: int = 0
+    failed_appends: int = 0

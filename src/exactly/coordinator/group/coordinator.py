@@ -14,6 +14,9 @@ Lifecycle
    periodically); it fires session/rebalance/sync timeouts and the initial rebalance delay.
 5. Transactions: when a COMMIT/ABORT marker of producer P has been appended to a
    ``__consumer_offsets`` partition, call :meth:`GroupCoordinator.complete_transaction`.
+6. Retention: every ``offsets.retention.check.interval.ms`` call
+   :meth:`~exactly.coordinator.group.expiry.ExpiryMixin.cleanup_group_metadata`; it returns the
+   tombstone appends for expired offsets and empty groups (see ``expiry.py``).
 
 The coordinator owns no I/O, no clock and no threads; the shell serializes calls (one asyncio loop).
 """
@@ -41,6 +44,7 @@ from exactly.coordinator.group.api import (
     TxnOffsetCommitRequestData,
 )
 from exactly.coordinator.group.core import GroupCoordinatorConfig
+from exactly.coordinator.group.expiry import ExpiryMixin
 from exactly.coordinator.group.group import ClassicGroup
 from exactly.coordinator.group.membership import MembershipMixin
 from exactly.coordinator.group.offsets import (
@@ -62,9 +66,10 @@ from exactly.coordinator.group.state import GroupState
 __all__ = ["GroupCoordinator", "GroupCoordinatorConfig"]
 
 CommitRespond = Callable[[OffsetCommitResponseData], None]
+DEFAULT_RETENTION_TIME_MS = -1  # OffsetCommitRequest.DEFAULT_RETENTION_TIME: the broker's retention
 
 
-class GroupCoordinator(MembershipMixin):
+class GroupCoordinator(MembershipMixin, ExpiryMixin):
     """Classic consumer groups and their offsets for every ``__consumer_offsets`` partition."""
 
     # -- time -----------------------------------------------------------------------------------
@@ -101,7 +106,9 @@ class GroupCoordinator(MembershipMixin):
                 member = group.members.get(request.member_id)
                 if member is not None and group.is_in(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
                     self._schedule_heartbeat(group, member)  # a commit also proves liveness
-            expire = now_ms + request.retention_time_ms if request.retention_time_ms >= 0 else -1
+            # KIP-211: only v2-v4 carry a retention; anything but -1 (the default) fixes the expiry.
+            retention = request.retention_time_ms
+            expire = -1 if retention == DEFAULT_RETENTION_TIME_MS else now_ms + retention
             self._commit(request.group_id, request.topics, error, expire, -1, -1, respond)
 
         return self._run(now_ms, body)
@@ -325,15 +332,14 @@ class GroupCoordinator(MembershipMixin):
             assert record_value is None or isinstance(record_value, OffsetCommitValue)
             self._replay_offset(record_key, record_value, record_offset=offset, producer_id=producer_id)
             return
-        existing = self.groups.pop(record_key.group, None)
-        if existing is not None:
-            for member_id in list(existing.members) + list(existing.pending_join):
-                self.timers.cancel(("heartbeat", record_key.group, member_id))
-            for kind in ("join", "sync"):
-                self.timers.cancel((kind, record_key.group))
+        self._unload_group(record_key.group)
         if record_value is not None:
             assert not isinstance(record_value, OffsetCommitValue)
             self.groups[record_key.group] = ClassicGroup.from_record(record_key.group, record_value)
+        elif self.offsets.partitions_with_state(record_key.group):
+            # Offsets outlive their group record (a commit landed after the tombstone's offsets
+            # were chosen): they belong to a simple Empty group, as Kafka's loader makes them.
+            self.groups[record_key.group] = ClassicGroup(record_key.group)
 
     def _replay_offset(
         self, key: OffsetCommitKey, value: OffsetCommitValue | None, *, record_offset: int, producer_id: int

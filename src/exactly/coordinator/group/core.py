@@ -53,6 +53,8 @@ class GroupCoordinatorConfig:
     new_member_join_timeout_ms: int = 300_000  # group.new.member.join.timeout (internal)
     max_group_size: int = 2**31 - 1  # group.max.size
     offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000  # offsets.retention.minutes (10080) in ms
+    offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
 
 
 class _Operation:
@@ -156,6 +158,16 @@ class CoordinatorCore:
 
     def _new_member_id(self, prefix: str) -> str:
         return self._member_id_factory(prefix)
+
+    def _unload_group(self, group_id: str) -> ClassicGroup | None:
+        """Forget a group and its timers (group tombstone applied, or replaced by a newer record)."""
+        existing = self.groups.pop(group_id, None)
+        if existing is not None:
+            for member_id in list(existing.members) + list(existing.pending_join):
+                self.timers.cancel(("heartbeat", group_id, member_id))
+            for kind in ("join", "sync"):
+                self.timers.cancel((kind, group_id))
+        return existing
 
     def _is_current(self, group: ClassicGroup) -> bool:
         """Timers and continuations capture a group object; ignore them if it was replaced/removed."""

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Every offset change is a record of ``__consumer_offsets``; :meth:`OffsetStore.replay` applies one, and
-that is the only way the store changes (Kafka's ``OffsetMetadataManager.replay``):
+that is the only way the store changes (Kafka's ``OffsetMetadataManager.replay``; :meth:`OffsetStore.expire`
+is the same tombstone rule, applied live by the retention cleanup):
 
 - a record from a non-transactional batch (``producer_id == -1``) sets the committed offset;
 - a record from a transactional batch (TxnOffsetCommit) is kept *pending* under its producer id and
@@ -123,6 +124,25 @@ class OffsetStore:
         if not pending:
             del self._pending[producer_id]
 
+    def expire(self, group_id: str, tp: TopicPartitionKey, *, tombstone_offset: int) -> bool:
+        """Apply an expiry tombstone written at ``tombstone_offset``; True if an offset went.
+
+        Like :meth:`replay` of that tombstone, except that an entry carried by a record *after* the
+        tombstone survives -- exactly what a log-order replay at startup gives, even if a shell
+        completed a later commit first. Returns whether a committed offset was removed.
+        """
+        removed = False
+        entry = self._committed.get(group_id, {}).get(tp)
+        if entry is not None and entry.record_offset < tombstone_offset:
+            self._remove_committed(group_id, tp)
+            removed = True
+        for pid in sorted(self._open.get(group_id, {}).get(tp, set())):
+            pending = self._pending.get(pid, {}).get(group_id, {}).get(tp)
+            if pending is not None and pending.record_offset < tombstone_offset:
+                self._remove_pending(pid, group_id, tp)
+                self._close(group_id, tp, pid)
+        return removed
+
     def _remove_committed(self, group_id: str, tp: TopicPartitionKey) -> None:
         by_tp = self._committed.get(group_id)
         if by_tp is not None:
@@ -168,6 +188,10 @@ class OffsetStore:
         if by_tp is None:
             return False
         return topic is None or (topic, partition if partition is not None else -1) in by_tp
+
+    def open_partitions(self, group_id: str) -> frozenset[TopicPartitionKey]:
+        """Partitions of ``group_id`` with a pending transactional offset (never expired)."""
+        return frozenset(self._open.get(group_id, {}))
 
     def partitions_with_state(self, group_id: str) -> list[TopicPartitionKey]:
         """Every partition with a committed or pending offset: what DeleteGroups tombstones."""

@@ -8,7 +8,7 @@ A classic (JoinGroup/SyncGroup) group cycles through these states::
       ^                 ^        |                                      |
       |                 |        +--no member left--> Empty             | leader's SyncGroup persisted
       |                 +---- join / leave / session timeout ----- Stable <-+
-      +-- any state --> Dead (group deleted or unloaded; final)
+      +-- any state --> Dead (group deleted, expired or unloaded; final)
 
 Each state lists the states it may be entered from (Kafka's ``ClassicGroupState``); every change goes
 through :func:`check_transition`, so an impossible move is a bug that raises instead of silently
