@@ -128,15 +128,18 @@ def start_exactly(
     options: list[str] | None = None,
     timeout: float = 120.0,
     log_name: str = "broker.log",
+    src: Path | None = None,
 ) -> BrokerProcess:
-    """Start ``python -m exactly serve`` on a free port; return once it printed its listening line."""
+    """Start ``python -m exactly serve`` on a free port; return once it printed its listening line.
+    ``src``: the package tree to run (default this checkout's ``src``; bench/ab.py passes another
+    checkout's to compare two versions of the broker)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir.parent / f"{data_dir.name}-{log_name}"
     cmd = [sys.executable, "-m", "exactly", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)]
     for opt in options or []:
         cmd += ["-o", opt]
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(src or REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed on our side below
     t0 = time.monotonic()
@@ -152,7 +155,8 @@ def start_exactly(
             proc.wait(10)
         raise
     ready = time.monotonic() - t0
-    return BrokerProcess("exactly", proc, addr, log_path, t0, ready, data_dir, {"cmd": " ".join(cmd)})
+    info = {"cmd": " ".join(cmd), "src": str(src or REPO / "src")}
+    return BrokerProcess("exactly", proc, addr, log_path, t0, ready, data_dir, info)
 
 
 # --------------------------------------------------------------------------------------------- tansu

@@ -992,6 +992,33 @@ class PageCacheWrite(Workload):
         }
 
 
+@register
+class EchoRtt(Workload):
+    """The floor under latency-1k's ack latency on this box: same rate, same 1 KB, one request in
+    flight, to an echo server instead of a broker. A broker cannot beat this figure's tail; when
+    it is above the 3 ms target the box, not the broker, is what misses it."""
+
+    name = "latency-echo-1k"
+    kind = "latency"
+    title = "physical limit: 1 KB request/response to an asyncio (uvloop) echo server, 1,000/s, no broker"
+    needs_broker = False
+    peer_ok = False
+
+    def run_once(self, ctx: Context, broker: BrokerProcess | None, state: Any, rep: int) -> dict[str, Any]:
+        rtts, wall, server_cpu = physical.echo_rtt(ctx.latency_rate, ctx.latency_seconds)
+        sample: dict[str, Any] = {
+            "ok": bool(rtts),
+            "error": "",
+            "wall_s": wall,
+            "achieved_rate": len(rtts) / wall,
+            "broker_cores": server_cpu / wall,  # the echo server's
+        }
+        for q, key in ((50, "p50"), (99, "p99"), (99.9, "p999")):
+            sample[f"ack_{key}_ms"] = percentile(rtts, q)
+        sample["ack_max_ms"] = rtts[-1] if rtts else None
+        return sample
+
+
 # -------------------------------------------------------------------------------------------- stats
 
 

@@ -55,5 +55,5 @@ def test_spare_buffer_is_resized_and_filled_whole() -> None:
         _feed(conn, _frame(payload), rng)
         got = conn._frames.popleft()
         assert isinstance(got, bytearray) and bytes(got) == payload
-        conn._spare = got  # as _process does once the request is answered and unreferenced
+        conn._release(got)  # as _process does once the request is answered and unreferenced
         del got

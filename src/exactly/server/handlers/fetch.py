@@ -42,11 +42,15 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         return encode_fetch_response(ctx.version, ErrorCode.fetch_session_id_not_found, 0, [])
     max_wait_s = max(request.max_wait.total_seconds(), 0.0)
     deadline = time.monotonic() + max_wait_s
-    tps = [TopicPartition(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    tps: list[TopicPartition] | None = None  # built only when the fetch has to park
     while True:
         responses, total, errors = _read_all(broker, request)
         remaining = deadline - time.monotonic()
-        if total >= request.min_bytes or errors or remaining <= 0 or not tps:
+        if total >= request.min_bytes or errors or remaining <= 0:
+            break
+        if tps is None:
+            tps = [TopicPartition(t.topic, p.partition) for t in request.topics for p in t.partitions]
+        if not tps:
             break
         await broker.waiters.wait(tps, remaining)
         if time.monotonic() >= deadline:

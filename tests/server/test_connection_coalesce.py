@@ -1,0 +1,199 @@
+"""KafkaConnection gathers the responses of pipelined requests into one ``writelines`` but must
+keep them in request order, send what is done before a request that may park (a long-polling
+Fetch), skip requests without a response (acks=0), and keep answered large-frame buffers in a
+bounded free-list that later frames reuse."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from exactly.protocol.apis import ApiKey
+from exactly.server import connection as conn_mod
+from exactly.server.connection import FREE_BUFFERS, FREE_BYTES, LARGE_FRAME, KafkaConnection
+
+
+@dataclass
+class _Metrics:
+    bytes_in: int = 0
+
+
+@dataclass
+class _Broker:
+    max_request_size: int = 64 * 1024 * 1024
+    connections: set = field(default_factory=set)
+    metrics: _Metrics = field(default_factory=_Metrics)
+
+
+@dataclass
+class _Transport:
+    writes: list[list[bytes]] = field(default_factory=list)
+    closed: bool = False
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        self.writes.append([bytes(c) for c in chunks])
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _request(key: int, tag: int, size: int = 16) -> bytearray:
+    body = struct.pack(">hhi", key, 0, tag)
+    return bytearray(body + bytes(max(size - len(body), 0)))
+
+
+def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = None) -> tuple[Any, Any, list]:
+    """A connection whose dispatch answers ``b"r<tag>"``, nothing for tag < 0 (acks=0), and
+    parks Fetch requests on ``park``; returns (connection, transport, log of dispatch starts)."""
+    started: list[tuple[int, int]] = []
+    transport = _Transport()
+
+    async def fake_dispatch(broker: Any, payload: bytearray, peer: str) -> list[bytes] | None:
+        key, _version, tag = struct.unpack_from(">hhi", payload)
+        started.append((tag, len(transport.writes)))
+        if key == ApiKey.FETCH and park is not None:
+            await park
+        return None if tag < 0 else [b"r%d" % tag]
+
+    monkeypatch.setattr(conn_mod, "dispatch", fake_dispatch)
+    conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
+    conn.transport = transport  # type: ignore[assignment]
+    return conn, transport, started
+
+
+def test_pipelined_responses_are_written_together_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        conn, transport, _ = _make(monkeypatch)
+        for tag in (1, 2, -3, 4):  # -3: acks=0 produce, no response
+            conn._frames.append(_request(ApiKey.PRODUCE, tag))
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        assert transport.writes == [[b"r1", b"r2", b"r4"]]
+        conn._push(_request(ApiKey.METADATA, 5))  # arrives alone: answered alone
+        await asyncio.sleep(0.01)
+        assert transport.writes == [[b"r1", b"r2", b"r4"], [b"r5"]]
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_small_answers_go_out_before_a_large_frame_is_handled(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        conn, transport, started = _make(monkeypatch)
+        conn._frames.extend(
+            [
+                _request(ApiKey.METADATA, 1),
+                _request(ApiKey.PRODUCE, 2),
+                _request(ApiKey.PRODUCE, 3, LARGE_FRAME),
+                _request(ApiKey.PRODUCE, 4),
+            ]
+        )
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        assert transport.writes == [[b"r1", b"r2"], [b"r3", b"r4"]]
+        assert (3, 1) in started  # r1, r2 were sent before the large produce was handled
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_finished_responses_go_out_before_a_request_that_may_park(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        park: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn, transport, started = _make(monkeypatch, park)
+        conn._frames.extend(
+            [
+                _request(ApiKey.PRODUCE, 1),
+                _request(ApiKey.PRODUCE, 2),
+                _request(ApiKey.FETCH, 3),
+                _request(ApiKey.PRODUCE, 4),
+            ]
+        )
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        # the fetch started only after r1, r2 were written; r4 waits behind the parked fetch
+        assert (3, 1) in started
+        assert transport.writes == [[b"r1", b"r2"]]
+        park.set_result(None)
+        await asyncio.sleep(0.01)
+        flat = [c for w in transport.writes for c in w]
+        assert flat == [b"r1", b"r2", b"r3", b"r4"]
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_answered_large_buffers_are_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        conn, transport, _ = _make(monkeypatch)
+        frames = [_request(ApiKey.PRODUCE, i, 1_000_000 - i * 1000) for i in range(3)]
+        ids = {id(f) for f in frames}
+        conn._frames.extend(frames)
+        del frames
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        # large frames take long to handle: their answers are not held back for the next one
+        assert transport.writes == [[b"r0"], [b"r1"], [b"r2"]]
+        assert {id(b) for b in conn._free} == ids  # all three were answered and kept
+        for size in (990_000, 999_000, 1_000_500):  # each taken from the free-list, resized
+            buf = conn._large_buffer(size)
+            assert len(buf) == size and id(buf) in ids
+        assert conn._free == [] and conn._free_bytes == 0
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler that keeps a memoryview into its frame (a produce request's records) must not
+    see that frame overwritten by the next request."""
+    kept: list[memoryview] = []
+
+    async def keeping_dispatch(broker: Any, payload: bytearray, peer: str) -> list[bytes] | None:
+        kept.append(memoryview(payload))
+        return [b"ok"]
+
+    async def main() -> None:
+        conn, _transport, _ = _make(monkeypatch)
+        monkeypatch.setattr(conn_mod, "dispatch", keeping_dispatch)
+        conn._frames.append(_request(ApiKey.PRODUCE, 1, 200_000))
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        assert conn._free == []
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_free_list_is_bounded() -> None:
+    conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
+    for i in range(FREE_BUFFERS + 3):
+        conn._release(bytearray(LARGE_FRAME + i * 1000))
+    assert len(conn._free) == FREE_BUFFERS
+    # the largest ones are kept
+    assert sorted(len(b) for b in conn._free) == [LARGE_FRAME + i * 1000 for i in range(3, FREE_BUFFERS + 3)]
+    big = 3 * 1024 * 1024
+    for _ in range(4):
+        conn._release(bytearray(big))
+    assert conn._free_bytes <= FREE_BYTES
+    assert conn._free_bytes == sum(b.__alloc__() for b in conn._free)
+    conn._release(bytearray(LARGE_FRAME - 1))  # small frames live in the shared read buffer
+    assert all(len(b) >= LARGE_FRAME for b in conn._free)
