@@ -151,3 +151,16 @@ def test_run_maintenance(tmp_path: Path) -> None:
     assert log.producers() == {}
     assert read_all(log) == []
     manager.close()
+
+
+def test_created_partitions_start_their_leader_epoch(tmp_path: Path) -> None:
+    """The epoch is checkpointed at creation (Kafka: on becoming leader), so the first produce
+    does not write and fsync the checkpoint inside the request."""
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 2, {}, now_ms=NOW)
+    for p in range(2):
+        log = manager.get_partition(TopicPartition("t", p))
+        assert log is not None
+        assert [(e.epoch, e.start_offset) for e in log.leader_epochs.entries] == [(0, 0)]
+        assert (log.directory / "leader-epoch-checkpoint").read_text().split() == ["0", "1", "0", "0"]
+    manager.close()

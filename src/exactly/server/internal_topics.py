@@ -26,6 +26,7 @@ from exactly.records.builder import Record, build_batch, decode_batch
 from exactly.records.control import ControlType, build_control_batch, read_control_marker
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
+from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.log_manager import TopicExistsError, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import AppendOrigin, ProducerStateError
@@ -154,7 +155,9 @@ class InternalTopics:
         buf = bytearray(raw)
         header = BatchHeader.parse(buf, 0)
         try:
-            result = plog.append(buf, header, leader_epoch=0, now_ms=now, origin=AppendOrigin.COORDINATOR)
+            result = plog.append(
+                buf, header, leader_epoch=INITIAL_LEADER_EPOCH, now_ms=now, origin=AppendOrigin.COORDINATOR
+            )
         except (InvalidRecordError, ProducerStateError) as exc:
             raise AppendFailed(exc.error_code, str(exc)) from exc
         except OSError as exc:

@@ -25,6 +25,8 @@ from pathlib import Path
 from exactly.storage.checkpoint import atomic_write
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+# The one broker leads every partition from creation on, in this epoch (replication will bump it).
+INITIAL_LEADER_EPOCH = 0
 _VERSION = 0
 
 

@@ -44,6 +44,7 @@ from types import MappingProxyType
 
 from exactly.storage.checkpoint import atomic_write, read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.config import LogConfig
+from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from exactly.types import TopicPartition
@@ -256,6 +257,9 @@ class LogManager:
                 now_ms=now_ms,
                 producer_id_expiration_ms=self.producer_id_expiration_ms,
             )
+            # Kafka records the epoch when the replica becomes leader, at creation: the
+            # checkpoint write (an fsync) happens here, not inside the first produce request.
+            self._logs[tp].leader_epochs.assign(INITIAL_LEADER_EPOCH, 0)
         # No stale recovery point of an older topic with this name may survive in the checkpoint.
         self.checkpoint_recovery_points()
         return info

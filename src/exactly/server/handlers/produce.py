@@ -29,6 +29,7 @@ from exactly.protocol.fast import (
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
 from exactly.server.broker import INTERNAL_TOPICS
 from exactly.server.clock import now_ms
+from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import AppendResult, PartitionLog
 from exactly.storage.producer_state import ProducerStateError
 from exactly.types import TopicPartition
@@ -92,7 +93,7 @@ def _append(
             problem = _verify_transactional(broker, plog, topic, partition, header, request.transactional_id)
             if problem is not None:
                 return problem[0], problem[1], None
-        result = plog.append(records, header, leader_epoch=0, now_ms=now)
+        result = plog.append(records, header, leader_epoch=INITIAL_LEADER_EPOCH, now_ms=now)
     except InvalidRecordError as exc:
         log.info("rejected batch for %s-%d: %s", topic, partition, exc)
         return exc.error_code, str(exc), None
