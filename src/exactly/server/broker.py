@@ -207,6 +207,7 @@ class Broker:
             self._tasks.append(metrics[1])
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))
+        self._tasks.append(asyncio.create_task(self._idle_connections_loop(), name="idle-connections"))
         self._tasks.extend(self.groups.start_tasks())
         self._tasks.extend(self.txn.start_tasks())
         log.info(
@@ -230,6 +231,22 @@ class Broker:
                 self.metrics.log_summary()
             except Exception:  # maintenance must never kill the broker
                 log.exception("maintenance failed")
+
+    async def _idle_connections_loop(self) -> None:
+        """connections.max.idle.ms (Kafka default 10 min; -1 disables): close connections that
+        have been idle that long, checked at a quarter of the limit (at most every 30 s)."""
+        max_idle_ms = self.config.get_int("connections.max.idle.ms")
+        if max_idle_ms < 0:
+            return
+        max_idle = max_idle_ms / 1000
+        interval = min(max(max_idle / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                idle = conn.idle_for(now)
+                if idle > max_idle:
+                    conn.close_idle(idle)
 
     async def shutdown(self) -> None:
         if self._closed:

@@ -39,6 +39,7 @@ import collections
 import logging
 import struct
 import sys
+import time
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._task: asyncio.Task[None] | None = None
         self._paused_reading = False
         self._closing = False
+        # connections.max.idle.ms: the loop time of the last bytes in or request answered, and
+        # whether a request is being handled (a parked Fetch is not idle)
+        self.last_active = time.monotonic()
+        self.in_request = False
 
     # ---- protocol callbacks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,6 +138,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_active = time.monotonic()
         if self._large is not None:
             self._large_filled += nbytes
             if self._large_filled == len(self._large):
@@ -272,6 +278,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     transport.writelines(pending)  # this request may park: send what is done
                     pending, pending_bytes = [], 0
                 broker.metrics.bytes_in += len(payload) + 4
+                self.in_request = True
                 try:
                     chunks = await dispatch(broker, payload, self.peer)
                 except CloseConnection as exc:
@@ -279,6 +286,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         transport.writelines(pending)  # answers owed to earlier requests
                     self._close(str(exc))
                     return
+                self.in_request = False
+                self.last_active = time.monotonic()
                 # nothing but this frame's local holds the buffer (a memoryview into it would
                 # count): reuse it for a later large frame
                 if len(payload) >= LARGE_FRAME and sys.getrefcount(payload) == 2:
@@ -299,6 +308,20 @@ class KafkaConnection(asyncio.BufferedProtocol):
         except Exception:
             log.exception("unexpected error on connection from %s; closing it", self.peer)
             self._close("internal error")
+
+    def idle_for(self, now: float) -> float:
+        """Seconds without a byte received or a request answered; 0 while a request is being
+        handled or is queued (Kafka counts any channel activity; ours is request-granular)."""
+        if self.in_request or self._frames or self._large is not None:
+            return 0.0
+        return now - self.last_active
+
+    def close_idle(self, idle_s: float) -> None:
+        """connections.max.idle.ms expired: close as Kafka's selector does (debug log only)."""
+        log.debug("closing connection from %s: idle for %.0f ms", self.peer, idle_s * 1000)
+        self._closing = True
+        if self.transport is not None:
+            self.transport.close()
 
     def abort(self) -> None:
         """Broker shutdown: drop the connection without waiting for in-flight work."""
