@@ -14,12 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupState, TopicPartition
+from confluent_kafka import ConsumerGroupState, TopicPartition
 
 from exactly.protocol.apis import ApiKey, build, schema
 from tests.conftest import BrokerFactory
+from tests.integration.test_groups_confluent import group_consumer
 from tests.support.broker import Broker
-from tests.support.clients import QUIET, admin, create_topic, produce_values
+from tests.support.clients import admin, create_topic, produce_values
 from tests.support.wire import WireClient
 
 OFFSET_INVALID = -1001
@@ -29,22 +30,8 @@ CHECK_INTERVAL = {
 }
 
 
-def consumer(bootstrap: str, group_id: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group_id,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 300,
-            **QUIET,
-        }
-    )
-
-
 def committed(bootstrap: str, group_id: str, topic: str) -> int:
-    c = consumer(bootstrap, group_id)
+    c = group_consumer(bootstrap, group_id)
     try:
         [tp] = c.committed([TopicPartition(topic, 0)], timeout=10)
         return int(tp.offset)
@@ -132,7 +119,7 @@ def test_consumer_group_offsets_expire_after_the_group_is_empty(
     group_id = unique_name("g")
     create_topic(b.bootstrap, topic)
     produce_values(b.bootstrap, topic, [b"a", b"b", b"c"])
-    c = consumer(b.bootstrap, group_id)
+    c = group_consumer(b.bootstrap, group_id)
     try:
         c.subscribe([topic])
         got = 0

@@ -6,6 +6,7 @@ The clock is the harness's ``shell.now``; every coordinator call takes it as ``n
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -16,7 +17,6 @@ from exactly.coordinator.group.api import (
     FetchTopic,
     LeaveGroupRequestData,
     LeaveMember,
-    OffsetCommitRequestData,
     OffsetFetchRequestData,
     Protocol,
 )
@@ -36,7 +36,8 @@ from exactly.coordinator.group.records import (
 from exactly.coordinator.group.state import GroupState
 
 from .harness import GROUP, Box, Shell
-from .test_offsets import errors, fetch, marker, snapshot, topics, txn_commit
+from .test_offsets import commit as offset_commit
+from .test_offsets import errors, fetch, marker, snapshot, txn_commit
 
 RETENTION = 60_000
 LONG_SESSION = 1_800_000  # members stay alive across the retention period without heartbeats
@@ -58,27 +59,9 @@ def new_shell() -> Shell:
     return Shell(GroupCoordinatorConfig(initial_rebalance_delay_ms=0, offsets_retention_ms=RETENTION))
 
 
-def commit(
-    shell: Shell,
-    offsets: dict[tuple[str, int], int],
-    *,
-    group: str = GROUP,
-    generation: int = -1,
-    member_id: str = "",
-    retention_time_ms: int = -1,
-    api_version: int = 8,
-) -> None:
-    box = Box()
-    request = OffsetCommitRequestData(
-        group_id=group,
-        topics=topics(offsets),
-        generation_id=generation,
-        member_id=member_id,
-        retention_time_ms=retention_time_ms,
-        api_version=api_version,
-    )
-    shell.run(shell.coordinator.offset_commit(request, shell.now, box))
-    assert errors(box) == {ErrorCode.none}
+def commit(shell: Shell, offsets: dict[tuple[str, int], int], **kwargs: Any) -> None:
+    """An OffsetCommit that must succeed (test_offsets.commit's keywords)."""
+    assert errors(offset_commit(shell, offsets, **kwargs)) == {ErrorCode.none}
 
 
 def cleanup(shell: Shell, *, hold: bool = False) -> Box:

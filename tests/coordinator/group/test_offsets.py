@@ -40,6 +40,7 @@ def commit(
     api_version: int = 8,
     metadata: str = "",
     hold: bool = False,
+    retention_time_ms: int = -1,
 ) -> Box:
     box = Box()
     request = OffsetCommitRequestData(
@@ -47,6 +48,7 @@ def commit(
         topics=topics(offsets, metadata),
         generation_id=generation,
         member_id=member_id,
+        retention_time_ms=retention_time_ms,
         api_version=api_version,
     )
     shell.run(shell.coordinator.offset_commit(request, shell.now, box), hold=hold)
