@@ -19,6 +19,7 @@ from confluent_kafka import ConsumerGroupState, TopicPartition
 from exactly.protocol.apis import ApiKey, build, schema
 from tests.conftest import BrokerFactory
 from tests.integration.test_groups_confluent import group_consumer
+from tests.server.test_prometheus import metrics_url, scrape, value
 from tests.support.broker import Broker
 from tests.support.clients import admin, create_topic, produce_values
 from tests.support.wire import WireClient
@@ -75,7 +76,7 @@ def assert_gone_for_good(b: Broker, group_id: str, topic: str) -> None:
 def test_commit_retention_time_expires_a_simple_group(
     fresh_broker: BrokerFactory, topic: str, unique_name: Callable[[str], str]
 ) -> None:
-    b = fresh_broker(**CHECK_INTERVAL)
+    b = fresh_broker(**CHECK_INTERVAL, **{"metrics.port": "0"})
     group_id = unique_name("simple")
     create_topic(b.bootstrap, topic)
     m = schema(ApiKey.OFFSET_COMMIT, 2).request_module
@@ -107,6 +108,9 @@ def test_commit_retention_time_expires_a_simple_group(
     assert group_id in listed_groups(b.bootstrap)
 
     wait_for(lambda: committed(b.bootstrap, group_id, topic) == OFFSET_INVALID, timeout=30, step=0.5)
+    samples = scrape(metrics_url(b))
+    assert value(samples, "exactly_offsets_expired_total") == 1
+    wait_for(lambda: value(scrape(metrics_url(b)), "exactly_groups_removed_total") == 1, timeout=10, step=0.5)
     assert_gone_for_good(b, group_id, topic)
 
 

@@ -229,6 +229,8 @@ class GroupRuntime:
         answers: list[CleanupStats] = []
         self.execute(self.coordinator.cleanup_group_metadata(started, answers.append))
         stats = answers[0] if answers else CleanupStats()
+        self.broker.metrics.offsets_expired += stats.offsets_removed
+        self.broker.metrics.groups_removed += stats.groups_removed
         if stats.offsets_removed or stats.groups_removed:
             log.info(
                 "removed %d expired offsets and %d groups in %d ms",

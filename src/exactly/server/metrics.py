@@ -24,6 +24,8 @@ class Metrics:
         self.bytes_in = 0
         self.bytes_out = 0
         self.messages_in = 0
+        self.offsets_expired = 0  # offset retention (Kafka's offset-expiration-count)
+        self.groups_removed = 0
         self._last_logged: tuple[int, int, int] = (0, 0, 0)
         self._last_time = time.monotonic()
 

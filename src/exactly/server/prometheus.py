@@ -19,6 +19,7 @@ Series:
 * ``exactly_requests_total{api}``, ``exactly_errors_total{api,error}`` (Kafka names, as in
   ``kafka.network:type=RequestMetrics``), ``exactly_duplicate_batches_total``,
   ``exactly_messages_in_total``, ``exactly_bytes_in_total``, ``exactly_bytes_out_total``;
+* ``exactly_offsets_expired_total``, ``exactly_groups_removed_total``: offset retention's work;
 * the standard ``process_*`` series.
 """
 
@@ -122,6 +123,14 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("exactly_messages_in", "Records appended by Produce.", value=m.messages_in)
         yield CounterMetricFamily("exactly_bytes_in", "Request bytes received.", value=m.bytes_in)
         yield CounterMetricFamily("exactly_bytes_out", "Response bytes sent.", value=m.bytes_out)
+        yield CounterMetricFamily(
+            "exactly_offsets_expired",
+            "Committed offsets removed by offset retention (Kafka's offset-expiration-count).",
+            value=m.offsets_expired,
+        )
+        yield CounterMetricFamily(
+            "exactly_groups_removed", "Empty groups removed by offset retention.", value=m.groups_removed
+        )
 
 
 def make_registry(broker: Broker) -> CollectorRegistry:
