@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def group_consumer(bootstrap: str, group_id: str, *topics: str) -> KafkaConsumer:
-    return KafkaConsumer(
+    c = KafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
         group_id=group_id,
@@ -25,6 +25,14 @@ def group_consumer(bootstrap: str, group_id: str, *topics: str) -> KafkaConsumer
         heartbeat_interval_ms=300,
         request_timeout_ms=15_000,
     )
+    # kafka-python joins without waiting for the topic's metadata; with the broker's
+    # group.initial.rebalance.delay.ms=0 the leader can assign before that metadata arrives
+    # ("No partition metadata for topic": an empty assignment), and kafka-python may then miss
+    # the rebalance it owes (its KAFKA-3949 race; once in ~4 full suite runs here). Kafka's 3 s
+    # default delay hides it; fetching the metadata first removes it.
+    for topic in topics:
+        assert c.partitions_for_topic(topic), f"no metadata for {topic}"
+    return c
 
 
 def read(c: KafkaConsumer, n: int, timeout: float = 20) -> list[tuple[int, int, bytes]]:
