@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exactly.protocol.header import read_uvarint, skip_tagged_fields
+from exactly.protocol.header import read_uvarint, skip_tagged_fields, write_uvarint
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -55,15 +55,6 @@ class ProduceRequestData:
     acks: int
     timeout_ms: int
     topics: tuple[ProduceTopic, ...]
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def parse_produce_request(buf: bytes | bytearray, pos: int, version: int) -> ProduceRequestData:
@@ -143,7 +134,7 @@ class _Writer:
 
     def count(self, n: int) -> None:
         if self.flexible:
-            self.out += _uvarint(n + 1)
+            self.out += write_uvarint(n + 1)
         else:
             self.out += _I32.pack(n)
 
@@ -153,7 +144,7 @@ class _Writer:
             return
         raw = value.encode("utf-8")
         if self.flexible:
-            self.out += _uvarint(len(raw) + 1)
+            self.out += write_uvarint(len(raw) + 1)
         else:
             self.out += _I16.pack(len(raw))
         self.out += raw
@@ -248,7 +239,7 @@ def encode_fetch_response(
                 w.out += b"\x00" if flexible else b"\xff\xff\xff\xff"
             else:
                 size = len(records)
-                w.out += _uvarint(size + 1) if flexible else _I32.pack(size)
+                w.out += write_uvarint(size + 1) if flexible else _I32.pack(size)
                 if size:
                     chunks.append(bytes(w.out))
                     chunks.append(records)

@@ -21,6 +21,8 @@ import types
 import typing
 from typing import Any
 
+from exactly.protocol.header import write_uvarint
+
 _FIXED = {
     "int8": 1,
     "int16": 2,
@@ -146,15 +148,6 @@ def _known_tags(cls: type[Any]) -> frozenset[int]:
 _TAGS: dict[type[Any], frozenset[int]] = {}
 
 
-def _write_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _entity(cls: type[Any], buf: Buffer, pos: int, path: str, edits: list[_Edit] | None = None) -> int:
     flexible = bool(getattr(cls, "__flexible__", False))
     for name, kind, elem, is_array, nullable in _plan(cls):
@@ -196,7 +189,7 @@ def _entity(cls: type[Any], buf: Buffer, pos: int, path: str, edits: list[_Edit]
             if tag in known:
                 kept.append((field_start, pos))
         if edits is not None and len(kept) < count:
-            section = _write_uvarint(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)
+            section = write_uvarint(len(kept)) + b"".join(bytes(buf[a:b]) for a, b in kept)
             edits.append((start, pos, section))
     return pos
 

@@ -47,6 +47,16 @@ def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, in
             raise HeaderError("unsigned varint too long")
 
 
+def write_uvarint(value: int) -> bytes:
+    """The unsigned varint encoding of ``value`` (compact lengths, tag numbers and sizes)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):

@@ -242,9 +242,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, level: int = logging.WARNING) -> None:
         if not self._closing:
-            log.warning("closing connection from %s: %s", self.peer, reason)
+            log.log(level, "closing connection from %s: %s", self.peer, reason)
         self._closing = True
         if self.transport is not None:
             self.transport.close()
@@ -318,10 +318,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def close_idle(self, idle_s: float) -> None:
         """connections.max.idle.ms expired: close as Kafka's selector does (debug log only)."""
-        log.debug("closing connection from %s: idle for %.0f ms", self.peer, idle_s * 1000)
-        self._closing = True
-        if self.transport is not None:
-            self.transport.close()
+        self._close(f"idle for {idle_s * 1000:.0f} ms", logging.DEBUG)
 
     def abort(self) -> None:
         """Broker shutdown: drop the connection without waiting for in-flight work."""
