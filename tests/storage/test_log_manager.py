@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +20,7 @@ from exactly.storage.log_manager import (
     TopicExistsError,
     UnknownTopicError,
 )
+from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 from tests.storage.helpers import NOW, append, crash, make_batch, read_all
 
@@ -164,3 +168,148 @@ def test_created_partitions_start_their_leader_epoch(tmp_path: Path) -> None:
         assert [(e.epoch, e.start_offset) for e in log.leader_epochs.entries] == [(0, 0)]
         assert (log.directory / "leader-epoch-checkpoint").read_text().split() == ["0", "1", "0", "0"]
     manager.close()
+
+
+# ---- add_partitions ---------------------------------------------------------------------------
+def _listed_partitions(data_dir: Path, topic: str) -> int:
+    return int(json.loads((data_dir / TOPICS_FILE).read_text())["topics"][topic]["partitions"])
+
+
+def test_add_partitions_uses_the_topic_config_and_survives_reopen(tmp_path: Path) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    created = manager.create_topic("t", 1, {"retention.ms": "1000", "segment.bytes": "4096"}, now_ms=NOW)
+    first = manager.get_partition(TopicPartition("t", 0))
+    assert first is not None
+    append(first, 2)
+    grown = manager.add_partitions("t", 3, now_ms=NOW)
+    assert grown.partitions == 3 and grown.topic_id == created.topic_id
+    assert grown.overrides == {"retention.ms": "1000", "segment.bytes": "4096"}
+    assert manager.topic("t") == grown
+    assert _listed_partitions(tmp_path, "t") == 3
+    for p in (1, 2):
+        log = manager.get_partition(TopicPartition("t", p))
+        assert log is not None
+        assert log.config == created.config  # retention.ms=1000, segment.bytes=4096
+        assert log.log_start_offset == log.log_end_offset == 0
+        assert [(e.epoch, e.start_offset) for e in log.leader_epochs.entries] == [(0, 0)]
+    assert read_offset_checkpoint(tmp_path / RECOVERY_POINT_CHECKPOINT) == {
+        TopicPartition("t", 0): 0,
+        TopicPartition("t", 1): 0,
+        TopicPartition("t", 2): 0,
+    }
+    new = manager.get_partition(TopicPartition("t", 2))
+    assert new is not None
+    append(new, 4)
+    manager.close()
+
+    reopened = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    info = reopened.topic("t")
+    assert info is not None and info.partitions == 3 and info.config == created.config
+    ends = []
+    for p in range(3):
+        log = reopened.get_partition(TopicPartition("t", p))
+        assert log is not None
+        ends.append(log.log_end_offset)
+    assert ends == [2, 0, 4]
+    reopened.close()
+
+
+def test_add_partitions_errors(tmp_path: Path) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 2, {}, now_ms=NOW)
+    with pytest.raises(UnknownTopicError):
+        manager.add_partitions("nope", 3, now_ms=NOW)
+    for count in (2, 1, 0, -1):
+        with pytest.raises(InvalidPartitionsError):
+            manager.add_partitions("t", count, now_ms=NOW)
+    info = manager.topic("t")
+    assert info is not None and info.partitions == 2
+    assert manager.get_partition(TopicPartition("t", 2)) is None
+    manager.close()
+
+
+def test_add_partitions_failure_while_preparing_leaves_the_topic_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 1, {}, now_ms=NOW)
+    real_open = PartitionLog.open
+
+    def open_failing_on_partition_2(directory: Path, tp: TopicPartition, *args: Any, **kwargs: Any) -> Any:
+        if tp.partition == 2:
+            raise OSError(28, "No space left on device")
+        return real_open(directory, tp, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionLog, "open", open_failing_on_partition_2)
+    with pytest.raises(OSError):
+        manager.add_partitions("t", 4, now_ms=NOW)
+    monkeypatch.undo()
+    assert not (tmp_path / "t-1").exists()  # the one that was made is gone again
+    info = manager.topic("t")
+    assert info is not None and info.partitions == 1
+    assert _listed_partitions(tmp_path, "t") == 1
+    assert manager.get_partition(TopicPartition("t", 1)) is None
+    assert manager.add_partitions("t", 4, now_ms=NOW).partitions == 4  # and it can be retried
+    manager.close()
+
+
+def _crash_inside_add_partitions(data_dir: Path, count: int, *, before_topics_file: bool) -> None:
+    """Child process: grow topic 't' and die like kill -9 (os._exit: no cleanup, no flush)
+    just before or just after topics.json is written."""
+    manager = LogManager(data_dir, LogConfig(), now_ms=NOW)
+    real_write = LogManager._write_topics
+
+    def write_then_die(self: LogManager, topics: Any = None) -> None:
+        if topics is None:  # not the write of add_partitions
+            real_write(self, topics)
+            return
+        if not before_topics_file:
+            real_write(self, topics)
+        os._exit(9)
+
+    LogManager._write_topics = write_then_die  # type: ignore[method-assign]
+    manager.add_partitions("t", count, now_ms=NOW)
+    os._exit(0)  # not reached
+
+
+@pytest.mark.parametrize("before_topics_file", [True, False])
+def test_add_partitions_killed_midway_leaves_a_loadable_topic(
+    tmp_path: Path, before_topics_file: bool
+) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 2, {"segment.bytes": "4096"}, now_ms=NOW)
+    log = manager.get_partition(TopicPartition("t", 1))
+    assert log is not None
+    append(log, 3)
+    manager.close()
+
+    child = multiprocessing.get_context("fork").Process(
+        target=_crash_inside_add_partitions,
+        args=(tmp_path, 5),
+        kwargs={"before_topics_file": before_topics_file},
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == 9
+    assert (tmp_path / "t-4").is_dir()  # the new directories were made before the crash
+
+    reopened = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    assert not reopened.had_clean_shutdown
+    expected = 2 if before_topics_file else 5
+    info = reopened.topic("t")
+    assert info is not None and info.partitions == expected
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("t-")) == [
+        f"t-{p}" for p in range(expected)
+    ]
+    ends = []
+    for p in range(expected):
+        plog = reopened.get_partition(TopicPartition("t", p))
+        assert plog is not None and plog.config.segment_bytes == 4096
+        ends.append(plog.log_end_offset)
+    assert ends == [0, 3] + [0] * (expected - 2)
+    if not before_topics_file:
+        new = reopened.get_partition(TopicPartition("t", 4))
+        assert new is not None
+        append(new, 2)
+        assert new.log_end_offset == 2
+    reopened.close()

@@ -53,6 +53,7 @@ class ApiKey(enum.IntEnum):
     WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
@@ -86,6 +87,7 @@ VERSION_RANGES: dict[int, tuple[int, int]] = {
     ApiKey.WRITE_TXN_MARKERS: (1, 1),
     ApiKey.TXN_OFFSET_COMMIT: (0, 4),
     ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),

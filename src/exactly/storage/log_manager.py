@@ -24,9 +24,13 @@ The ``.clean_shutdown`` marker is written last by ``close`` and removed as soon 
 open, so its presence at start-up means the previous process shut down cleanly (every recovery
 point then equals its log end offset and recovery reads nothing). ``had_clean_shutdown`` reports it.
 
-Topic metadata changes write topics.json *before* touching partition directories: a crash in
+topics.json is the commit point of every topic change, and both orders around it are safe:
+``create_topic`` and ``delete_topic`` write it *before* touching partition directories (a crash in
 between leaves either a listed topic whose missing directories are created on open, or unlisted
-directories that start-up deletes.
+directories that start-up deletes). ``add_partitions`` prepares the new partitions' directories
+*first* and then writes topics.json: a crash before the write leaves directories numbered beyond
+the listed partition count, which start-up deletes, and a failure while preparing only has to
+delete what it made - the listed topic never names a partition that could not be created.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -176,7 +180,8 @@ class LogManager:
             )
         return topics
 
-    def _write_topics(self) -> None:
+    def _write_topics(self, topics: Mapping[str, TopicInfo] | None = None) -> None:
+        """Persist ``topics`` (default: the current ones) to topics.json, atomically."""
         doc = {
             "version": 1,
             "topics": {
@@ -186,7 +191,7 @@ class LogManager:
                     "configs": dict(info.overrides),
                     "internal": info.internal,
                 }
-                for info in self._topics.values()
+                for info in (self._topics if topics is None else topics).values()
             },
         }
         atomic_write(self.data_dir / TOPICS_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
@@ -247,22 +252,58 @@ class LogManager:
         self._write_topics()
         for partition in range(partitions):
             tp = TopicPartition(name, partition)
-            directory = self._partition_dir(tp)
-            shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
-            self._logs[tp] = PartitionLog.open(
-                directory,
-                tp,
-                config,
-                recovery_point=0,
-                now_ms=now_ms,
-                producer_id_expiration_ms=self.producer_id_expiration_ms,
-            )
-            # Kafka records the epoch when the replica becomes leader, at creation: the
-            # checkpoint write (an fsync) happens here, not inside the first produce request.
-            self._logs[tp].leader_epochs.assign(INITIAL_LEADER_EPOCH, 0)
+            self._logs[tp] = self._new_partition(tp, config, now_ms)
         # No stale recovery point of an older topic with this name may survive in the checkpoint.
         self.checkpoint_recovery_points()
         return info
+
+    def add_partitions(self, name: str, count: int, *, now_ms: int) -> TopicInfo:
+        """Grow topic ``name`` to ``count`` partitions, created with the topic's config.
+
+        prepare (open the new partitions, empty, with their leader epoch) -> persist (topics.json
+        names the new count: the commit point) -> complete (publish them, checkpoint). If
+        preparing or persisting fails, the new directories are deleted and the topic is as
+        before. Raises UnknownTopicError, InvalidPartitionsError (``count`` is not an increase),
+        OSError."""
+        info = self._topics.get(name)
+        if info is None:
+            raise UnknownTopicError(f"Topic '{name}' does not exist.")
+        if count <= info.partitions:
+            raise InvalidPartitionsError(
+                f"Topic '{name}' has {info.partitions} partitions; {count} would not be an increase"
+            )
+        grown = replace(info, partitions=count)
+        prepared: dict[TopicPartition, PartitionLog] = {}
+        try:
+            for partition in range(info.partitions, count):
+                tp = TopicPartition(name, partition)
+                prepared[tp] = self._new_partition(tp, info.config, now_ms)
+            self._write_topics({**self._topics, name: grown})
+        except BaseException:
+            for partition_log in prepared.values():
+                partition_log.delete()
+            raise
+        self._topics[name] = grown
+        self._logs.update(prepared)
+        self.checkpoint_recovery_points()
+        return grown
+
+    def _new_partition(self, tp: TopicPartition, config: LogConfig, now_ms: int) -> PartitionLog:
+        """An empty partition in a fresh directory, leader epoch recorded."""
+        directory = self._partition_dir(tp)
+        shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
+        partition_log = PartitionLog.open(
+            directory,
+            tp,
+            config,
+            recovery_point=0,
+            now_ms=now_ms,
+            producer_id_expiration_ms=self.producer_id_expiration_ms,
+        )
+        # Kafka records the epoch when the replica becomes leader, at creation: the
+        # checkpoint write (an fsync) happens here, not inside the first produce request.
+        partition_log.leader_epochs.assign(INITIAL_LEADER_EPOCH, 0)
+        return partition_log
 
     def delete_topic(self, name: str) -> TopicInfo:
         """Close and delete the topic's partitions. Raises UnknownTopicError."""

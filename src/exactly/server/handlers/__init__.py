@@ -25,6 +25,7 @@ _MODULES = (
     "api_versions",
     "create_topics",
     "delete_topics",
+    "create_partitions",
     "init_producer_id",
     "describe_configs",
     "describe_cluster",
