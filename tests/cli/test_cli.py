@@ -102,10 +102,27 @@ def test_topics_errors(broker: Broker, topic: str) -> None:
     assert "INVALID_CONFIG" in fails("topics", "create", topic + "-2", "--config", "no.such.config=1", *bs)
 
 
+def test_topics_alter_partitions(broker: Broker, topic: str) -> None:
+    bs = ("--bootstrap-server", broker.bootstrap)
+    ok("topics", "create", topic, "--partitions", "2", *bs)
+    assert (
+        ok("topics", "alter", topic, "--partitions", "5", *bs).strip()
+        == f"Topic {topic} now has 5 partitions."
+    )
+    desc = ok("topics", "describe", topic, *bs).splitlines()
+    assert desc[0].startswith(f"Topic: {topic}\tPartitionCount: 5\t")
+    assert [line.split("\t")[2] for line in desc[1:]] == [f"Partition: {p}" for p in range(5)]
+    line = fails("topics", "alter", topic, "--partitions", "3", *bs)
+    assert "INVALID_PARTITIONS" in line and "which is higher than the requested 3" in line
+    assert "does not exist" in fails("topics", "alter", topic + "-nope", "--partitions", "3", *bs)
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ["topics"],
+        ["topics", "alter", "x"],
+        ["topics", "alter", "x", "--partitions", "0"],
         ["topics", "create"],
         ["topics", "create", "x", "--partitions", "0"],
         ["topics", "create", "x", "--partitions", "many"],

@@ -1,4 +1,7 @@
-"""``exactly topics create|list|describe|delete``: topic administration over the Kafka protocol.
+"""``exactly topics create|list|describe|alter|delete``: topic administration over the Kafka protocol.
+
+``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions), like
+``kafka-topics --alter --partitions N``.
 
 Uses confluent-kafka's AdminClient, so it works against any Kafka-compatible broker. Every
 failure (bad arguments, unreachable broker, broker error codes) ends with one line on stderr,
@@ -310,6 +313,22 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+@guarded("exactly topics alter")
+def cmd_alter(args: argparse.Namespace) -> int:
+    from confluent_kafka.admin import NewPartitions  # type: ignore[attr-defined]
+
+    errors = ErrorLog()
+    admin = admin_client(args, errors)
+    futures = admin.create_partitions(
+        [NewPartitions(args.name, args.partitions)],
+        operation_timeout=args.request_timeout,
+        request_timeout=args.request_timeout,
+    )
+    wait_future(futures[args.name], args.name, args, errors)
+    print(f"Topic {args.name} now has {args.partitions} partitions.")
+    return 0
+
+
 @guarded("exactly topics delete")
 def cmd_delete(args: argparse.Namespace) -> int:
     errors = ErrorLog()
@@ -321,7 +340,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    topics = strict(subparsers.add_parser("topics", help="create, list, describe and delete topics"))
+    topics = strict(subparsers.add_parser("topics", help="create, list, describe, alter and delete topics"))
     actions = topics.add_subparsers(dest="topics_action", metavar="ACTION", parser_class=StrictParser)
     actions.required = True
 
@@ -345,6 +364,14 @@ def register(subparsers: Any) -> None:
     describe.add_argument("name", metavar="NAME", nargs="?", help="one topic (default: all)")
     add_connection_options(describe)
     describe.set_defaults(func=cmd_describe)
+
+    alter = actions.add_parser("alter", help="add partitions to a topic")
+    alter.add_argument("name", metavar="NAME")
+    alter.add_argument(
+        "--partitions", type=positive_int, required=True, help="the new partition count (only grows)"
+    )
+    add_connection_options(alter)
+    alter.set_defaults(func=cmd_alter)
 
     delete = actions.add_parser("delete", help="delete a topic")
     delete.add_argument("name", metavar="NAME")
