@@ -38,6 +38,7 @@ leader epoch 0; Metadata lists them at once. The change is persisted by LogManag
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         )
         for t in request.topics
     ]
-    timeout_ms = int(request.timeout.total_seconds() * 1000)
+    timeout_ms = request.timeout // datetime.timedelta(milliseconds=1)
 
     def existing(name: str) -> ExistingTopic | None:
         info = broker.logs.topic(name)
