@@ -21,6 +21,13 @@ caller has it from the recovery-point checkpoint. Loading does, in order:
    first offset of an aborted transaction is only known from producer state. A snapshot at the log
    end is then taken so the next restart replays nothing.
 
+The log start offset is the checkpointed one (DeleteRecords may have put it inside the first
+segment), or the first segment's base offset when that is higher (segments were deleted after the
+checkpoint), capped at the log end (recovery may have cut the tail below a checkpointed start).
+Producer state is nevertheless rebuilt from the first segment's base: snapshots there are kept
+for that, and replaying the segment part below the log start restores exactly the state the
+running broker had.
+
 Invariants on return: the last segment is the active one; ``next_offset`` of every segment is
 known for the active one; the recovery point is <= the log end offset.
 """
@@ -55,6 +62,7 @@ _GARBAGE_SUFFIXES = (".tmp", ".deleted", ".cleaned", ".swap")
 class LoadResult:
     segments: list[LogSegment]
     recovery_point: int
+    log_start_offset: int
     truncated_bytes: int  # bytes cut from a torn tail (0 after a clean shutdown)
     replayed_batches: int  # producer-state replay length (0 when a snapshot covered the log)
 
@@ -99,6 +107,7 @@ def load_log(
     producer_state: ProducerStateManager,
     leader_epochs: LeaderEpochCache,
     now_ms: int,
+    log_start_offset: int = 0,
 ) -> LoadResult:
     """Open, validate and recover the segments of one partition; see the module docstring."""
     bases = _segment_bases(directory)
@@ -106,7 +115,7 @@ def load_log(
         segments = [new_segment(directory, 0, config, now_ms)]
         producer_state.truncate_and_reload(log_start_offset=0, log_end_offset=0)
         leader_epochs.truncate_from_end(0)
-        return LoadResult(segments, 0, 0, 0)
+        return LoadResult(segments, 0, 0, 0, 0)
     segments = [
         LogSegment.open(
             directory,
@@ -150,7 +159,9 @@ def load_log(
     rp = min(rp, log_end)
     leader_epochs.truncate_from_end(log_end)
     replayed = _rebuild_producer_state(segments, producer_state, leader_epochs, log_start, log_end, rp)
-    return LoadResult(segments, rp, truncated, replayed)
+    start = min(max(log_start_offset, log_start), log_end)
+    leader_epochs.truncate_from_start(start)
+    return LoadResult(segments, max(rp, start), start, truncated, replayed)
 
 
 def _rebuild_producer_state(

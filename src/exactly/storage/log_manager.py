@@ -6,6 +6,7 @@ Layout of ``data_dir``::
     topics.json                           topic name -> id, partition count, config overrides
                                           (written atomically: tmp + fsync + rename)
     recovery-point-offset-checkpoint      per partition recovery point
+    log-start-offset-checkpoint           log start offsets above the first segment's base
     .clean_shutdown                       present only after a clean close
     <topic>-<partition>/                  one PartitionLog each
 
@@ -23,6 +24,14 @@ missing from the checkpoint is validated from its start.
 The ``.clean_shutdown`` marker is written last by ``close`` and removed as soon as the logs are
 open, so its presence at start-up means the previous process shut down cleanly (every recovery
 point then equals its log end offset and recovery reads nothing). ``had_clean_shutdown`` reports it.
+
+The *log start offset* checkpoint (Kafka's ``log-start-offset-checkpoint``, same format) lists the
+partitions whose log start offset lies above their first segment's base offset, i.e. was moved by
+DeleteRecords and not (yet) matched by segment deletion. ``delete_records`` rewrites it before it
+returns, so an acknowledged deletion survives ``kill -9``. Kafka writes it only every
+log.flush.start.offset.checkpoint.interval.ms and accepts losing a recent deletion when every
+replica crashes; a single broker has no other replica, so ``exactly`` writes it at once (one
+fsynced file per DeleteRecords request, not per partition).
 
 topics.json is the commit point of every topic change, and both orders around it are safe:
 ``create_topic`` and ``delete_topic`` write it *before* touching partition directories (a crash in
@@ -49,7 +58,7 @@ from types import MappingProxyType
 from exactly.storage.checkpoint import atomic_write, read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
-from exactly.storage.partition_log import PartitionLog
+from exactly.storage.partition_log import OffsetOutOfRangeError, PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from exactly.types import TopicPartition
 
@@ -58,6 +67,8 @@ log = logging.getLogger(__name__)
 META_PROPERTIES = "meta.properties"
 TOPICS_FILE = "topics.json"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+DELETE_RECORDS_HIGH_WATERMARK = -1  # DeleteRecords offset meaning "up to the high watermark"
 CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
 DEFAULT_CHECKPOINT_INTERVAL_MS = 60_000  # Kafka's log.flush.offset.checkpoint.interval.ms
 MAX_TOPIC_NAME_LENGTH = 249
@@ -79,6 +90,10 @@ class InvalidTopicError(ValueError):
 
 class InvalidPartitionsError(ValueError):
     """A partition count below 1 (INVALID_PARTITIONS)."""
+
+
+class PolicyViolationError(Exception):
+    """DeleteRecords on a topic whose cleanup.policy lacks ``delete`` (POLICY_VIOLATION)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +148,7 @@ class LogManager:
             log.warning("%s was not shut down cleanly: validating unflushed data", data_dir)
         self._logs: dict[TopicPartition, PartitionLog] = {}
         recovery_points = read_offset_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT) or {}
+        log_starts = read_offset_checkpoint(data_dir / LOG_START_OFFSET_CHECKPOINT) or {}
         self._remove_orphan_directories()
         for info in self._topics.values():
             for partition in range(info.partitions):
@@ -144,6 +160,7 @@ class LogManager:
                     recovery_point=recovery_points.get(tp),
                     now_ms=now_ms,
                     producer_id_expiration_ms=producer_id_expiration_ms,
+                    log_start_offset=log_starts.get(tp, 0),
                 )
         # From here on a crash is an unclean shutdown.
         marker.unlink(missing_ok=True)
@@ -253,8 +270,9 @@ class LogManager:
         for partition in range(partitions):
             tp = TopicPartition(name, partition)
             self._logs[tp] = self._new_partition(tp, config, now_ms)
-        # No stale recovery point of an older topic with this name may survive in the checkpoint.
+        # No stale recovery point or log start of an older topic with this name may survive.
         self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
         return info
 
     def add_partitions(self, name: str, count: int, *, now_ms: int) -> TopicInfo:
@@ -316,6 +334,7 @@ class LogManager:
             if partition_log is not None:
                 partition_log.delete()
         self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
         return info
 
     def get_partition(self, tp: TopicPartition) -> PartitionLog | None:
@@ -323,6 +342,55 @@ class LogManager:
 
     def partitions(self) -> Iterator[PartitionLog]:
         return iter(list(self._logs.values()))
+
+    # --- DeleteRecords -----------------------------------------------------------------------
+    def delete_records(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | Exception]:
+        """Move each partition's log start offset to the given offset (-1: its high watermark),
+        deleting the segments wholly below it (Kafka's Partition.deleteRecordsOnLeader). Per
+        partition the result is the new log start offset (Kafka's low watermark) or the error:
+        UnknownTopicError, PolicyViolationError (cleanup.policy without delete),
+        OffsetOutOfRangeError (above the high watermark, or negative). When any start moved, the
+        log start checkpoint is written (fsynced) before this returns."""
+        results: dict[TopicPartition, int | Exception] = {}
+        moved = False
+        for tp, offset in offsets.items():
+            partition_log = self._logs.get(tp)
+            info = self._topics.get(tp.topic)
+            if partition_log is None or info is None:
+                results[tp] = UnknownTopicError(f"{tp} does not exist")
+                continue
+            if "delete" not in info.config.cleanup_policy:
+                results[tp] = PolicyViolationError(
+                    f"Records of partition {tp} can not be deleted due to the configured policy"
+                )
+                continue
+            target = partition_log.high_watermark if offset == DELETE_RECORDS_HIGH_WATERMARK else offset
+            if target < 0:
+                results[tp] = OffsetOutOfRangeError(f"The offset {target} for partition {tp} is not valid")
+                continue
+            try:
+                if partition_log.increment_log_start_offset(target):
+                    moved = True
+                    log.info("%s: log start offset moved to %d by DeleteRecords", tp, target)
+            except OffsetOutOfRangeError as exc:
+                results[tp] = exc
+                continue
+            results[tp] = partition_log.log_start_offset
+        if moved:
+            self.checkpoint_log_start_offsets()
+        return results
+
+    def checkpoint_log_start_offsets(self) -> None:
+        """Write the log start offsets that the segments alone do not tell (see the module
+        docstring)."""
+        write_offset_checkpoint(
+            self.data_dir / LOG_START_OFFSET_CHECKPOINT,
+            {
+                tp: partition_log.log_start_offset
+                for tp, partition_log in self._logs.items()
+                if partition_log.log_start_offset > partition_log.segments[0].base_offset
+            },
+        )
 
     # --- maintenance -----------------------------------------------------------------------
     def run_maintenance(self, now_ms: int) -> None:
@@ -336,6 +404,7 @@ class LogManager:
             partition_log.producer_state.remove_expired_producers(now_ms)
         if now_ms - self._last_checkpoint_ms >= self.checkpoint_interval_ms:
             self.checkpoint_recovery_points()
+            self.checkpoint_log_start_offsets()
             self._last_checkpoint_ms = now_ms
 
     def checkpoint_recovery_points(self) -> None:
@@ -353,5 +422,6 @@ class LogManager:
         for partition_log in self._logs.values():
             partition_log.close()
         self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
         atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
         self._closed = True

@@ -27,6 +27,20 @@ Offsets
 log end offset so replication can hold it back later; a single broker advances it right after each
 append (``update_high_watermark``) and, on open, sets it to the recovered log end (everything that
 survived on a single broker's disk was acknowledged or is acknowledgeable).
+
+The log start offset
+--------------------
+It is its own number, not the first segment's base offset: DeleteRecords
+(``increment_log_start_offset``) moves it to any offset up to the high watermark, possibly inside
+a segment and even inside a batch, as Kafka allows. Reads below it raise OffsetOutOfRangeError; a
+read at it returns the batch containing it (clients skip the records below their fetch offset,
+as they do after any mid-batch fetch). Segments wholly below it are deleted by the retention path
+(``apply_retention``), the one holding it stays. Retention deleting segments moves it up to the
+new first segment. Producer state is kept, as in Kafka since KIP-360: a producer whose data is
+all below the log start keeps its sequence state until producer-id expiration. An open
+transaction that started below it stays open; the LSO is clamped to the log start (Kafka's
+maybeIncrementFirstUnstableOffset). Persisting it is the log manager's job
+(``log-start-offset-checkpoint``); ``open`` takes the checkpointed value.
 """
 
 from __future__ import annotations
@@ -62,7 +76,7 @@ from exactly.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
 )
-from exactly.storage.retention import deletable_segments
+from exactly.storage.retention import deletable_segments, segments_below_log_start
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
@@ -71,7 +85,8 @@ _MAX_RELATIVE_OFFSET = 2**31 - 1  # Kafka keeps relative offsets within an Int32
 
 
 class OffsetOutOfRangeError(Exception):
-    """Fetch/ListOffsets outside [log_start_offset, log_end_offset]."""
+    """Fetch/ListOffsets outside [log_start_offset, log_end_offset]; DeleteRecords beyond the
+    high watermark."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +141,7 @@ class PartitionLog:
         self._bases: list[int] = [s.base_offset for s in self._segments]
         self._recovery_point = loaded.recovery_point
         self._high_watermark = self._segments[-1].next_offset
+        self._log_start_offset = loaded.log_start_offset
         self._first_unstable: int | None = producer_state.first_unstable_offset()
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
@@ -141,12 +157,14 @@ class PartitionLog:
         recovery_point: int | None,
         now_ms: int,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+        log_start_offset: int = 0,
     ) -> PartitionLog:
         """Open (creating if absent). ``recovery_point`` None means 'nothing is known to be
         flushed': the whole log is validated. Callers pass the checkpointed recovery point, and
         recovery validates every batch after it (CRC, lengths), truncates a torn tail, rebuilds
         indexes that are missing or corrupt, loads producer state from snapshot + replay of the
-        tail (see log_loader)."""
+        tail (see log_loader). ``log_start_offset`` is the checkpointed one (the first segment's
+        base offset wins when higher)."""
         directory.mkdir(parents=True, exist_ok=True)
         producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
         leader_epochs = LeaderEpochCache(directory)
@@ -154,6 +172,7 @@ class PartitionLog:
             directory,
             config,
             recovery_point=recovery_point,
+            log_start_offset=log_start_offset,
             producer_state=producer_state,
             leader_epochs=leader_epochs,
             now_ms=now_ms,
@@ -171,7 +190,7 @@ class PartitionLog:
     # --- offsets --------------------------------------------------------------------------
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        return self._log_start_offset
 
     @property
     def log_end_offset(self) -> int:
@@ -424,7 +443,7 @@ class PartitionLog:
         decoded. Not bounded by the high watermark; the caller filters."""
         for segment in self._segments:
             if segment.max_timestamp >= timestamp:
-                header = segment.find_by_timestamp(timestamp)
+                header = segment.find_by_timestamp(timestamp, self._log_start_offset)
                 if header is not None:
                     return max(header.base_offset, self.log_start_offset), header.max_timestamp
         return None
@@ -459,22 +478,51 @@ class PartitionLog:
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete whole segments past retention.ms / retention.bytes (never the active one).
-        Returns the number of segments deleted. Only for cleanup.policy containing delete."""
-        deletable = deletable_segments(self._segments, self.config, now_ms)
+        Returns the number of segments deleted. The limits apply only for cleanup.policy containing
+        delete; segments wholly below the log start offset go whatever the policy."""
+        deletable = deletable_segments(self._segments, self.config, now_ms, self._log_start_offset)
         if deletable:
             self._delete_oldest(deletable)
         return deletable
+
+    def increment_log_start_offset(self, offset: int) -> bool:
+        """Move the log start offset up to ``offset`` (DeleteRecords; Kafka's
+        UnifiedLog.maybeIncrementLogStartOffset) and delete the segments wholly below it. Raises
+        OffsetOutOfRangeError when ``offset`` is above the high watermark; an offset at or below
+        the current start changes nothing. True when it moved: the caller must then checkpoint
+        it before acknowledging."""
+        if offset > self._high_watermark:
+            raise OffsetOutOfRangeError(
+                f"{self.tp}: cannot move the log start offset to {offset}, above the high "
+                f"watermark {self._high_watermark}"
+            )
+        if offset <= self._log_start_offset:
+            return False
+        self._move_log_start(offset)
+        count = segments_below_log_start(self._segments, offset)
+        if count:
+            self._delete_oldest(count)
+        return True
+
+    def _move_log_start(self, start: int) -> None:
+        """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader
+        epoch cache forgets epochs below the start (LSO clamping: ``last_stable_offset``)."""
+        self._log_start_offset = start
+        self._high_watermark = max(self._high_watermark, start)
+        self._recovery_point = max(self._recovery_point, start)
+        self.leader_epochs.truncate_from_start(start)
 
     def _delete_oldest(self, count: int) -> None:
         for segment in self._segments[:count]:
             segment.delete()
         del self._segments[:count]
         del self._bases[:count]
-        start = self.log_start_offset
-        self._high_watermark = max(self._high_watermark, start)
-        self._recovery_point = max(self._recovery_point, start)
-        self.producer_state.delete_snapshots_before(start)
-        self.leader_epochs.truncate_from_start(start)
+        first_base = self._segments[0].base_offset
+        if first_base > self._log_start_offset:
+            self._move_log_start(first_base)
+        # Snapshots from the first segment's base on stay: recovery replays that whole segment
+        # (the log start may lie inside it, and a transaction open there must be rebuilt).
+        self.producer_state.delete_snapshots_before(first_base)
 
     def close(self) -> None:
         """Flush, snapshot producer state; the caller then writes the recovery checkpoint."""

@@ -301,13 +301,14 @@ class LogSegment:
                 return pos, header
         return None
 
-    def find_by_timestamp(self, timestamp: int) -> BatchHeader | None:
-        """Header of the first batch whose max timestamp is >= ``timestamp``."""
+    def find_by_timestamp(self, timestamp: int, starting_offset: int = 0) -> BatchHeader | None:
+        """Header of the first batch whose max timestamp is >= ``timestamp`` among the batches
+        that hold offsets at or after ``starting_offset`` (the log start offset)."""
         self.ensure_indexes()
-        start_offset = self.time_index.lookup(timestamp)
+        start_offset = max(self.time_index.lookup(timestamp), starting_offset)
         _o, position = self.offset_index.lookup(start_offset)
         for _pos, header in self.scan(position, chunk=LOOKUP_CHUNK):
-            if header.max_timestamp >= timestamp:
+            if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
                 return header
         return None
 
