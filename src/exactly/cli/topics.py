@@ -1,7 +1,9 @@
-"""``exactly topics create|list|describe|alter|delete``: topic administration over the Kafka protocol.
+"""``exactly topics create|list|describe|alter|delete|delete-records``: topic administration over
+the Kafka protocol.
 
 ``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions), like
-``kafka-topics --alter --partitions N``.
+``kafka-topics --alter --partitions N``; ``delete-records NAME --offset O`` moves partitions' log
+start offsets (DeleteRecords), like ``kafka-delete-records``.
 
 Uses confluent-kafka's AdminClient, so it works against any Kafka-compatible broker. Every
 failure (bad arguments, unreachable broker, broker error codes) ends with one line on stderr,
@@ -339,8 +341,52 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def offset_or_end(text: str) -> int:
+    """A DeleteRecords offset: >= 0, or -1 / ``end`` for the high watermark."""
+    if text.strip().lower() in ("end", "-1"):
+        return -1
+    return non_negative_int(text)
+
+
+@guarded("exactly topics delete-records")
+def cmd_delete_records(args: argparse.Namespace) -> int:
+    """Kafka's kafka-delete-records: move the log start offset of one or more partitions of a
+    topic up to OFFSET (records below it are no longer readable)."""
+    from confluent_kafka import TopicPartition
+
+    errors = ErrorLog()
+    admin = admin_client(args, errors)
+    partitions = args.partition or [0]
+    wanted = [TopicPartition(args.name, p, args.offset) for p in sorted(set(partitions))]
+    futures = admin.delete_records(
+        wanted, request_timeout=args.request_timeout, operation_timeout=args.request_timeout
+    )
+    for tp in wanted:
+        try:
+            deleted = futures[tp].result(timeout=args.request_timeout + 5)
+        except Exception as exc:
+            err = kafka_error_of(exc)
+            if err is not None and err.name() == "OFFSET_OUT_OF_RANGE":
+                raise CliError(
+                    f"partition {tp.partition}: offset {args.offset} is beyond the high watermark"
+                ) from None
+            if err is not None and err.name() in ("_NOENT", "UNKNOWN_TOPIC_OR_PART"):
+                # librdkafka finds no leader for a partition that does not exist
+                raise CliError(f"topic '{args.name}' has no partition {tp.partition}") from None
+            if err is not None and err.name() == "POLICY_VIOLATION":
+                raise CliError(
+                    f"topic '{args.name}': records cannot be deleted (cleanup.policy has no delete)"
+                ) from None
+            wait_future(futures[tp], args.name, args, errors)  # re-raises as a CliError
+            raise
+        print(f"Partition {tp.partition}: low watermark {deleted.low_watermark}")
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    topics = strict(subparsers.add_parser("topics", help="create, list, describe, alter and delete topics"))
+    topics = strict(
+        subparsers.add_parser("topics", help="create, list, describe, alter and delete topics, delete records")
+    )
     actions = topics.add_subparsers(dest="topics_action", metavar="ACTION", parser_class=StrictParser)
     actions.required = True
 
@@ -377,3 +423,24 @@ def register(subparsers: Any) -> None:
     delete.add_argument("name", metavar="NAME")
     add_connection_options(delete)
     delete.set_defaults(func=cmd_delete)
+
+    records = actions.add_parser(
+        "delete-records", help="delete the records of partitions below an offset (DeleteRecords)"
+    )
+    records.add_argument("name", metavar="TOPIC")
+    records.add_argument(
+        "--partition",
+        type=non_negative_int,
+        action="append",
+        metavar="P",
+        help="partition (repeatable; default 0)",
+    )
+    records.add_argument(
+        "--offset",
+        type=offset_or_end,
+        required=True,
+        metavar="OFFSET",
+        help="new log start offset: records below it go; -1 or 'end' for the high watermark",
+    )
+    add_connection_options(records)
+    records.set_defaults(func=cmd_delete_records)

@@ -26,6 +26,7 @@ _MODULES = (
     "create_topics",
     "delete_topics",
     "create_partitions",
+    "delete_records",
     "init_producer_id",
     "describe_configs",
     "describe_cluster",

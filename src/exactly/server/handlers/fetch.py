@@ -75,7 +75,7 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_topic_or_partition)
                 parts.append(
                     FetchPartitionResult(
-                        p.partition, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None, None
+                        p.partition, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None, b""
                     )
                 )
                 continue
@@ -95,7 +95,7 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
                         plog.last_stable_offset,
                         plog.log_start_offset,
                         None,
-                        None,
+                        b"",  # an empty record set, as Kafka writes: librdkafka rejects null here
                     )
                 )
                 continue
