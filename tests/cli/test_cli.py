@@ -117,12 +117,33 @@ def test_topics_alter_partitions(broker: Broker, topic: str) -> None:
     assert "does not exist" in fails("topics", "alter", topic + "-nope", "--partitions", "3", *bs)
 
 
+def test_topics_delete_records(broker: Broker, topic: str) -> None:
+    bs = ("--bootstrap-server", broker.bootstrap)
+    ok("topics", "create", topic, "--partitions", "2", *bs)
+    ok("topics", "create", topic + "-c", "--config", "cleanup.policy=compact", *bs)
+    for partition in (0, 1):
+        produce_values(broker.bootstrap, topic, [b"v%d" % i for i in range(20)], partition=partition)
+    out = ok("topics", "delete-records", topic, "--partition", "0", "--partition", "1", "--offset", "12", *bs)
+    assert out.splitlines() == ["Partition 0: low watermark 12", "Partition 1: low watermark 12"]
+    assert [g.offset for g in consume(broker.bootstrap, topic, 8, partitions=(1,))] == list(range(12, 20))
+    assert ok("topics", "delete-records", topic, "--offset", "end", *bs) == "Partition 0: low watermark 20\n"
+    assert "beyond the high watermark" in fails("topics", "delete-records", topic, "--offset", "21", *bs)
+    assert "cleanup.policy" in fails("topics", "delete-records", topic + "-c", "--offset", "0", *bs)
+    assert "has no partition 5" in fails(
+        "topics", "delete-records", topic, "--partition", "5", "--offset", "0", *bs
+    )
+    assert "has no partition 0" in fails("topics", "delete-records", topic + "-nope", "--offset", "0", *bs)
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ["topics"],
         ["topics", "alter", "x"],
         ["topics", "alter", "x", "--partitions", "0"],
+        ["topics", "delete-records", "x"],
+        ["topics", "delete-records", "x", "--offset", "-2"],
+        ["topics", "delete-records", "x", "--offset", "1", "--partition", "-1"],
         ["topics", "create"],
         ["topics", "create", "x", "--partitions", "0"],
         ["topics", "create", "x", "--partitions", "many"],
