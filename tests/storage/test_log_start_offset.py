@@ -36,7 +36,9 @@ def test_moving_the_start_deletes_only_segments_wholly_below_it(tmp_path: Path) 
     bases = [s.base_offset for s in log.segments]
     assert len(bases) >= 4, bases
     target = bases[2] + 1  # inside the third segment, inside its first batch
+    assert log.recovery_point < target
     assert log.increment_log_start_offset(target)
+    assert log.recovery_point == log.log_end_offset  # flushed, not merely moved up
     assert log.log_start_offset == target
     assert [s.base_offset for s in log.segments] == bases[2:]  # the segment holding it stays
     assert not any((tmp_path / f"{b:020d}.log").exists() for b in bases[:2])

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import crc32c
 from kio.schema.errors import ErrorCode
@@ -242,6 +242,20 @@ def patch_base_offset(buf: bytearray | memoryview, position: int, base_offset: i
 
 def patch_partition_leader_epoch(buf: bytearray | memoryview, position: int, epoch: int) -> None:
     _INT32.pack_into(buf, position + 12, epoch)
+
+
+def stamp_log_append_time(batch: bytearray | memoryview, header: BatchHeader, now_ms: int) -> BatchHeader:
+    """message.timestamp.type=LogAppendTime: set the timestamp-type bit and the max timestamp to
+    the broker's clock and recompute the CRC (both fields are covered by it), as Kafka does."""
+    position = header.position
+    attributes = header.attributes | TIMESTAMP_TYPE_MASK
+    batch[position + ATTRIBUTES_OFFSET : position + ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big")
+    batch[position + MAX_TIMESTAMP_OFFSET : position + MAX_TIMESTAMP_OFFSET + 8] = now_ms.to_bytes(
+        8, "big", signed=True
+    )
+    crc = compute_crc(batch, position, header.size)
+    batch[position + CRC_OFFSET : position + CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+    return replace(header, attributes=attributes, max_timestamp=now_ms, crc=crc)
 
 
 def iter_batches(

@@ -45,7 +45,6 @@ maybeIncrementFirstUnstableOffset). Persisting it is the log manager's job
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -54,16 +53,12 @@ from pathlib import Path
 from kio.schema.errors import ErrorCode
 
 from exactly.records.batch import (
-    ATTRIBUTES_OFFSET,
-    CRC_OFFSET,
-    MAX_TIMESTAMP_OFFSET,
-    TIMESTAMP_TYPE_MASK,
     BatchHeader,
     InvalidRecordError,
-    compute_crc,
     iter_batches,
     patch_base_offset,
     patch_partition_leader_epoch,
+    stamp_log_append_time,
 )
 from exactly.records.control import ControlType, read_control_marker
 from exactly.storage.config import LogConfig
@@ -262,7 +257,7 @@ class PartitionLog:
         base_offset = self.log_end_offset
         log_append_time = -1
         if self.config.message_timestamp_type == "LogAppendTime":
-            header = _stamp_log_append_time(batch, header, now_ms)
+            header = stamp_log_append_time(batch, header, now_ms)
             log_append_time = now_ms
         patch_base_offset(batch, position, base_offset)
         patch_partition_leader_epoch(batch, position, leader_epoch)
@@ -498,6 +493,10 @@ class PartitionLog:
             )
         if offset <= self._log_start_offset:
             return False
+        if offset > self._recovery_point:
+            # The recovery point must stay at or above the log start, and it only ever covers
+            # fsynced data: flush rather than claim data below the new start is on disk.
+            self.flush()
         self._move_log_start(offset)
         count = segments_below_log_start(self._segments, offset)
         if count:
@@ -546,17 +545,3 @@ class PartitionLog:
             f"PartitionLog({self.tp}, start={self.log_start_offset}, end={self.log_end_offset}, "
             f"hw={self._high_watermark}, segments={len(self._segments)})"
         )
-
-
-def _stamp_log_append_time(batch: bytearray | memoryview, header: BatchHeader, now_ms: int) -> BatchHeader:
-    """message.timestamp.type=LogAppendTime: set the timestamp-type bit and the max timestamp to
-    the broker's clock and recompute the CRC (both fields are covered by it), as Kafka does."""
-    position = header.position
-    attributes = header.attributes | TIMESTAMP_TYPE_MASK
-    batch[position + ATTRIBUTES_OFFSET : position + ATTRIBUTES_OFFSET + 2] = attributes.to_bytes(2, "big")
-    batch[position + MAX_TIMESTAMP_OFFSET : position + MAX_TIMESTAMP_OFFSET + 8] = now_ms.to_bytes(
-        8, "big", signed=True
-    )
-    crc = compute_crc(batch, position, header.size)
-    batch[position + CRC_OFFSET : position + CRC_OFFSET + 4] = crc.to_bytes(4, "big")
-    return dataclasses.replace(header, attributes=attributes, max_timestamp=now_ms, crc=crc)
