@@ -19,6 +19,7 @@ from kio.static.primitive import i32, i64
 
 from tests.support.broker import Broker
 from tests.support.clients import admin, consume, consumer, create_topic, produce_values, watermarks
+from tests.support.txn_helpers import produce_flush, read_to_end, txn_producer, wire_list_offset
 from tests.support.wire import (
     WireClient,
     fetch_records,
@@ -237,3 +238,31 @@ def test_group_consumer_below_the_new_start_resets(gb: Broker, topic: str, group
         pytest.fail(f"no message or error within 30 s (auto.offset.reset={reset})")
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_delete_records_inside_an_open_transaction(broker: Broker, topic: str, outcome: str) -> None:
+    """Kafka allows it (the bound is the high watermark, not the LSO): the transaction stays open,
+    the LSO is clamped to the new start, and its outcome still decides what read_committed sees."""
+    create_topic(broker.bootstrap, topic)
+    produce_values(broker.bootstrap, topic, [b"plain0", b"plain1"])  # 0-1
+    p = txn_producer(broker.bootstrap, f"{topic}-txn")
+    p.init_transactions(15)
+    p.begin_transaction()
+    produce_flush(p, [(topic, 0, b"t%d" % i) for i in range(10)])  # 2-11, undecided
+    with WireClient(broker.bootstrap) as c:
+        assert int(delete_records(c, topic, {0: 7})[0].low_watermark) == 7
+        assert wire_list_offset(c, topic, 0, -1, isolation_level=1)[2] == 7  # LSO clamped to start
+        assert wire_list_offset(c, topic, 0, -2, isolation_level=1)[2] == 7
+    if outcome == "commit":
+        p.commit_transaction(15)
+    else:
+        p.abort_transaction(15)
+    produce_values(broker.bootstrap, topic, [b"after"])
+    got = read_to_end(broker.bootstrap, topic, [0], "read_committed")
+    if outcome == "commit":
+        assert [(g.offset, g.value) for g in got] == [(i, b"t%d" % (i - 2)) for i in range(7, 12)] + [
+            (13, b"after")
+        ]
+    else:
+        assert [(g.offset, g.value) for g in got] == [(13, b"after")]
