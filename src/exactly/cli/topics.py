@@ -385,7 +385,9 @@ def cmd_delete_records(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     topics = strict(
-        subparsers.add_parser("topics", help="create, list, describe, alter and delete topics, delete records")
+        subparsers.add_parser(
+            "topics", help="create, list, describe, alter and delete topics, delete records"
+        )
     )
     actions = topics.add_subparsers(dest="topics_action", metavar="ACTION", parser_class=StrictParser)
     actions.required = True
