@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# System packages the project needs beyond Python: Java 17 (Spark) and kcat (a C client used by
-# the tests and benchmarks). Installs them with apt when missing and we are root; otherwise says
-# what is missing and carries on (tests that need them skip with that reason).
+# System packages the project needs beyond Python: Java 17 (Spark, ZooKeeper), kcat (a C client used
+# by the tests and benchmarks) and ZooKeeper 3.8 (the cluster mode's coordination service; the
+# package's jars under /usr/share/java are what `exactly zookeeper` runs). Installs them with apt
+# when missing and we are root; otherwise says what is missing and carries on (tests that need them
+# skip with that reason).
 set -u
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${missing[*]} with apt-get" >&2

@@ -1,7 +1,8 @@
 """`exactly` command line: one sub-command module per area, each exposing ``register(subparsers)``.
 
 Modules: serve (the broker), topics (create/list/describe/delete), console (produce/consume),
-txn / producers / groups (operations), pipeline (the Spark orders pipeline).
+txn / producers / groups (operations), pipeline (the Spark orders pipeline), zookeeper (a local
+ZooKeeper for the cluster mode).
 
 Start-up cost matters (tests and scripts run the CLI many times, and the Kafka schema library
 alone takes about a second to import), so only the module of the command being run is imported;
@@ -22,6 +23,7 @@ _COMMAND_MODULES = (
     "exactly.cli.producers",
     "exactly.cli.groups",
     "exactly.cli.pipeline",
+    "exactly.cli.zookeeper",
 )
 
 # command name -> the module that registers it (modules may register several commands)
@@ -34,6 +36,7 @@ _COMMAND_OWNER = {
     "producers": "exactly.cli.producers",
     "groups": "exactly.cli.groups",
     "pipeline": "exactly.cli.pipeline",
+    "zookeeper": "exactly.cli.zookeeper",
 }
 
 
