@@ -104,5 +104,8 @@ class ZkProducerIdManager:
             )
         with self._lock:
             self._prefetching = False
-            if block is not None:
+            # The current block ran out while this was in flight and a later block was taken
+            # synchronously: this one is older, drop it (unused ids are skipped, never reused) so
+            # ids keep increasing.
+            if block is not None and (self._block is None or block.block_start > self._block.block_start):
                 self._prefetched = block

@@ -327,6 +327,31 @@ class ClusterZk:
             PartitionState(LeaderAndIsr.decode(data, what), int(stat.version)), int(stat.mzxid)
         )
 
+    def watch_partition_state(
+        self, tp: TopicPartition, callback: Callable[[ObservedState | None], None]
+    ) -> None:
+        """``callback`` now and after every change of the state znode (None while it does not
+        exist), on a kazoo thread. A one-shot watch re-armed by kazoo: changes in between may merge,
+        which the role decisions tolerate because they compare epochs."""
+
+        def on_change(data: bytes | None, stat: Any) -> None:
+            if data is None or stat is None:
+                callback(None)
+                return
+            state = PartitionState(LeaderAndIsr.decode(data, f"{tp} state"), int(stat.version))
+            callback(ObservedState(state, int(stat.mzxid)))
+
+        self.client.DataWatch(zn.partition_state_path(tp.topic, tp.partition), on_change)
+
+    def watch_brokers(self, callback: Callable[[dict[int, int]], None]) -> None:
+        """``callback(live broker id -> broker epoch)`` now and after every change of
+        ``/brokers/ids`` (the controller diffs consecutive maps with ``diff_brokers``)."""
+
+        def on_children(_children: list[str]) -> None:
+            callback(self.live_brokers())
+
+        self.client.ChildrenWatch(zn.BROKER_IDS, on_children)
+
     def write_partition_states(
         self, lease: ControllerLease, changes: Iterable[StateChange]
     ) -> list[StateWriteResult]:
@@ -343,12 +368,12 @@ class ClusterZk:
                     zn.partition_path(change.tp.topic, change.tp.partition),
                 ):
                     if self.client.exists(parent) is None:
-                        tx.create(parent, b"")
+                        tx.create(parent, b"")  # (Kafka writes these with no data too)
                 tx.create(path, change.new.encode())
             else:
                 tx.set_data(path, change.new.encode(), version=change.expected_zk_version)
             outcome = tx.commit()
-            if isinstance(outcome[0], Exception):
+            if isinstance(outcome[0], BadVersionError | NoNodeError):
                 raise ControllerMovedError(f"controller epoch {lease.epoch} is no longer current")
             if any(isinstance(r, Exception) for r in outcome):
                 log.info(
