@@ -56,3 +56,12 @@ def test_prefetch_keeps_generate_off_zookeeper(cluster_zk: Factory) -> None:
 
     wait_for(prefetched, what="the next block to be prefetched")
     assert [manager.generate() for _ in range(2)] == [9, 10]
+
+
+def test_prefetch_at_start_up_takes_the_first_block(cluster_zk: Factory) -> None:
+    zk = cluster_zk()
+    manager = ZkProducerIdManager(zk.client, 3)
+    manager.prefetch()
+    wait_for(lambda: manager.has_block, what="the first block")
+    assert manager.generate() == 0
+    assert ProducerIdBlock.decode(zk.client.get(zn.LATEST_PRODUCER_ID_BLOCK)[0]) == ProducerIdBlock(3, 0, 999)

@@ -72,6 +72,22 @@ class ZkProducerIdManager:
         self._prefetched: ProducerIdBlock | None = None
         self._prefetching = False
 
+    @property
+    def has_block(self) -> bool:
+        """Whether the next ``generate`` can answer without a ZooKeeper round trip."""
+        with self._lock:
+            current = self._block is not None and self._next <= self._block.block_end
+            return current or self._prefetched is not None
+
+    def prefetch(self) -> None:
+        """Fetch the first block in the background (call at start-up, so that the first
+        ``generate`` on the event loop does not wait for ZooKeeper)."""
+        with self._lock:
+            if self._block is not None or self._prefetched is not None or self._prefetching:
+                return
+            self._prefetching = True
+        self.client.handler.spawn(self._prefetch)
+
     def generate(self) -> ProducerId:
         with self._lock:
             if self._block is None or self._next > self._block.block_end:

@@ -5,4 +5,6 @@ role for a partition from the partition state it observes (acting on epochs, nev
 Nothing here performs I/O or imports asyncio: the broker's replica manager feeds events (a follower
 fetch, a local append, an observed state znode, a timer tick with ``now_ms``) and executes the
 returned decisions (write the ISR conditionally, truncate the log, start/stop a fetcher).
+
+Design, event/decision table and next steps: ``exactly/cluster/README.md``.
 """
