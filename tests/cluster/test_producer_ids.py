@@ -47,15 +47,14 @@ def test_two_brokers_never_collide_including_restarts(cluster_zk: Factory) -> No
 def test_prefetch_keeps_generate_off_zookeeper(cluster_zk: Factory) -> None:
     zk = cluster_zk()
     manager = ZkProducerIdManager(zk.client, 1, block_size=10)
-    ids = [manager.generate() for _ in range(9)]  # 90% used: the next block is being fetched
-    assert ids == list(range(9))
-
-    def prefetched() -> bool:
-        latest = ProducerIdBlock.decode(zk.client.get(zn.LATEST_PRODUCER_ID_BLOCK)[0])
-        return latest is not None and latest.block_start == 10
-
-    wait_for(prefetched, what="the next block to be prefetched")
-    assert [manager.generate() for _ in range(2)] == [9, 10]
+    # the 9th id uses 90% of the block: the next one is fetched in the background
+    assert [manager.generate() for _ in range(10)] == list(range(10))
+    wait_for(lambda: manager.has_block, what="the next block to be prefetched")
+    latest = ProducerIdBlock.decode(zk.client.get(zn.LATEST_PRODUCER_ID_BLOCK)[0])
+    assert latest == ProducerIdBlock(1, 10, 19)
+    assert manager.generate() == 10
+    # generate took no new block itself
+    assert ProducerIdBlock.decode(zk.client.get(zn.LATEST_PRODUCER_ID_BLOCK)[0]) == latest
 
 
 def test_prefetch_at_start_up_takes_the_first_block(cluster_zk: Factory) -> None:
