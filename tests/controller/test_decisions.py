@@ -17,6 +17,7 @@ from exactly.controller.decisions import (
     new_partitions,
     on_broker_change,
     on_brokers_failed,
+    on_controller_failover,
     preferred_elections,
 )
 from exactly.types import TopicPartition
@@ -137,3 +138,17 @@ def test_preferred_election_and_imbalance() -> None:
     after = apply(c, changes)
     assert imbalanced_partitions(after) == [T2]  # 1 of broker 1's 3 preferred partitions: 33% > 10%
     assert imbalanced_partitions(after, imbalance_percentage=50) == []
+
+
+def test_new_controller_handles_failures_its_predecessor_missed() -> None:
+    # broker 3 died while there was no controller; T1 has no leader but its ISR member 2 is back
+    c = ctx({1, 2}, {T0: (1, 5, (1, 2, 3)), T1: (NO_LEADER, 5, (2,)), T2: (3, 5, (3, 1))})
+    changes = on_controller_failover(c)
+    assert [(ch.tp, ch.new) for ch in changes] == [
+        (T0, LeaderAndIsr(1, 6, (1, 2), 2)),
+        (T1, LeaderAndIsr(2, 6, (2,), 2)),
+        (T2, LeaderAndIsr(1, 6, (1,), 2)),
+    ]
+    # T1 with assignment (1, 2) only: no dead replica, still elected by the offline pass
+    c2 = ctx({1, 2}, {T1: (NO_LEADER, 5, (2,))}, assignments={T1: (1, 2)})
+    assert [ch.new for ch in on_controller_failover(c2)] == [LeaderAndIsr(2, 6, (2,), 2)]

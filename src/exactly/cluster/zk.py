@@ -35,6 +35,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    KazooException,
     NodeExistsError,
     NoNodeError,
     RolledBackError,
@@ -348,9 +349,18 @@ class ClusterZk:
         ``/brokers/ids`` (the controller diffs consecutive maps with ``diff_brokers``)."""
 
         def on_children(_children: list[str]) -> None:
-            callback(self.live_brokers())
+            try:
+                live = self.live_brokers()
+            except KazooException as exc:  # the session is going away; a new watch re-reads
+                log.debug("broker set not read: %r", exc)
+                return
+            callback(live)
 
         self.client.ChildrenWatch(zn.BROKER_IDS, on_children)
+
+    def watch_topics(self, callback: Callable[[list[str]], None]) -> None:
+        """``callback(topic names)`` now and after every change of ``/brokers/topics``."""
+        self.client.ChildrenWatch(zn.BROKER_TOPICS, lambda topics: callback(sorted(topics)))
 
     def write_partition_states(
         self, lease: ControllerLease, changes: Iterable[StateChange]

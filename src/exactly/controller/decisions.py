@@ -160,6 +160,16 @@ def elect_offline_partitions(ctx: ControllerContext) -> list[StateChange]:
     return changes
 
 
+def on_controller_failover(ctx: ControllerContext) -> list[StateChange]:
+    """A newly elected controller's bootstrap (Kafka's state machines' start-up): replicas on
+    brokers that are not live go offline (leaders re-elected, ISR membership removed with an epoch
+    bump), then every partition still without a live leader gets an election attempt. The previous
+    controller may have died before handling those failures, so nothing can be assumed done."""
+    dead = {b for replicas in ctx.assignments.values() for b in replicas if not ctx.is_live(b)}
+    changes = on_brokers_failed(ctx, dead)
+    return changes + elect_offline_partitions(apply(ctx, changes))
+
+
 def on_broker_change(ctx: ControllerContext, change: BrokerChange) -> list[StateChange]:
     """``ctx`` has the *current* live brokers. Bounced brokers are handled as failed first (their
     old incarnation's ISR membership and leadership end), then everyone returning gets a chance

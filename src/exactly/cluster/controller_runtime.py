@@ -1,0 +1,201 @@
+"""The controller role of one broker: elect, load, react — applying ``exactly.controller`` decisions.
+
+Why a thread and a queue
+------------------------
+Kafka's controller handles one event at a time (``ControllerEventManager``): decisions read one
+consistent context and nothing interleaves. Here kazoo delivers watch callbacks on its own
+threads, so callbacks only *enqueue* events; one worker thread takes them in order, reads
+ZooKeeper, computes decisions with the sans-IO functions and writes them fenced by
+``/controller_epoch``. ZooKeeper calls block that worker only, never the broker's event loop.
+
+Epochs, not events: an event only says "something changed"; the worker re-reads what it needs
+(the broker set with czxids, the state znodes with zkVersions), so merged or repeated watch
+notifications are harmless. A write refused with BADVERSION triggers a re-read and a new decision
+(bounded); a failed fence (:class:`ControllerMovedError`) ends this controller's term.
+
+Scope (the foundation): election and failover, broker failure / start-up / bounce, initial states
+of new partitions. Controlled shutdown, preferred election and topic deletion have decision
+functions but no events here yet (see the package README).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from exactly.cluster.zk import ClusterZk, ControllerLease, ControllerMovedError
+from exactly.cluster.znodes import PartitionState
+from exactly.controller.context import ControllerContext
+from exactly.controller.decisions import (
+    BrokerChange,
+    StateChange,
+    diff_brokers,
+    new_partitions,
+    on_broker_change,
+    on_controller_failover,
+)
+from exactly.types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+MAX_DECISION_ROUNDS = 5
+
+
+class ControllerEvent(enum.Enum):
+    CONTROLLER_CHANGED = "controller changed"
+    BROKERS_CHANGED = "brokers changed"
+    TOPICS_CHANGED = "topics changed"
+    STOP = "stop"
+
+
+def _never(_topic: str) -> bool:
+    return False
+
+
+class ControllerRuntime:
+    """Run with :meth:`start` after the broker registered; :meth:`stop` on shutdown."""
+
+    def __init__(
+        self, zk: ClusterZk, broker_id: int, *, unclean_election: Callable[[str], bool] = _never
+    ) -> None:
+        self.zk = zk
+        self.broker_id = broker_id
+        self.unclean_election = unclean_election
+        self.lease: ControllerLease | None = None
+        self._events: queue.Queue[ControllerEvent] = queue.Queue()
+        self._known_brokers: dict[int, int] = {}
+        self._watching = False
+        self._worker = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
+        # Set whenever this broker wins an election (tests and metrics wait on it).
+        self.elected = threading.Event()
+
+    @property
+    def is_active(self) -> bool:
+        return self.lease is not None
+
+    def start(self) -> None:
+        self._worker.start()
+        self.zk.watch_controller(lambda _controller: self._events.put(ControllerEvent.CONTROLLER_CHANGED))
+
+    def stop(self) -> None:
+        self._events.put(ControllerEvent.STOP)
+        self._worker.join(10)
+
+    # --- the worker ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            event = self._events.get()
+            if event is ControllerEvent.STOP:
+                return
+            try:
+                self._handle(event)
+            except ControllerMovedError:
+                log.warning("broker %d: controller epoch moved on, resigning", self.broker_id)
+                self.lease = None
+            except Exception:  # a ZK hiccup: the next event re-reads everything
+                log.exception("broker %d: controller event %s failed", self.broker_id, event.value)
+
+    def _handle(self, event: ControllerEvent) -> None:
+        if event is ControllerEvent.CONTROLLER_CHANGED:
+            current = self.zk.controller_id()
+            if current is None:
+                self._try_elect()
+            elif current != self.broker_id and self.lease is not None:
+                log.info("broker %d: broker %d is controller now", self.broker_id, current)
+                self.lease = None
+            return
+        if self.lease is None:
+            return
+        if event is ControllerEvent.BROKERS_CHANGED:
+            live = self.zk.live_brokers()
+            change = diff_brokers(self._known_brokers, live)
+            self._known_brokers = live
+            if not change.empty:
+                log.info(
+                    "controller: brokers dead %s started %s bounced %s",
+                    sorted(change.dead),
+                    sorted(change.started),
+                    sorted(change.bounced),
+                )
+                # A retry round must not handle a bounce twice (it would bump epochs again): later
+                # rounds only finish failures and elections, which are idempotent.
+                settled = BrokerChange(change.dead, change.started, frozenset())
+                self._decide_and_apply(
+                    lambda ctx, rnd: (
+                        on_broker_change(ctx, change if rnd == 0 else settled) + self._missing_states(ctx)
+                    )
+                )
+        elif event is ControllerEvent.TOPICS_CHANGED:
+            self._decide_and_apply(lambda ctx, _rnd: self._missing_states(ctx))
+
+    def _try_elect(self) -> None:
+        lease = self.zk.elect_controller(self.broker_id)
+        if lease is None:
+            return
+        self.lease = lease
+        self._known_brokers = self.zk.live_brokers()
+        # Failover bootstrap: handle failures the previous controller may have missed, create
+        # missing states.
+        self._decide_and_apply(lambda ctx, _rnd: on_controller_failover(ctx) + self._missing_states(ctx))
+        if not self._watching:
+            self._watching = True
+            self.zk.watch_brokers(lambda _live: self._events.put(ControllerEvent.BROKERS_CHANGED))
+            self.zk.watch_topics(lambda _topics: self._events.put(ControllerEvent.TOPICS_CHANGED))
+        self.elected.set()
+
+    @staticmethod
+    def _missing_states(ctx: ControllerContext) -> list[StateChange]:
+        return new_partitions(ctx, [tp for tp in ctx.assignments if tp not in ctx.states])
+
+    # --- context and application ---------------------------------------------------------------
+
+    def load_context(self) -> ControllerContext:
+        assert self.lease is not None
+        assignments: dict[TopicPartition, tuple[int, ...]] = {}
+        states: dict[TopicPartition, PartitionState] = {}
+        for topic in self.zk.topics():
+            assignment = self.zk.topic_assignment(topic)
+            if assignment is None:
+                continue
+            for partition, replicas in assignment.partitions.items():
+                tp = TopicPartition(topic, partition)
+                assignments[tp] = replicas
+                observed = self.zk.partition_state(tp)
+                if observed is not None:
+                    states[tp] = observed.state
+        return ControllerContext(
+            controller_epoch=self.lease.epoch,
+            live_brokers=self.zk.live_brokers(),
+            assignments=assignments,
+            states=states,
+            unclean_election=self.unclean_election,
+        )
+
+    def _decide_and_apply(self, decide: Callable[[ControllerContext, int], list[StateChange]]) -> None:
+        """Decide against a fresh context and write; a refused write (the znode moved) means the
+        context was stale: read again and decide again, a bounded number of times."""
+        for round_number in range(MAX_DECISION_ROUNDS):
+            assert self.lease is not None
+            ctx = self.load_context()
+            changes = decide(ctx, round_number)
+            if not changes:
+                return
+            results = self.zk.write_partition_states(self.lease, changes)
+            for result in results:
+                if result.new_zk_version is not None:
+                    log.info(
+                        "controller epoch %d: %s %s -> leader %d epoch %d isr %s",
+                        self.lease.epoch,
+                        result.change.tp,
+                        result.change.reason.value,
+                        result.change.new.leader,
+                        result.change.new.leader_epoch,
+                        list(result.change.new.isr),
+                    )
+            if all(r.new_zk_version is not None for r in results):
+                return
+        log.error("controller: decisions kept racing with other writers; will retry on the next event")
