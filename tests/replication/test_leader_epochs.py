@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exactly.replication.leader_epochs import (
     UNDEFINED,
@@ -64,3 +68,29 @@ def test_truncate_from_start_moves_the_covering_epoch_up() -> None:
     assert truncate_from_start(CACHE, 9) == (E(3, 9), E(5, 10))
     assert truncate_from_start(CACHE, 8) == (E(3, 8), E(5, 10))
     assert truncate_from_start(CACHE, 2) == CACHE
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("assign"), st.integers(0, 8), st.integers(0, 60)),
+            st.tuples(st.just("end"), st.integers(0, 60), st.just(0)),
+            st.tuples(st.just("start"), st.integers(0, 60), st.just(0)),
+        ),
+        max_size=40,
+    )
+)
+def test_any_sequence_keeps_epochs_and_offsets_strictly_increasing(ops: list[tuple[str, int, int]]) -> None:
+    entries: tuple[E, ...] = ()
+    for op, a, b in ops:
+        if op == "assign":
+            entries = assign(entries, a, b)
+            assert entries[-1] == E(a, b) or (entries[-1].epoch == a and entries[-1].start_offset <= b)
+        elif op == "end":
+            entries = truncate_from_end(entries, a)
+            assert all(e.start_offset < a for e in entries)
+        else:
+            entries = truncate_from_start(entries, a)
+        assert all(
+            x.epoch < y.epoch and x.start_offset < y.start_offset for x, y in itertools.pairwise(entries)
+        )
