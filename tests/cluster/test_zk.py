@@ -57,6 +57,14 @@ def test_controller_election_one_winner_epoch_in_plain_text(cluster_zk: Factory)
     assert b.controller_id() == 1
     assert b.client.get(zn.CONTROLLER_EPOCH)[0] == b"1"
     assert json.loads(b.client.get(zn.CONTROLLER)[0])["brokerid"] == 1
+    a.resign_controller(lease)  # e.g. controlled shutdown: hand the role over at once
+    assert b.controller_id() is None
+    again = b.elect_controller(2)
+    assert again is not None and again.epoch == 2
+    with pytest.raises(ControllerMovedError):
+        a.write_partition_states(
+            lease, [StateChange(TP, LeaderAndIsr(1, 0, (1,), 1), NEW_ZNODE, ChangeReason.NEW_PARTITION)]
+        )
 
 
 @pytest.mark.parametrize("how", ["close", "expire"])
