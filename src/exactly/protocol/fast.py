@@ -197,7 +197,7 @@ class FetchPartitionResult:
     last_stable_offset: int
     log_start_offset: int
     aborted: Sequence[tuple[int, int]] | None  # (producer id, first offset); None = null array
-    records: bytes | memoryview | None
+    records: bytes | memoryview  # never null: Kafka writes MemoryRecords.EMPTY on error partitions
 
 
 def encode_fetch_response(
@@ -206,7 +206,13 @@ def encode_fetch_response(
     session_id: int,
     topics: Sequence[tuple[str, Sequence[FetchPartitionResult]]],
 ) -> list[bytes | memoryview]:
-    """Chunks of the response body; record bytes are passed through as their own chunks."""
+    """Chunks of the response body; record bytes are passed through as their own chunks.
+
+    Records are never written as null: Kafka's brokers put an empty record set on partitions that
+    carry an error, and librdkafka rejects a null one ("invalid MessageSetSize -1") without
+    reading the partition's error code. ``aborted`` stays nullable: Kafka writes null for
+    read_uncommitted and for error partitions, an array (maybe empty) for read_committed.
+    """
     flexible = version >= 12
     w = _Writer(flexible)
     chunks: list[bytes | memoryview] = []
@@ -235,15 +241,12 @@ def encode_fetch_response(
             if version >= 11:
                 w.out += _I32.pack(-1)  # preferred_read_replica
             records = p.records
-            if records is None:
-                w.out += b"\x00" if flexible else b"\xff\xff\xff\xff"
-            else:
-                size = len(records)
-                w.out += write_uvarint(size + 1) if flexible else _I32.pack(size)
-                if size:
-                    chunks.append(bytes(w.out))
-                    chunks.append(records)
-                    w.out = bytearray()
+            size = len(records)
+            w.out += write_uvarint(size + 1) if flexible else _I32.pack(size)
+            if size:
+                chunks.append(bytes(w.out))
+                chunks.append(records)
+                w.out = bytearray()
             w.tags()
         w.tags()
     w.tags()

@@ -73,11 +73,7 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
             if plog is None:
                 errors = True
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_topic_or_partition)
-                parts.append(
-                    FetchPartitionResult(
-                        p.partition, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None, b""
-                    )
-                )
+                parts.append(_error_partition(p.partition, ErrorCode.unknown_topic_or_partition))
                 continue
             limit = max(min(p.partition_max_bytes, remaining), 0)
             try:
@@ -87,17 +83,7 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
             except OffsetOutOfRangeError:
                 errors = True
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.offset_out_of_range)
-                parts.append(
-                    FetchPartitionResult(
-                        p.partition,
-                        ErrorCode.offset_out_of_range,
-                        plog.high_watermark,
-                        plog.last_stable_offset,
-                        plog.log_start_offset,
-                        None,
-                        b"",  # an empty record set, as Kafka writes: librdkafka rejects null here
-                    )
-                )
+                parts.append(_error_partition(p.partition, ErrorCode.offset_out_of_range))
                 continue
             size = len(result.records)
             if size:
@@ -120,3 +106,16 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
             )
         out.append((topic.topic, parts))
     return out, total, errors
+
+
+def _error_partition(index: int, error_code: int) -> FetchPartitionResult:
+    """A partition that carries an error, as Kafka's ReplicaManager.createLogReadResult(e) fills it:
+    high watermark, last stable offset and log start offset unknown (-1), no aborted transactions
+    (null) and an empty record set - never a null one, which librdkafka cannot parse (it drops the
+    whole response without seeing the error code and fetches again at once).
+
+    (For a topic missing from its metadata cache Kafka's KafkaApis uses
+    FetchResponse.partitionResponse, which leaves the records null; exactly writes the empty set
+    there too, see notes/wire-conformance.md.)
+    """
+    return FetchPartitionResult(index, error_code, -1, -1, -1, None, b"")
