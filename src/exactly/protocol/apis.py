@@ -6,7 +6,10 @@ semantics we have not built yet (for example Fetch v13+ addresses topics by id).
 
 ``build(cls, **fields)`` constructs a kio dataclass of any version from the union of fields a
 handler knows: fields the version lacks are dropped, fields the handler did not give get their
-schema default or a zero value. That lets one handler serve every version of its API.
+schema default or a zero value. That lets one handler serve every version of its API. The zero
+values are those of Kafka's generated message classes: "" for a string and an empty array even
+where the field is nullable; null only where the schema's default is null (kio carries that
+default), so a field a handler leaves out goes on the wire as Kafka's broker would write it.
 """
 
 from __future__ import annotations
@@ -201,13 +204,24 @@ def _make_plan(cls: type[Any]) -> tuple[tuple[str, Callable[[], Any]], ...]:
             continue
         hint = hints[f.name]
         origin = typing.get_origin(hint)
-        if origin is tuple:
+        if origin is tuple or any(typing.get_origin(a) is tuple for a in typing.get_args(hint)):
+            # a nullable array without a null default starts empty in Kafka's generated
+            # messages too, so a field a handler leaves out is never written as null
             plan.append((f.name, tuple))
         elif isinstance(hint, type) and dataclasses.is_dataclass(hint):
             plan.append((f.name, functools.partial(build, hint)))
+        elif (struct := _nullable_struct(hint)) is not None:
+            plan.append((f.name, functools.partial(build, struct)))
         else:
             plan.append((f.name, functools.partial(_const, None)))
     return tuple(plan)
+
+
+def _nullable_struct(hint: Any) -> type[Any] | None:
+    for arg in typing.get_args(hint):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+            return arg
+    return None
 
 
 def build(cls: type[Any], **values: Any) -> Any:

@@ -23,6 +23,18 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     states = []
     for d in broker.txn.coordinator.describe_transactions(request.transactional_ids):
+        if d.error:
+            # Kafka sets only the error code and the id; every other field keeps its schema
+            # default (0, "", empty), not the -1 "no producer" values
+            states.append(
+                build(
+                    mod.TransactionState,
+                    error_code=d.error,
+                    transactional_id=d.transactional_id,
+                    transaction_start_time=ms_to_datetime(0),
+                )
+            )
+            continue
         by_topic: dict[str, list[int]] = defaultdict(list)
         for tp in d.partitions:
             by_topic[tp.topic].append(tp.partition)

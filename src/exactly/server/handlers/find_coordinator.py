@@ -72,7 +72,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 host=host,
                 port=port,
                 error_code=error,
-                error_message=message,
+                # Kafka's v4+ builder never sets it: the schema default "" (not null); on an
+                # error exactly still says why (a deliberate difference, notes/wire-conformance.md)
+                error_message="" if ok else message,
             )
             for key in request.coordinator_keys
         ),
