@@ -64,7 +64,6 @@ KAFKA_NULLS: dict[tuple[ApiKey, str], Allowed] = {
     (ApiKey.DESCRIBE_CLUSTER, "brokers.rack"): _always,  # broker.rack unset
     (ApiKey.METADATA, "brokers.rack"): _always,
     (ApiKey.METADATA, "topics.name"): lambda p, r: int(p.error_code) == ErrorCode.unknown_topic_id,
-    (ApiKey.DESCRIBE_CONFIGS, "results.error_message"): _ok,
     # ConfigHelper: sensitive values, and values that are unset, are null
     (ApiKey.DESCRIBE_CONFIGS, "results.configs.value"): _always,
     (ApiKey.DESCRIBE_CONFIGS, "results.configs.synonyms.value"): _always,

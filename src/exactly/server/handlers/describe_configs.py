@@ -57,7 +57,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     for res in request.resources:
         keys = None if res.configuration_keys is None else set(res.configuration_keys)
         code = ErrorCode.none
-        message = None
+        message = ""  # Kafka's ConfigHelper leaves the schema default "" on success (never null)
         configs: tuple[Any, ...] = ()
         if res.resource_type == RESOURCE_TOPIC:
             info = broker.logs.topic(res.resource_name)
