@@ -57,6 +57,7 @@ KAFKA_NULLS: dict[tuple[ApiKey, str], Allowed] = {
     (ApiKey.PRODUCE, "node_endpoints.rack"): _always,
     # ApiError(e).message: null on success ("default": "null" or ApiError.NONE).
     (ApiKey.CREATE_TOPICS, "topics.error_message"): _ok,
+    (ApiKey.CREATE_PARTITIONS, "results.error_message"): _ok,  # ApiError.NONE.message is null
     (ApiKey.CREATE_TOPICS, "topics.configs.value"): lambda p, r: bool(p.is_sensitive),
     (ApiKey.DELETE_TOPICS, "responses.error_message"): _always,  # set only by some error paths
     (ApiKey.DELETE_TOPICS, "responses.name"): lambda p, r: int(p.error_code) == ErrorCode.unknown_topic_id,
@@ -216,6 +217,9 @@ def _advertised() -> list[tuple[ApiKey, int]]:
     return [(ApiKey(k), v) for k, (lo, hi) in sorted(VERSION_RANGES.items()) for v in range(lo, hi + 1)]
 
 
+GROWN_TOPIC = "nulls-grown"
+
+
 @pytest.fixture(scope="module")
 def existing(_session_broker: Broker) -> Names:
     """A topic with records, a group with a committed offset, a transactional id with a producer id."""
@@ -223,6 +227,8 @@ def existing(_session_broker: Broker) -> Names:
     with WireClient(_session_broker.bootstrap) as c:
         for api, version in ((ApiKey.CREATE_TOPICS, 5), (ApiKey.PRODUCE, 9), (ApiKey.OFFSET_COMMIT, 8)):
             response = c.send(fill(schema(api, version).request_type, names, {}))
+        grown = dataclasses.replace(names, topic=GROWN_TOPIC)  # CreatePartitions grows it per version
+        c.send(fill(schema(ApiKey.CREATE_TOPICS, 5).request_type, grown, {}))
         # an open transaction (Empty has start time -1, which kio's decoder refuses)
         timeout = {"transaction_timeout": datetime.timedelta(minutes=5)}
         pid = c.send(fill(schema(ApiKey.INIT_PRODUCER_ID, 4).request_type, names, timeout))
@@ -235,7 +241,7 @@ def existing(_session_broker: Broker) -> Names:
     return names
 
 
-def _scenarios(api: ApiKey, names: Names) -> list[tuple[str, Names, dict[str, Any]]]:
+def _scenarios(api: ApiKey, version: int, names: Names) -> list[tuple[str, Names, dict[str, Any]]]:
     missing = Names(topic="nulls-no-such-topic", group="nulls-no-such-group", txn="nulls-no-such-txn")
     if api == ApiKey.CREATE_TOPICS:  # a new topic (success) and the existing one (TOPIC_ALREADY_EXISTS)
         fresh = dataclasses.replace(names, topic=f"nulls-new-{uuid.uuid4().hex[:8]}")
@@ -255,6 +261,9 @@ def _scenarios(api: ApiKey, names: Names) -> list[tuple[str, Names, dict[str, An
         ]
     if api == ApiKey.METADATA:
         out.append(("all-topics", names, {"topics": None}))
+    if api == ApiKey.CREATE_PARTITIONS:  # the filler's count 0 only reaches INVALID_PARTITIONS
+        grown = dataclasses.replace(names, topic=GROWN_TOPIC)
+        out.append(("grow", grown, {"count": version + 2, "assignments": None}))
     return out
 
 
@@ -263,7 +272,7 @@ def test_no_null_where_kafka_writes_none(broker: Broker, existing: Names, api: A
     request_type = schema(api, version).request_type
     problems: list[str] = []
     with WireClient(broker.bootstrap) as c:
-        for label, names, overrides in _scenarios(api, existing):
+        for label, names, overrides in _scenarios(api, version, existing):
             request = fill(request_type, names, overrides)
             response = c.send(request)
             for path, parent in nulls(response):
