@@ -1,24 +1,25 @@
-"""The shell around the sans-IO TransactionCoordinator: executes its effects, writes markers,
-runs its timers.
+"""The transaction coordinator's binding to the coordinator runtime: its configuration, the
+COMMIT/ABORT markers it writes, its periodic scans and its coordinator epoch.
 
 Theory of operation
 -------------------
-The coordinator returns ``Step(response, effects)``. ``drive`` executes effects in order:
+The :class:`~exactly.server.coordinator_runtime.CoordinatorRuntime` appends the coordinator's
+``__transaction_state`` writes and completes them; the one effect it cannot carry out itself is
+:class:`~exactly.coordinator.txn.effects.WriteMarkers`, which :meth:`TxnRuntime._markers`
+handles: write the COMMIT/ABORT control batch to every partition of the transaction, tell the
+group coordinator when one lands on ``__consumer_offsets``, then hand back
+``on_markers_written``'s result -- the CompleteCommit/CompleteAbort write.
 
-* ``AppendTxnLog`` -> append the record to ``__transaction_state-<p>`` (synchronous storage; an
-  append has either succeeded or raised when the call returns) and report it with
-  ``on_log_append_done``, whose step may carry the client's answer and more effects.
-* ``WriteMarkers`` -> write the COMMIT/ABORT control batch to every partition of the
-  transaction, tell the group coordinator when one lands on ``__consumer_offsets``, then
-  ``on_markers_written`` yields the CompleteCommit/CompleteAbort append.
-
-Markers are written inline, before EndTxn is answered. Kafka answers once PrepareCommit is
-durable and writes markers in the background; writing them first costs one local append per
-partition and means a client that saw its commit succeed can read it under read_committed at
-once, and never meets CONCURRENT_TRANSACTIONS on its next transaction. A marker set that cannot
-be written (a storage error) is queued and retried every second; the transactional.id stays
-blocked (CONCURRENT_TRANSACTIONS) until its markers and Complete* record are durable, and after a
-crash ``end_load`` hands the unfinished ones back, so every decided transaction completes.
+A transaction's markers are written as soon as its PrepareCommit/PrepareAbort record is durable,
+in the same drive, so the EndTxn answer is delivered only after the markers and the Complete*
+record are written. Kafka answers once PrepareCommit is durable and writes markers in the
+background; writing them first costs one local append per partition and means a client that saw
+its commit succeed can read it under read_committed at once, and never meets
+CONCURRENT_TRANSACTIONS on its next transaction. A marker set that cannot be written (a storage
+error) is queued and retried every second (EndTxn is still answered: the decision is durable);
+the transactional.id stays blocked (CONCURRENT_TRANSACTIONS) until its markers and Complete*
+record are durable, and after a crash ``load_complete`` hands the unfinished ones back, so every
+decided transaction completes.
 
 The coordinator epoch is persisted (``txn-coordinator-epoch``) and bumped at every start, so
 markers of a previous incarnation can be told apart (TRANSACTION_COORDINATOR_FENCED).
@@ -36,21 +37,25 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from kio.schema.errors import ErrorCode
 
+from exactly.coordinator.result import CoordinatorResult
 from exactly.coordinator.txn.config import TxnCoordinatorConfig
 from exactly.coordinator.txn.coordinator import TransactionCoordinator
-from exactly.coordinator.txn.effects import AppendTxnLog, Step, WriteMarkers
+from exactly.coordinator.txn.effects import WriteMarkers
 from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
+from exactly.server.coordinator_runtime import CoordinatorRuntime
 from exactly.server.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, AppendFailed
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
 
 log = logging.getLogger("exactly.txn")
+
+R = TypeVar("R")
 
 MARKER_RETRY_S = 1.0
 # Marker errors after which retrying cannot help: the partition moved on past this transaction.
@@ -63,6 +68,15 @@ _SKIP_MARKER_ERRORS = {
 
 
 class TxnRuntime:
+    """The transaction coordinator, its runtime and what only transactions need.
+
+    Owns: the :class:`TransactionCoordinator`, the :class:`CoordinatorRuntime` driving it over
+    ``__transaction_state``, the marker sets waiting for a retry, and the coordinator epoch file.
+    Lifecycle: constructed by the broker (no I/O) -> :meth:`load` (bump the epoch, replay, send
+    the markers owed by a previous crash) -> :meth:`start_tasks` (timer loop, transaction
+    timeouts, transactional.id expiration, marker retries; cancelled by the broker at shutdown).
+    """
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         cfg = broker.config
@@ -76,73 +90,66 @@ class TxnRuntime:
             ),
         )
         self.coordinator = TransactionCoordinator(broker.producer_ids.generate, config=self.config)
+        self.runtime = CoordinatorRuntime(
+            "txn", TRANSACTION_STATE_TOPIC, broker.internal, self.coordinator, side_effect=self._markers
+        )
+        coord = self.coordinator
+        self.runtime.every(
+            "txn-timeouts",
+            self.config.abort_timed_out_interval_ms / 1000,
+            lambda: self.runtime.drive(coord.expire_timed_out(now_ms())),
+        )
+        self.runtime.every(
+            "txn-id-expiration",
+            self.config.remove_expired_transactional_ids_interval_ms / 1000,
+            lambda: self.runtime.drive(coord.expire_transactional_ids(now_ms())),
+        )
+        self.runtime.every("txn-marker-retry", MARKER_RETRY_S, self._retry_markers)
         self._epoch_file = broker.data_dir / "txn-coordinator-epoch"
         self._pending_markers: list[WriteMarkers] = []
         self._fault = os.environ.get("EXACTLY_FAULT", "")
         self._loaded = False  # the fault never fires while load() completes owed transactions
+        self._owed_at_load = 0
 
     # ---- lifecycle --------------------------------------------------------------------------
     def load(self) -> None:
         epoch = _bump_epoch(self._epoch_file)
-        coord = self.coordinator
-        coord.begin_load(epoch)
-        records = 0
-        for batch in self.broker.internal.replay(TRANSACTION_STATE_TOPIC):
-            for _offset, key, value in batch.records:
-                if key is not None:
-                    coord.replay(key, value)
-                    records += 1
-        owed = coord.end_load(now_ms())
+        self.coordinator.begin_load(epoch)
+        stats = self.runtime.load()
         log.info(
             "transaction coordinator loaded %d records (epoch %d); %d transactions to complete",
-            records,
+            stats.records,
             epoch,
-            len(owed),
+            self._owed_at_load,
         )
-        for markers in owed:
-            self.drive(Step(None, (markers,)))
         self._loaded = True
 
     def start_tasks(self) -> list[asyncio.Task[None]]:
-        return [
-            asyncio.create_task(self._timeout_loop(), name="txn-timeouts"),
-            asyncio.create_task(self._marker_retry_loop(), name="txn-marker-retry"),
-            asyncio.create_task(self._expiration_loop(), name="txn-id-expiration"),
-        ]
+        return self.runtime.start_tasks()
 
     # ---- driving ----------------------------------------------------------------------------
-    def drive(self, step: Step[Any]) -> Any:
-        """Execute ``step``'s effects (and those they lead to); return the client's response."""
-        response = step.response
-        effects = list(step.effects)
-        coord = self.coordinator
-        while effects:
-            effect = effects.pop(0)
-            if isinstance(effect, AppendTxnLog):
-                error = ErrorCode.none
-                try:
-                    self.broker.internal.append(
-                        TRANSACTION_STATE_TOPIC, effect.partition, [(effect.key, effect.value)]
-                    )
-                except AppendFailed as exc:
-                    log.warning("__transaction_state append for %s failed: %s", effect.transactional_id, exc)
-                    error = exc.error_code
-                nxt = coord.on_log_append_done(effect, error, now_ms=now_ms())
-                if nxt.response is not None:
-                    response = nxt.response
-                effects.extend(nxt.effects)
-            elif isinstance(effect, WriteMarkers):
-                if self._fault == "crash-after-prepare" and self._loaded:
-                    log.error("EXACTLY_FAULT=crash-after-prepare: killing the broker before markers")
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if self._write_markers(effect):
-                    nxt = coord.on_markers_written(
-                        effect.transactional_id, effect.producer_id, effect.producer_epoch, effect.result
-                    )
-                    effects.extend(nxt.effects)
-                else:
-                    self._pending_markers.append(effect)
-        return response
+    def drive(self, result: CoordinatorResult[R]) -> R:
+        """Carry out the result of a client request; returns its response.
+
+        The transaction coordinator never parks a request and storage is synchronous, so a
+        request's response is known once its writes are driven.
+        """
+        return cast(R, self.runtime.drive(result))
+
+    def _markers(self, effect: object) -> CoordinatorResult[Any] | None:
+        """The runtime's side-effect handler: write one transaction's markers."""
+        assert isinstance(effect, WriteMarkers), effect
+        if not self._loaded:
+            self._owed_at_load += 1
+        if self._fault == "crash-after-prepare" and self._loaded:
+            log.error("EXACTLY_FAULT=crash-after-prepare: killing the broker before markers")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if not self._write_markers(effect):
+            self._pending_markers.append(effect)
+            return None
+        return self.coordinator.on_markers_written(
+            effect.transactional_id, effect.producer_id, effect.producer_epoch, effect.result
+        )
 
     def _write_markers(self, markers: WriteMarkers) -> bool:
         """Write the marker to every partition; False when one failed and must be retried."""
@@ -165,40 +172,14 @@ class TxnRuntime:
                 self.broker.groups.on_marker(tp.partition, markers.producer_id, commit)
         return ok
 
-    # ---- periodic tasks ---------------------------------------------------------------------
-    async def _timeout_loop(self) -> None:
-        interval = self.config.abort_timed_out_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
+    def _retry_markers(self) -> None:
+        pending, self._pending_markers = self._pending_markers, []
+        for markers in pending:
             try:
-                for append in self.coordinator.expire_timed_out(now_ms()):
-                    log.info("aborting timed-out transaction %s", append.transactional_id)
-                    self.drive(Step(None, (append,)))
+                self.drive(CoordinatorResult(effects=(markers,)))
             except Exception:
-                log.exception("transaction timeout check failed")
-
-    async def _expiration_loop(self) -> None:
-        interval = self.config.remove_expired_transactional_ids_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                for append in self.coordinator.expire_transactional_ids(now_ms()):
-                    self.drive(Step(None, (append,)))
-            except Exception:
-                log.exception("transactional id expiration failed")
-
-    async def _marker_retry_loop(self) -> None:
-        while True:
-            await asyncio.sleep(MARKER_RETRY_S)
-            if not self._pending_markers:
-                continue
-            pending, self._pending_markers = self._pending_markers, []
-            for markers in pending:
-                try:
-                    self.drive(Step(None, (markers,)))
-                except Exception:
-                    log.exception("marker retry failed")
-                    self._pending_markers.append(markers)
+                log.exception("marker retry failed")
+                self._pending_markers.append(markers)
 
 
 def _bump_epoch(path: Path) -> int:

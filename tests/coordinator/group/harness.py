@@ -1,9 +1,10 @@
-"""A fake shell for the sans-IO group coordinator: an in-memory ``__consumer_offsets`` log.
+"""A fake runtime for the sans-IO group coordinator: an in-memory ``__consumer_offsets`` log.
 
-``Shell.run(effects)`` appends each effect's records to the log (assigning offsets) and completes it,
-handling follow-up effects the same way. ``hold=True`` keeps effects un-completed so a test can check
-that nothing is visible before the append finishes. ``rebuild()`` replays the log into a fresh
-coordinator: the recovery path.
+``Shell.run(result)`` delivers the result's replies (a request's token is the :class:`Box` that
+collects its answers), appends each write's records to the log (assigning offsets) and completes
+it, handling the completions' results the same way. ``hold=True`` keeps writes un-completed so a
+test can check that nothing is visible before the append finishes. ``rebuild()`` replays the log
+into a fresh coordinator: the recovery path.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import (
-    AppendRecords,
-    AppendResult,
     HeartbeatRequestData,
     JoinGroupRequestData,
     JoinGroupResponseData,
@@ -26,6 +25,7 @@ from exactly.coordinator.group.api import (
     SyncGroupResponseData,
 )
 from exactly.coordinator.group.coordinator import GroupCoordinator, GroupCoordinatorConfig
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Write
 
 GROUP = "g1"
 SESSION = 10_000
@@ -41,9 +41,9 @@ class LogEntry:
     commit: bool | None = None  # marker type
 
 
-@dataclass
+@dataclass(eq=False)
 class Box:
-    """Collects the responses a callback receives."""
+    """A request's token: collects the replies addressed to it (hashable by identity)."""
 
     items: list[Any] = field(default_factory=list)
 
@@ -68,32 +68,41 @@ class Shell:
         self.coordinator = GroupCoordinator(self.config, member_id_factory=lambda p: f"{p}-m{next(counter)}")
         self.log: dict[int, list[LogEntry]] = {}
         self.now = 1_000
-        self.held: list[AppendRecords] = []
+        self.held: list[Write] = []
         self.fail_with: ErrorCode | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def run(self, effects: list[AppendRecords], *, hold: bool = False) -> None:
+    def run(self, result: CoordinatorResult[Any], *, hold: bool = False) -> None:
+        self.deliver(result)
         if hold:
-            self.held.extend(effects)
+            self.held.extend(result.writes)
             return
-        queue = list(effects)
+        queue = list(result.writes)
         while queue:
-            effect = queue.pop(0)
-            queue.extend(self.complete(effect))
+            write = queue.pop(0)
+            done = self.complete(write)
+            self.deliver(done)
+            queue.extend(done.writes)
 
-    def complete(self, effect: AppendRecords) -> list[AppendRecords]:
+    @staticmethod
+    def deliver(result: CoordinatorResult[Any]) -> None:
+        assert result.response is None and not result.effects  # groups answer by token only
+        for reply in result.replies:
+            reply.token(reply.response)
+
+    def complete(self, write: Write) -> CoordinatorResult[Any]:
         if self.fail_with is not None:
-            return effect.complete(AppendResult(now_ms=self.now, error=self.fail_with))
-        entries = self.log.setdefault(effect.partition, [])
+            return write.complete(AppendOutcome(now_ms=self.now, error=self.fail_with))
+        entries = self.log.setdefault(write.partition, [])
         base = len(entries)
-        for i, (key, value) in enumerate(effect.records):
-            entries.append(LogEntry(base + i, key, value, effect.producer_id))
-        return effect.complete(AppendResult(now_ms=self.now, base_offset=base))
+        for i, (key, value) in enumerate(write.records):
+            entries.append(LogEntry(base + i, key, value, write.producer_id))
+        return write.complete(AppendOutcome(now_ms=self.now, base_offset=base))
 
     def release(self) -> None:
         held, self.held = self.held, []
-        self.run(held)
+        self.run(CoordinatorResult(writes=tuple(held)))
 
     def marker(self, producer_id: int, commit: bool, partition: int) -> None:
         entries = self.log.setdefault(partition, [])

@@ -315,9 +315,9 @@ def test_one_append_per_partition_for_many_groups() -> None:
     for name in names:
         commit(shell, {("t", 0): 1}, group=name)
     shell.now += RETENTION
-    effects = shell.coordinator.cleanup_group_metadata(shell.now, Box())
-    assert sorted(e.partition for e in effects) == sorted({partition_for(n) for n in names})
-    shell.run(effects)
+    result = shell.coordinator.cleanup_group_metadata(shell.now, Box())
+    assert sorted(w.partition for w in result.writes) == sorted({partition_for(n) for n in names})
+    shell.run(result)
     assert shell.coordinator.list_groups() == []
 
 
@@ -386,8 +386,8 @@ def test_replayed_empty_group_expires_from_its_recorded_empty_time() -> None:
     rebuilt = shell.rebuild()
     group = rebuilt.group(GROUP)
     assert group is not None and group.state_timestamp_ms == empty_since
-    assert rebuilt.cleanup_group_metadata(empty_since + RETENTION - 1, Box()) == []
-    assert len(rebuilt.cleanup_group_metadata(empty_since + RETENTION, Box())) == 1
+    assert rebuilt.cleanup_group_metadata(empty_since + RETENTION - 1, Box()).writes == ()
+    assert len(rebuilt.cleanup_group_metadata(empty_since + RETENTION, Box()).writes) == 1
 
 
 # -- pieces ----------------------------------------------------------------------------------------

@@ -12,9 +12,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Write
 from exactly.coordinator.txn import (
-    AppendTxnLog,
-    Step,
     TransactionCoordinator,
     TxnCoordinatorConfig,
     TxnTransitMetadata,
@@ -59,33 +58,36 @@ class Shell:
 
     # -- effect execution ---------------------------------------------------------------------
 
-    def run(self, step: Step[Any]) -> Any:
-        """Execute every effect (and the effects they lead to); return the client response."""
-        response = step.response
-        pending = list(step.effects)
+    def run(self, result: CoordinatorResult[Any]) -> Any:
+        """Execute every write and marker effect (and what they lead to); return the response."""
+        response = result.response
+        pending: list[CoordinatorResult[Any]] = [result]
         while pending:
-            effect = pending.pop(0)
-            if isinstance(effect, AppendTxnLog):
-                nxt = self.complete_append(effect)
-            else:
+            current = pending.pop(0)
+            if current.response is not None:
+                response = current.response
+            for write in current.writes:
+                pending.append(self.complete_write(write))
+            for effect in current.effects:
+                assert isinstance(effect, WriteMarkers)
                 self.markers.append(effect)
                 if self.hold_markers:
                     self.held_markers.append(effect)
                     continue
-                nxt = self.coord.on_markers_written(
-                    effect.transactional_id, effect.producer_id, effect.producer_epoch, effect.result
+                pending.append(
+                    self.coord.on_markers_written(
+                        effect.transactional_id, effect.producer_id, effect.producer_epoch, effect.result
+                    )
                 )
-            if nxt.response is not None:
-                response = nxt.response
-            pending.extend(nxt.effects)
         return response
 
-    def complete_append(self, append: AppendTxnLog) -> Step[Any]:
+    def complete_write(self, write: Write) -> CoordinatorResult[Any]:
         self.appends += 1
         error = self.append_errors.pop(0) if self.append_errors else E.none
         if error == E.none:
-            self.log.append((append.partition, append.key, append.value))
-        return self.coord.on_log_append_done(append, error, now_ms=self.now)
+            ((key, value),) = write.records
+            self.log.append((write.partition, key, value))
+        return write.complete(AppendOutcome(now_ms=self.now, error=error))
 
     def txn(self, tid: str) -> TxnTransitMetadata:
         """The id's current state; the id must exist."""

@@ -1,4 +1,5 @@
-"""TransactionCoordinator driven through its effect/continuation API, as the shell will drive it."""
+"""TransactionCoordinator driven through its results (writes with completions, marker effects),
+as the coordinator runtime drives it."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Write
 from exactly.coordinator.txn import (
     AddOffsetsResult,
     AddPartitionsResult,
     AppendPurpose,
-    AppendTxnLog,
     EndTxnResult,
     InitProducerIdResult,
-    Step,
     TransactionState,
     TxnCoordinatorConfig,
     WriteMarkers,
@@ -43,6 +43,23 @@ def logged_states(shell: Shell) -> list[TransactionState | None]:
     return [None if v is None else S.from_id(decode_value(v).transaction_status) for _, _, v in shell.log]
 
 
+def only_write(result: CoordinatorResult[Any]) -> Write:
+    """The single ``__transaction_state`` write of ``result``."""
+    assert result.response is None  # nothing is answered before the append is durable
+    (write,) = result.writes
+    return write
+
+
+def done(write: Write, error: ErrorCode = ErrorCode.none, *, now: int = T0) -> CoordinatorResult[Any]:
+    """Report ``write`` as the runtime would (no log kept: the write is not replayed)."""
+    return write.complete(AppendOutcome(now_ms=now, error=error))
+
+
+def markers_of(result: CoordinatorResult[Any]) -> tuple[WriteMarkers, ...]:
+    assert all(isinstance(e, WriteMarkers) for e in result.effects)
+    return tuple(e for e in result.effects if isinstance(e, WriteMarkers))
+
+
 def started(shell: Shell, tid: str = TID, *partitions: TopicPartition) -> InitProducerIdResult:
     """InitProducerId + AddPartitions: an Ongoing transaction."""
     r = shell.init(tid)
@@ -59,34 +76,33 @@ def started(shell: Shell, tid: str = TID, *partitions: TopicPartition) -> InitPr
 
 def test_init_creates_id_with_epoch_zero() -> None:
     shell = Shell()
-    step = shell.coord.init_producer_id(TID, TIMEOUT_MS, now_ms=T0)
-    assert step.response is None  # nothing is answered before the append is durable
-    append = step.append
-    assert append is not None and append.purpose is AppendPurpose.INIT_PRODUCER_ID
-    assert append.partition == partition_for(TID) and append.topic == "__transaction_state"
-    assert decode_key(append.key) == TID and append.value == encode_transit(append.transit)
+    write = only_write(shell.coord.init_producer_id(TID, TIMEOUT_MS, now_ms=T0))
+    assert write.describe == f"{AppendPurpose.INIT_PRODUCER_ID.value} {TID}"
+    assert write.partition == partition_for(TID) and not write.transactional
+    ((key, value),) = write.records
+    assert decode_key(key) == TID and value is not None
+    assert (decode_value(value).producer_id, decode_value(value).producer_epoch) == (1000, 0)
     assert shell.txn(TID).producer_epoch == -1
-    done = shell.coord.on_log_append_done(append, now_ms=T0)
-    assert done.response == InitProducerIdResult(E.none, 1000, 0)
+    assert done(write).response == InitProducerIdResult(E.none, 1000, 0)
     assert shell.txn(TID).state is S.EMPTY
 
 
 def test_commit_flow_end_to_end() -> None:
     shell = Shell()
     r = started(shell)
-    end = shell.coord.end_txn(TID, r.producer_id, r.producer_epoch, True, now_ms=T0 + 5)
-    assert end.response is None and end.append is not None
-    done = shell.coord.on_log_append_done(end.append, now_ms=T0 + 6)
-    assert done.response == EndTxnResult(E.none, r.producer_id, r.producer_epoch)
-    (markers,) = done.markers
+    end = only_write(shell.coord.end_txn(TID, r.producer_id, r.producer_epoch, True, now_ms=T0 + 5))
+    prepared = done(end, now=T0 + 6)
+    assert prepared.response == EndTxnResult(E.none, r.producer_id, r.producer_epoch)
+    (markers,) = markers_of(prepared)
     assert markers == WriteMarkers(TID, r.producer_id, r.producer_epoch, 0, ControlType.COMMIT,
                                    frozenset({tp("out", 0), tp("out", 1)}))  # fmt: skip
     assert shell.txn(TID).state is S.PREPARE_COMMIT
-    complete = shell.coord.on_markers_written(TID, r.producer_id, r.producer_epoch, ControlType.COMMIT)
-    assert complete.response is None and complete.append is not None
-    assert complete.append.purpose is AppendPurpose.COMPLETE
+    complete = only_write(
+        shell.coord.on_markers_written(TID, r.producer_id, r.producer_epoch, ControlType.COMMIT)
+    )
+    assert complete.describe == f"{AppendPurpose.COMPLETE.value} {TID}"
     assert shell.txn(TID).state is S.PREPARE_COMMIT
-    assert shell.coord.on_log_append_done(complete.append, now_ms=T0 + 7).effects == ()
+    assert done(complete, now=T0 + 7).empty
     txn = shell.coord.transaction(TID)
     assert txn is not None and (txn.state, txn.partitions, txn.producer_epoch) == (
         S.COMPLETE_COMMIT,
@@ -133,9 +149,9 @@ def test_adding_known_partitions_needs_no_append() -> None:
     r = started(shell, TID, tp("a"), tp("b"))
     appends = shell.appends
     step = shell.coord.add_partitions_to_txn(TID, r.producer_id, r.producer_epoch, [tp("a")], now_ms=T0)
-    assert step.effects == () and step.response == AddPartitionsResult(((tp("a"), E.none),))
+    assert step.writes == () and step.response == AddPartitionsResult(((tp("a"), E.none),))
     step2 = shell.coord.add_offsets_to_txn(TID, r.producer_id, r.producer_epoch, "g", now_ms=T0)
-    assert step2.append is not None  # the group partition is new
+    only_write(step2)  # the group partition is new
     assert shell.appends == appends
 
 
@@ -149,7 +165,7 @@ def test_add_partitions_response_lists_each_requested_partition_once() -> None:
 def test_null_transactional_id_gets_fresh_idempotent_producer() -> None:
     shell = Shell()
     step = shell.coord.init_producer_id(None, 0, now_ms=T0)
-    assert step.effects == () and step.response == InitProducerIdResult(E.none, 1000, 0)
+    assert step.writes == () and step.response == InitProducerIdResult(E.none, 1000, 0)
     assert list(shell.coord.transactional_ids()) == []
 
 
@@ -258,14 +274,12 @@ def test_stale_markers_report_is_ignored() -> None:
     shell = Shell()
     r = started(shell)
     shell.end(TID, r.producer_id, r.producer_epoch, True)
-    assert (
-        shell.coord.on_markers_written(TID, r.producer_id, r.producer_epoch, ControlType.COMMIT).effects == ()
-    )
+    assert shell.coord.on_markers_written(TID, r.producer_id, r.producer_epoch, ControlType.COMMIT).empty
     shell.hold_markers = True
     r2 = started(shell, "other")
     shell.end("other", r2.producer_id, r2.producer_epoch, False)
     wrong = shell.coord.on_markers_written("other", r2.producer_id, r2.producer_epoch, ControlType.COMMIT)
-    assert wrong.effects == ()
+    assert wrong.empty
 
 
 # -- crash and replay ---------------------------------------------------------------------------
@@ -298,7 +312,7 @@ def test_crash_with_ongoing_transaction_times_out_after_restart() -> None:
     r = started(shell)
     assert shell.restart() == ()
     shell.now += TIMEOUT_MS + 1
-    shell.run(Step(None, shell.coord.expire_timed_out(shell.now)))
+    shell.run(shell.coord.expire_timed_out(shell.now))
     assert shell.markers[-1].result is ControlType.ABORT
     assert shell.end(TID, r.producer_id, r.producer_epoch, True).error == E.producer_fenced
 
@@ -329,17 +343,21 @@ def test_requests_during_load_are_refused() -> None:
     assert shell.end(TID, r.producer_id, r.producer_epoch, True).error == E.coordinator_load_in_progress
     assert shell.coord.describe_transactions([TID])[0].error == E.coordinator_load_in_progress
     assert shell.coord.list_transactions(now_ms=T0).error == E.coordinator_load_in_progress
-    assert shell.coord.expire_timed_out(T0 + 10**9) == ()
+    assert shell.coord.expire_timed_out(T0 + 10**9).empty
 
 
 def test_append_reported_after_reload_is_not_applied() -> None:
     shell = Shell()
     r = shell.init(TID)
-    step = shell.coord.add_partitions_to_txn(TID, r.producer_id, r.producer_epoch, [tp("a")], now_ms=T0)
-    assert step.append is not None
+    write = only_write(
+        shell.coord.add_partitions_to_txn(TID, r.producer_id, r.producer_epoch, [tp("a")], now_ms=T0)
+    )
+    coord = shell.coord
     shell.restart()  # the coordinator reloads while the append is in flight
-    done = shell.coord.on_log_append_done(step.append, now_ms=T0)
-    assert done.response == AddPartitionsResult(((tp("a"), E.not_coordinator),))
+    assert shell.coord is not coord
+    coord.begin_load(1)  # the old shard is reloaded too: its in-flight write is stale
+    coord.end_load(T0)
+    assert done(write).response == AddPartitionsResult(((tp("a"), E.not_coordinator),))
     assert shell.txn(TID).state is S.EMPTY
 
 
@@ -426,13 +444,15 @@ def test_timeout_aborts_with_epoch_bump_and_fences_the_producer() -> None:
     shell = Shell()
     r = started(shell)
     start = shell.txn(TID).txn_start_timestamp
-    assert shell.coord.expire_timed_out(start + TIMEOUT_MS) == ()  # not yet: strictly older
-    (append,) = shell.coord.expire_timed_out(start + TIMEOUT_MS + 1)
-    assert append.purpose is AppendPurpose.TIMEOUT_ABORT and append.transit.producer_epoch == 1
-    assert shell.coord.expire_timed_out(start + TIMEOUT_MS + 2) == ()  # already being aborted
-    done = shell.coord.on_log_append_done(append, now_ms=start + TIMEOUT_MS + 1)
-    assert done.response is None
-    (markers,) = done.markers
+    assert shell.coord.expire_timed_out(start + TIMEOUT_MS).empty  # not yet: strictly older
+    write = only_write(shell.coord.expire_timed_out(start + TIMEOUT_MS + 1))
+    assert write.describe == f"{AppendPurpose.TIMEOUT_ABORT.value} {TID}"
+    ((_key, value),) = write.records
+    assert value is not None and decode_value(value).producer_epoch == 1
+    assert shell.coord.expire_timed_out(start + TIMEOUT_MS + 2).empty  # already being aborted
+    aborted = done(write, now=start + TIMEOUT_MS + 1)
+    assert aborted.response is None
+    (markers,) = markers_of(aborted)
     assert (markers.result, markers.producer_epoch) == (ControlType.ABORT, 1)
     shell.run(shell.coord.on_markers_written(TID, r.producer_id, 1, ControlType.ABORT))
     assert shell.txn(TID).state is S.COMPLETE_ABORT
@@ -570,12 +590,15 @@ def test_idle_ids_expire_with_tombstones() -> None:
     shell = Shell()
     shell.init("idle")
     r = started(shell, "busy")
-    assert shell.coord.expire_transactional_ids(T0 + 7 * DAY - 1) == ()
-    (tomb,) = shell.coord.expire_transactional_ids(T0 + 7 * DAY)
-    assert tomb.value is None and tomb.purpose is AppendPurpose.EXPIRE and decode_key(tomb.key) == "idle"
-    assert shell.coord.expire_transactional_ids(T0 + 7 * DAY) == ()  # already pending
+    assert shell.coord.expire_transactional_ids(T0 + 7 * DAY - 1).empty
+    tomb = only_write(shell.coord.expire_transactional_ids(T0 + 7 * DAY))
+    ((key, value),) = tomb.records
+    assert (
+        value is None and tomb.describe.startswith(AppendPurpose.EXPIRE.value) and decode_key(key) == "idle"
+    )
+    assert shell.coord.expire_transactional_ids(T0 + 7 * DAY).empty  # already pending
     assert shell.coord.describe_transactions(["idle"])[0].error == E.transactional_id_not_found
-    shell.coord.on_log_append_done(tomb, now_ms=T0 + 7 * DAY)
+    done(tomb, now=T0 + 7 * DAY)
     assert shell.coord.transaction("idle") is None
     assert shell.coord.transaction("busy") is not None  # Ongoing never expires
     assert shell.add("busy", r.producer_id, r.producer_epoch, tp("more")).error == E.none
@@ -584,18 +607,15 @@ def test_idle_ids_expire_with_tombstones() -> None:
 def test_failed_tombstone_keeps_the_id() -> None:
     shell = Shell()
     shell.init("idle")
-    (tomb,) = shell.coord.expire_transactional_ids(T0 + 10 * DAY, expiration_ms=DAY)
-    done = shell.coord.on_log_append_done(tomb, E.request_timed_out, now_ms=T0)
-    assert done.response is None
+    tomb = only_write(shell.coord.expire_transactional_ids(T0 + 10 * DAY, expiration_ms=DAY))
+    assert done(tomb, E.request_timed_out).response is None
     assert shell.coord.transaction("idle") is not None and shell.coord.pending_state("idle") is None
 
 
 def test_expired_id_starts_over_after_replay() -> None:
     shell = Shell()
     shell.init(TID)
-    for tomb in shell.coord.expire_transactional_ids(T0 + 8 * DAY):
-        shell.log.append((tomb.partition, tomb.key, tomb.value))
-        shell.coord.on_log_append_done(tomb, now_ms=T0)
+    shell.run(shell.coord.expire_transactional_ids(T0 + 8 * DAY))
     shell.restart()
     assert shell.coord.transaction(TID) is None
     assert shell.init(TID) == InitProducerIdResult(E.none, 1001, 0)
@@ -639,11 +659,15 @@ def test_list_transactions_filters() -> None:
     assert shell.coord.list_transactions(now_ms=0, transactional_id_pattern="(").error == E.invalid_request
 
 
-def test_append_effect_is_self_describing() -> None:
+def test_write_carries_the_prepared_record_and_answers_on_completion() -> None:
     shell = Shell()
-    step = shell.coord.init_producer_id(TID, TIMEOUT_MS, now_ms=T0, request_version=2)
-    append = step.append
-    assert isinstance(append, AppendTxnLog) and append.request_version == 2 and append.coordinator_epoch == 0
+    shell.init(TID)
+    stale = only_write(shell.coord.init_producer_id(TID, TIMEOUT_MS, now_ms=T0, request_version=2))
+    ((_key, value),) = stale.records
+    assert value == encode_transit(
+        dataclasses.replace(shell.txn(TID), producer_epoch=1, txn_last_update_timestamp=T0)
+    )
+    assert done(stale).response == InitProducerIdResult(E.none, 1000, 1)
 
 
 def test_value_version_0_log_replays_without_previous_producer_id() -> None:

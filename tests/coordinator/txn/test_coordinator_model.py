@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from exactly.coordinator.txn import Step, TransactionCoordinator, TransactionState
+from exactly.coordinator.txn import TransactionCoordinator, TransactionState
 
 from .harness import TIMEOUT_MS, Shell, tp
 
@@ -89,9 +89,9 @@ def test_log_replay_always_matches_live_state(operations: list[tuple[Any, ...]])
                 shell.release_markers()
         elif kind == "tick":
             shell.now += args[0]
-            shell.run(Step(None, shell.coord.expire_timed_out(shell.now)))
+            shell.run(shell.coord.expire_timed_out(shell.now))
         elif kind == "expire":
-            shell.run(Step(None, shell.coord.expire_transactional_ids(shell.now, expiration_ms=args[0])))
+            shell.run(shell.coord.expire_transactional_ids(shell.now, expiration_ms=args[0]))
 
         for m in shell.markers:
             max_epoch[m.producer_id] = max(max_epoch.get(m.producer_id, -1), m.producer_epoch)

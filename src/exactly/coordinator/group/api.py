@@ -1,64 +1,23 @@
-"""Version-neutral requests, responses and effects of the group coordinator.
+"""Version-neutral requests and responses of the group coordinator.
 
 Why not kio's classes directly: kio has one class per API *version*; the coordinator's rules do not
 depend on the version except in a few documented places (``api_version`` fields below). The handlers
 translate kio request objects of any version into these values and the answers back into the kio
-response class of the request's version. That keeps this package free of wire details (conventions 1
-and 2) and gives the tests a small surface.
+response class of the request's version. That keeps this package free of wire details
+and gives the tests a small surface.
 
-Effects: an operation that must persist something returns :class:`AppendRecords`. The shell appends
-``records`` to ``__consumer_offsets`` partition ``partition`` (as a transactional batch of
-``producer_id``/``producer_epoch`` when ``producer_id >= 0``), then calls :meth:`AppendRecords.complete`
-with the base offset, or with an error. The continuation applies the change (prepare -> persist ->
-complete) and may return follow-up effects, which the shell handles the same way.
+What operations return to the runtime (writes to append, replies to deliver) is the shape both
+coordinators share: :mod:`exactly.coordinator.result`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
 NO_GENERATION = -1
 UNKNOWN_MEMBER_ID = ""
-
-
-# ---------------------------------------------------------------------------------------------
-# Effects
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendResult:
-    """What the shell reports after an append: ``base_offset`` of the first record, or an error."""
-
-    now_ms: int
-    base_offset: int = -1
-    error: ErrorCode = ErrorCode.none
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendRecords:
-    """Append ``records`` to ``__consumer_offsets``-``partition``, then call :meth:`complete`.
-
-    Invariant: the coordinator's hard state (committed offsets, group existence after a delete)
-    changes only inside ``on_complete``; until then nothing of this write is visible.
-    """
-
-    partition: int
-    records: tuple[tuple[bytes, bytes | None], ...]
-    producer_id: int = -1
-    producer_epoch: int = -1
-    on_complete: Callable[[AppendResult], list[AppendRecords]] = field(repr=False, compare=False)
-
-    @property
-    def transactional(self) -> bool:
-        return self.producer_id >= 0
-
-    def complete(self, result: AppendResult) -> list[AppendRecords]:
-        """Report the append's outcome; returns further effects to handle."""
-        return self.on_complete(result)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,58 +1,70 @@
-"""The sans-IO group coordinator: the object the asyncio shell drives.
+"""The sans-IO group coordinator: the object the coordinator runtime drives.
+
+It is composed of parts, each owning its own state, that share one :class:`Operations` context:
+
+* :class:`~exactly.coordinator.group.membership.Membership` owns the groups and serves
+  JoinGroup/SyncGroup/Heartbeat/LeaveGroup, with its
+  :class:`~exactly.coordinator.group.rebalance.Rebalancer` (join phase, generations, timers);
+* :class:`~exactly.coordinator.group.offset_manager.OffsetManager` owns the committed and pending
+  offsets and serves OffsetCommit/TxnOffsetCommit/OffsetFetch;
+* :class:`~exactly.coordinator.group.expiry.Expiry` runs offset retention over both.
+
+This module routes requests to them, serves the group admin APIs (DescribeGroups, ListGroups,
+DeleteGroups) and routes replayed records: a group record to the membership, an offset record to
+the offset manager.
 
 Lifecycle
 ---------
 1. Construct with a :class:`GroupCoordinatorConfig`.
-2. Startup: feed every record of the owned ``__consumer_offsets`` partitions, in log order, to
+2. Load: feed every record of the owned ``__consumer_offsets`` partitions, in log order, to
    :meth:`GroupCoordinator.replay` (with the record's offset and its batch's producer id) and every
-   COMMIT/ABORT control record to :meth:`GroupCoordinator.replay_end_transaction`; then call
-   :meth:`GroupCoordinator.load_complete` to start the loaded members' session timers.
-3. Serve: request methods (``join_group`` ...) take ``now_ms`` and a ``respond`` callback and return
-   effects (:class:`~exactly.coordinator.group.api.AppendRecords`) to carry out; reads
-   (``offset_fetch``, ``describe_groups``, ``list_groups``) return their answer.
-4. Time: call :meth:`GroupCoordinator.poll` at :meth:`GroupCoordinator.next_deadline` (or
-   periodically); it fires session/rebalance/sync timeouts and the initial rebalance delay.
+   COMMIT/ABORT control record to :meth:`GroupCoordinator.replay_end_transaction`; then
+   :meth:`GroupCoordinator.load_complete` starts the loaded members' session timers.
+3. Serve: request methods (``join_group`` ...) take ``now_ms`` and the request's token and return
+   a :class:`~exactly.coordinator.result.CoordinatorResult` whose ``replies`` answer it (now or,
+   when parked, from a later result); reads (``offset_fetch``, ``describe_groups``,
+   ``list_groups``) return their answer.
+4. Time: call :meth:`GroupCoordinator.poll` at :meth:`GroupCoordinator.next_deadline`; it fires
+   session/rebalance/sync timeouts and the initial rebalance delay.
 5. Transactions: when a COMMIT/ABORT marker of producer P has been appended to a
    ``__consumer_offsets`` partition, call :meth:`GroupCoordinator.complete_transaction`.
 6. Retention: every ``offsets.retention.check.interval.ms`` call
-   :meth:`~exactly.coordinator.group.expiry.ExpiryMixin.cleanup_group_metadata`; it returns the
-   tombstone appends for expired offsets and empty groups (see ``expiry.py``).
+   :meth:`GroupCoordinator.cleanup_group_metadata` (see ``expiry.py``).
 
-The coordinator owns no I/O, no clock and no threads; the shell serializes calls (one asyncio loop).
+The coordinator owns no I/O, no clock and no threads; the runtime serializes calls (one event loop).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
+from typing import Never
 
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import (
-    AppendRecords,
-    AppendResult,
-    CommitPartitionResult,
-    CommitTopic,
-    CommitTopicResult,
     DeleteGroupResult,
     DescribedGroup,
-    FetchGroupResult,
+    HeartbeatRequestData,
+    JoinGroupRequestData,
+    LeaveGroupRequestData,
     ListedGroup,
     OffsetCommitRequestData,
-    OffsetCommitResponseData,
     OffsetFetchRequestData,
     OffsetFetchResponseData,
+    SyncGroupRequestData,
     TxnOffsetCommitRequestData,
 )
-from exactly.coordinator.group.core import GroupCoordinatorConfig
-from exactly.coordinator.group.expiry import ExpiryMixin
+from exactly.coordinator.group.core import GroupCoordinatorConfig, Operations
+from exactly.coordinator.group.expiry import Expiry
 from exactly.coordinator.group.group import ClassicGroup
-from exactly.coordinator.group.membership import MembershipMixin
+from exactly.coordinator.group.membership import Membership
+from exactly.coordinator.group.offset_manager import OffsetManager
 from exactly.coordinator.group.offsets import (
     CommittedOffset,
+    OffsetStore,
     TopicPartitionKey,
     map_append_error,
-    unknown_group_fetch,
-    validate_offset_commit,
 )
 from exactly.coordinator.group.records import (
     GroupMetadataKey,
@@ -62,145 +74,104 @@ from exactly.coordinator.group.records import (
     encode_record,
 )
 from exactly.coordinator.group.state import GroupState
+from exactly.coordinator.group.timers import DeadlineQueue
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, RequestToken
 
 __all__ = ["GroupCoordinator", "GroupCoordinatorConfig"]
 
-CommitRespond = Callable[[OffsetCommitResponseData], None]
-DEFAULT_RETENTION_TIME_MS = -1  # OffsetCommitRequest.DEFAULT_RETENTION_TIME: the broker's retention
 
+class GroupCoordinator:
+    """Classic consumer groups and their offsets for every ``__consumer_offsets`` partition.
 
-class GroupCoordinator(MembershipMixin, ExpiryMixin):
-    """Classic consumer groups and their offsets for every ``__consumer_offsets`` partition."""
+    Owns its parts (``membership``, ``offsets``, ``expiry``) and their shared :class:`Operations`;
+    see the module docstring for the lifecycle.
+    """
+
+    def __init__(
+        self,
+        config: GroupCoordinatorConfig | None = None,
+        *,
+        member_id_factory: Callable[[str], str] | None = None,
+    ) -> None:
+        self.config = config or GroupCoordinatorConfig()
+        self._ops = Operations(self.config)
+        self.membership = Membership(
+            self.config, self._ops, member_id_factory or (lambda prefix: f"{prefix}-{uuid.uuid4()}")
+        )
+        self._offsets = OffsetManager(self.config, self._ops, self.membership)
+        self.expiry = Expiry(self.config, self._ops, self.membership, self._offsets.store)
+
+    # -- state (read-only views for the runtime, admin tools and tests) -------------------------
+
+    @property
+    def groups(self) -> dict[str, ClassicGroup]:
+        return self.membership.groups
+
+    @property
+    def offsets(self) -> OffsetStore:
+        return self._offsets.store
+
+    @property
+    def timers(self) -> DeadlineQueue:
+        return self._ops.timers
+
+    def partition_for(self, group_id: str) -> int:
+        """The ``__consumer_offsets`` partition of ``group_id`` (FindCoordinator uses the same)."""
+        return self._ops.partition_for(group_id)
+
+    def group(self, group_id: str) -> ClassicGroup | None:
+        return self.groups.get(group_id)
+
+    def committed_offsets(self, group_id: str) -> dict[TopicPartitionKey, CommittedOffset]:
+        return self.offsets.committed(group_id)
 
     # -- time -----------------------------------------------------------------------------------
 
-    def poll(self, now_ms: int) -> list[AppendRecords]:
-        """Fire every timer due at ``now_ms``; returns the appends they caused."""
-        return self._run(now_ms, lambda: None)
+    def poll(self, now_ms: int) -> CoordinatorResult[Never]:
+        """Fire every timer due at ``now_ms``."""
+        return self._ops.run(now_ms, lambda: None)
 
     def next_deadline(self) -> int | None:
         """When :meth:`poll` next has work (absolute ms), or None if no timer is pending."""
-        return self.timers.next_deadline()
+        return self._ops.timers.next_deadline()
 
-    # -- OffsetCommit / TxnOffsetCommit ---------------------------------------------------------
+    # -- requests (routed to the parts) ---------------------------------------------------------
+
+    def join_group(
+        self, request: JoinGroupRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        return self.membership.join_group(request, now_ms, token)
+
+    def sync_group(
+        self, request: SyncGroupRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        return self.membership.sync_group(request, now_ms, token)
+
+    def heartbeat(
+        self, request: HeartbeatRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        return self.membership.heartbeat(request, now_ms, token)
+
+    def leave_group(
+        self, request: LeaveGroupRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        return self.membership.leave_group(request, now_ms, token)
 
     def offset_commit(
-        self, request: OffsetCommitRequestData, now_ms: int, respond: CommitRespond
-    ) -> list[AppendRecords]:
-        """OffsetCommit: validate, append, and make the offsets visible when the append completes."""
-
-        def body() -> None:
-            group = self.groups.get(request.group_id)
-            if not request.group_id:
-                error = ErrorCode.invalid_group_id
-            else:
-                error = validate_offset_commit(
-                    group,
-                    member_id=request.member_id,
-                    group_instance_id=request.group_instance_id,
-                    generation_id=request.generation_id,
-                    transactional=False,
-                    api_version=request.api_version,
-                )
-            if error is ErrorCode.none and group is not None:
-                member = group.members.get(request.member_id)
-                if member is not None and group.is_in(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
-                    self._schedule_heartbeat(group, member)  # a commit also proves liveness
-            # KIP-211: only v2-v4 carry a retention; anything but -1 (the default) fixes the expiry.
-            retention = request.retention_time_ms
-            expire = -1 if retention == DEFAULT_RETENTION_TIME_MS else now_ms + retention
-            self._commit(request.group_id, request.topics, error, expire, -1, -1, respond)
-
-        return self._run(now_ms, body)
+        self, request: OffsetCommitRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        return self._offsets.offset_commit(request, now_ms, token)
 
     def txn_offset_commit(
-        self, request: TxnOffsetCommitRequestData, now_ms: int, respond: CommitRespond
-    ) -> list[AppendRecords]:
-        """TxnOffsetCommit: append transactionally; the offsets stay pending until the marker."""
+        self, request: TxnOffsetCommitRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        return self._offsets.txn_offset_commit(request, now_ms, token)
 
-        def body() -> None:
-            error = validate_offset_commit(
-                self.groups.get(request.group_id),
-                member_id=request.member_id,
-                group_instance_id=request.group_instance_id,
-                generation_id=request.generation_id,
-                transactional=True,
-            )
-            if not request.group_id:
-                error = ErrorCode.invalid_group_id
-            self._commit(
-                request.group_id,
-                request.topics,
-                error,
-                -1,
-                request.producer_id,
-                request.producer_epoch,
-                respond,
-            )
+    def offset_fetch(self, request: OffsetFetchRequestData) -> OffsetFetchResponseData:
+        return self._offsets.offset_fetch(request)
 
-        return self._run(now_ms, body)
-
-    def _commit(
-        self,
-        group_id: str,
-        topics: tuple[CommitTopic, ...],
-        error: ErrorCode,
-        expire_timestamp: int,
-        producer_id: int,
-        producer_epoch: int,
-        respond: CommitRespond,
-    ) -> None:
-        if error is not ErrorCode.none:
-            self._reply(respond, _commit_response(topics, lambda topic, partition: error))
-            return
-        max_metadata = self.config.offset_metadata_max_bytes
-        keys: list[OffsetCommitKey] = []
-        values: list[OffsetCommitValue] = []
-        too_large: set[TopicPartitionKey] = set()
-        for topic in topics:
-            for p in topic.partitions:
-                metadata = p.committed_metadata or ""
-                if len(metadata) > max_metadata:
-                    too_large.add((topic.name, p.partition_index))
-                    continue
-                keys.append(OffsetCommitKey(group_id, topic.name, p.partition_index))
-                values.append(
-                    OffsetCommitValue(
-                        offset=p.committed_offset,
-                        metadata=metadata,
-                        commit_timestamp=self._now,
-                        leader_epoch=p.committed_leader_epoch,
-                        expire_timestamp=expire_timestamp,
-                    )
-                )
-
-        def answer(append_error: ErrorCode) -> None:
-            def partition_error(topic: str, partition: int) -> ErrorCode:
-                if (topic, partition) in too_large:
-                    return ErrorCode.offset_metadata_too_large
-                return append_error
-
-            self._reply(respond, _commit_response(topics, partition_error))
-
-        if not keys:
-            answer(ErrorCode.none)
-            return
-
-        def done(result: AppendResult) -> None:
-            if result.error is not ErrorCode.none:
-                answer(map_append_error(result.error, offsets=True))
-                return
-            for i, (key, value) in enumerate(zip(keys, values)):
-                self._replay_offset(key, value, record_offset=result.base_offset + i, producer_id=producer_id)
-            answer(ErrorCode.none)
-
-        self._emit(
-            self.partition_for(group_id),
-            [encode_record(k, v) for k, v in zip(keys, values)],
-            done,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-        )
+    def cleanup_group_metadata(self, now_ms: int, token: RequestToken) -> CoordinatorResult[Never]:
+        return self.expiry.cleanup_group_metadata(now_ms, token)
 
     def complete_transaction(self, producer_id: int, commit: bool, partition: int | None = None) -> None:
         """A COMMIT/ABORT marker of ``producer_id`` landed on ``partition`` (None: on every one).
@@ -209,21 +180,6 @@ class GroupCoordinator(MembershipMixin, ExpiryMixin):
         live and replaying it at startup must give the same state.
         """
         self.replay_end_transaction(producer_id, commit, partition)
-
-    # -- OffsetFetch ----------------------------------------------------------------------------
-
-    def offset_fetch(self, request: OffsetFetchRequestData) -> OffsetFetchResponseData:
-        """OffsetFetch (v8+ several groups); ``require_stable`` reports pending transactional
-        offsets as UNSTABLE_OFFSET_COMMIT so the consumer retries instead of reading a stale one."""
-        results: list[FetchGroupResult] = []
-        for fetch in request.groups:
-            group = self.groups.get(fetch.group_id)
-            if group is None or group.is_in(GroupState.DEAD):
-                results.append(unknown_group_fetch(fetch.group_id, fetch.topics))
-                continue
-            topics = self.offsets.fetch(fetch.group_id, fetch.topics, request.require_stable)
-            results.append(FetchGroupResult(group_id=fetch.group_id, topics=topics))
-        return OffsetFetchResponseData(groups=tuple(results))
 
     # -- DescribeGroups / ListGroups / DeleteGroups ---------------------------------------------
 
@@ -256,8 +212,8 @@ class GroupCoordinator(MembershipMixin, ExpiryMixin):
         ]
 
     def delete_groups(
-        self, group_ids: Iterable[str], now_ms: int, respond: Callable[[list[DeleteGroupResult]], None]
-    ) -> list[AppendRecords]:
+        self, group_ids: Iterable[str], now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
         """DeleteGroups: only Empty groups; tombstones for the group and all its offsets."""
         ids = list(dict.fromkeys(group_ids))
 
@@ -273,27 +229,28 @@ class GroupCoordinator(MembershipMixin, ExpiryMixin):
                 elif not group.is_in(GroupState.EMPTY):
                     results[group_id] = ErrorCode.non_empty_group
                 else:
-                    by_partition.setdefault(self.partition_for(group_id), []).append(group_id)
+                    by_partition.setdefault(self._ops.partition_for(group_id), []).append(group_id)
             outstanding = [len(by_partition)]
 
             def finish() -> None:
-                self._reply(respond, [DeleteGroupResult(g, results[g]) for g in ids])
+                self._ops.reply(token, [DeleteGroupResult(g, results[g]) for g in ids])
 
             for partition, group_ids_here in by_partition.items():
                 records: list[tuple[bytes, bytes | None]] = []
                 for group_id in group_ids_here:
-                    for topic, p in self.offsets.partitions_with_state(group_id):
+                    for topic, p in self._offsets.store.partitions_with_state(group_id):
                         records.append(encode_record(OffsetCommitKey(group_id, topic, p), None))
                     records.append(encode_record(GroupMetadataKey(group_id), None))
-                self._emit(
+                self._ops.emit(
                     partition,
                     records,
                     self._delete_done(group_ids_here, records, results, outstanding, finish),
+                    describe="delete groups",
                 )
             if not by_partition:
                 finish()
 
-        return self._run(now_ms, body)
+        return self._ops.run(now_ms, body)
 
     def _delete_done(
         self,
@@ -302,9 +259,9 @@ class GroupCoordinator(MembershipMixin, ExpiryMixin):
         results: dict[str, ErrorCode],
         outstanding: list[int],
         finish: Callable[[], None],
-    ) -> Callable[[AppendResult], None]:
-        def done(result: AppendResult) -> None:
-            if result.error is ErrorCode.none:
+    ) -> Callable[[AppendOutcome], None]:
+        def done(result: AppendOutcome) -> None:
+            if result.ok:
                 for i, (key, value) in enumerate(records):
                     self.replay(key, value, offset=result.base_offset + i)
             error = map_append_error(result.error, offsets=False)
@@ -319,7 +276,7 @@ class GroupCoordinator(MembershipMixin, ExpiryMixin):
     # -- replay ---------------------------------------------------------------------------------
 
     def replay(self, key: bytes, value: bytes | None, *, offset: int, producer_id: int = -1) -> None:
-        """Apply one ``__consumer_offsets`` record (startup load, or after our own append).
+        """Apply one ``__consumer_offsets`` record (startup load, or after our own write).
 
         ``producer_id`` is the batch's producer id: >= 0 only for transactional batches, whose offset
         commits stay pending until :meth:`replay_end_transaction`. Unknown record types are ignored.
@@ -330,61 +287,22 @@ class GroupCoordinator(MembershipMixin, ExpiryMixin):
         record_key, record_value = decoded
         if isinstance(record_key, OffsetCommitKey):
             assert record_value is None or isinstance(record_value, OffsetCommitValue)
-            self._replay_offset(record_key, record_value, record_offset=offset, producer_id=producer_id)
+            self._offsets.replay(record_key, record_value, record_offset=offset, producer_id=producer_id)
             return
-        self._unload_group(record_key.group)
+        assert not isinstance(record_value, OffsetCommitValue)
         if record_value is not None:
-            assert not isinstance(record_value, OffsetCommitValue)
-            self.groups[record_key.group] = ClassicGroup.from_record(record_key.group, record_value)
-        elif self.offsets.partitions_with_state(record_key.group):
+            self.membership.load_group(record_key.group, record_value)
+            return
+        self.membership.unload_group(record_key.group)
+        if self.offsets.partitions_with_state(record_key.group):
             # Offsets outlive their group record (a commit landed after the tombstone's offsets
             # were chosen): they belong to a simple Empty group, as Kafka's loader makes them.
-            self.groups[record_key.group] = ClassicGroup(record_key.group)
-
-    def _replay_offset(
-        self, key: OffsetCommitKey, value: OffsetCommitValue | None, *, record_offset: int, producer_id: int
-    ) -> None:
-        if value is not None and key.group not in self.groups:
-            # Offsets without membership (manual assignment): a "simple" Empty group, as in Kafka.
-            self.groups[key.group] = ClassicGroup(key.group)
-        self.offsets.replay(key, value, record_offset=record_offset, producer_id=producer_id)
+            self.membership.ensure_group(record_key.group)
 
     def replay_end_transaction(self, producer_id: int, commit: bool, partition: int | None = None) -> None:
         """Apply a COMMIT (True) / ABORT (False) marker found on ``partition`` (None: all)."""
-        group_filter = None if partition is None else (lambda g: self.partition_for(g) == partition)
-        self.offsets.replay_end_transaction(producer_id, commit, group_filter)
+        self._offsets.replay_end_transaction(producer_id, commit, partition)
 
-    def load_complete(self, now_ms: int) -> list[AppendRecords]:
+    def load_complete(self, now_ms: int) -> CoordinatorResult[Never]:
         """After replay: start session timers for the loaded members (they must heartbeat again)."""
-
-        def body() -> None:
-            for group in self.groups.values():
-                for member in group.members.values():
-                    self._schedule_heartbeat(group, member)
-
-        return self._run(now_ms, body)
-
-    # -- introspection (tests, DescribeGroups-like tooling) -------------------------------------
-
-    def group(self, group_id: str) -> ClassicGroup | None:
-        return self.groups.get(group_id)
-
-    def committed_offsets(self, group_id: str) -> dict[TopicPartitionKey, CommittedOffset]:
-        return self.offsets.committed(group_id)
-
-
-def _commit_response(
-    topics: tuple[CommitTopic, ...], error_of: Callable[[str, int], ErrorCode]
-) -> OffsetCommitResponseData:
-    return OffsetCommitResponseData(
-        topics=tuple(
-            CommitTopicResult(
-                t.name,
-                tuple(
-                    CommitPartitionResult(p.partition_index, error_of(t.name, p.partition_index))
-                    for p in t.partitions
-                ),
-            )
-            for t in topics
-        )
-    )
+        return self._ops.run(now_ms, self.membership.start_sessions)

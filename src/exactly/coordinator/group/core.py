@@ -1,36 +1,33 @@
-"""Shared machinery of the group coordinator: config, groups, timers, effects and replies.
+"""The group coordinator's configuration and its operation context (writes, replies, timers).
 
 Operations
 ----------
-Every public call that can change state runs as one *operation* (:meth:`CoordinatorCore._run`):
+Every public call that can change state runs as one *operation* (:meth:`Operations.run`):
 
 1. fire the timers already due at ``now_ms`` (a session that expired before this request arrived is
    expired first, as Kafka's timer thread would have done);
-2. run the request's logic, which may park reply callbacks, answer them, schedule timers and emit
-   :class:`AppendRecords` effects;
+2. run the request's logic, which may park replies, answer them, schedule timers and emit
+   :class:`~exactly.coordinator.result.Write` s;
 3. fire timers due at ``now_ms`` again -- this is how ``group.initial.rebalance.delay.ms = 0``
    completes a lone consumer's first join inside its own JoinGroup call;
-4. deliver the collected replies, then return the effects.
+4. return the collected writes and replies as one
+   :class:`~exactly.coordinator.result.CoordinatorResult`.
 
-Replies are delivered only after the state changes are finished, so a reply callback may re-enter the
-coordinator (a test client sending its SyncGroup from its JoinGroup callback) without seeing a group
-half-way through a change. Operations nest: a re-entrant call gets its own reply and effect lists.
+Replies are data addressed by the token each request came with, so answering a parked request
+from a later operation (a rebalance completed by another member's JoinGroup, or by a timer) never
+re-enters the coordinator. Operations nest (a write's completion runs as its own operation while
+the runtime drives the result): each gets its own write and reply lists.
 
-Continuations of appends (``AppendRecords.on_complete``) also run as operations, at the
-``now_ms`` the shell reports.
+The parts of the coordinator (membership, rebalance, offsets, expiry) share one
+:class:`Operations`; it is the only state they share besides the groups the membership part owns.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Never, TypeVar
 
-from exactly.coordinator.group.api import AppendRecords, AppendResult
-from exactly.coordinator.group.group import ClassicGroup
-from exactly.coordinator.group.member import GroupMember
-from exactly.coordinator.group.offsets import OffsetStore
 from exactly.coordinator.group.records import (
     GroupMetadataKey,
     GroupMetadataValue,
@@ -38,6 +35,14 @@ from exactly.coordinator.group.records import (
     partition_for,
 )
 from exactly.coordinator.group.timers import DeadlineQueue
+from exactly.coordinator.result import (
+    AppendOutcome,
+    CoordinatorResult,
+    Record,
+    Reply,
+    RequestToken,
+    Write,
+)
 
 R = TypeVar("R")
 
@@ -58,134 +63,100 @@ class GroupCoordinatorConfig:
 
 
 class _Operation:
-    __slots__ = ("effects", "now_ms", "replies")
+    __slots__ = ("now_ms", "replies", "writes")
 
     def __init__(self, now_ms: int) -> None:
         self.now_ms = now_ms
-        self.effects: list[AppendRecords] = []
-        self.replies: list[tuple[Callable[[Any], None], Any]] = []
+        self.writes: list[Write] = []
+        self.replies: list[Reply] = []
 
 
-class CoordinatorCore:
-    """State and plumbing shared by the membership and offset halves of the coordinator."""
+class Operations:
+    """The context every coordinator operation runs in.
 
-    def __init__(
-        self,
-        config: GroupCoordinatorConfig | None = None,
-        *,
-        member_id_factory: Callable[[str], str] | None = None,
-    ) -> None:
-        self.config = config or GroupCoordinatorConfig()
-        self.groups: dict[str, ClassicGroup] = {}
-        self.offsets = OffsetStore()
+    Owns the stack of running operations (their clock, writes and replies) and the keyed timers
+    (:class:`DeadlineQueue`). Lives as long as its coordinator; holds no group state.
+    """
+
+    def __init__(self, config: GroupCoordinatorConfig) -> None:
+        self.config = config
         self.timers = DeadlineQueue()
-        self._ops: list[_Operation] = []
-        self._member_id_factory = member_id_factory or (lambda prefix: f"{prefix}-{uuid.uuid4()}")
+        self._stack: list[_Operation] = []
 
-    # -- operations -----------------------------------------------------------------------------
-
-    def _run(self, now_ms: int, body: Callable[[], None]) -> list[AppendRecords]:
+    def run(self, now_ms: int, body: Callable[[], None]) -> CoordinatorResult[Never]:
+        """Run ``body`` as one operation at ``now_ms`` (see the module docstring)."""
         op = _Operation(now_ms)
-        self._ops.append(op)
+        self._stack.append(op)
         try:
             self._fire_due()
             body()
             self._fire_due()
         finally:
-            self._ops.pop()
-        for respond, response in op.replies:
-            respond(response)
-        return op.effects
+            self._stack.pop()
+        return CoordinatorResult(writes=tuple(op.writes), replies=tuple(op.replies))
 
     @property
-    def _now(self) -> int:
-        return self._ops[-1].now_ms
+    def now(self) -> int:
+        return self._stack[-1].now_ms
+
+    @property
+    def write_count(self) -> int:
+        """Writes the current operation has emitted so far."""
+        return len(self._stack[-1].writes)
 
     def _fire_due(self) -> None:
-        while (action := self.timers.pop_due(self._now)) is not None:
+        while (action := self.timers.pop_due(self.now)) is not None:
             action()
 
-    def _reply(self, respond: Callable[[R], None], response: R) -> None:
-        """Queue ``response`` for delivery at the end of the current operation."""
-        self._ops[-1].replies.append((respond, response))
+    def reply(self, token: RequestToken, response: Any) -> None:
+        """Answer the request ``token`` at the end of the current operation."""
+        self._stack[-1].replies.append(Reply(token, response))
 
-    def _deferred(self, respond: Callable[[R], None]) -> Callable[[R], None]:
-        """Wrap a shell callback so that calling it only queues the reply (see module docstring)."""
+    def deferred(self, token: RequestToken) -> Callable[[R], None]:
+        """A reply callback to park on a member: calling it answers ``token`` from whatever
+        operation is running then."""
 
         def deliver(response: R) -> None:
-            self._reply(respond, response)
+            self.reply(token, response)
 
         return deliver
 
-    def _emit(
+    def emit(
         self,
         partition: int,
-        records: list[tuple[bytes, bytes | None]],
-        on_done: Callable[[AppendResult], None],
+        records: list[Record],
+        on_done: Callable[[AppendOutcome], None],
         *,
         producer_id: int = -1,
         producer_epoch: int = -1,
+        describe: str = "",
     ) -> None:
-        """Emit an append effect whose continuation runs ``on_done`` as its own operation."""
+        """Emit a write whose completion runs ``on_done`` as its own operation."""
 
-        def complete(result: AppendResult) -> list[AppendRecords]:
-            return self._run(result.now_ms, lambda: on_done(result))
+        def complete(outcome: AppendOutcome) -> CoordinatorResult[Never]:
+            return self.run(outcome.now_ms, lambda: on_done(outcome))
 
-        self._ops[-1].effects.append(
-            AppendRecords(
+        self._stack[-1].writes.append(
+            Write(
                 partition=partition,
                 records=tuple(records),
+                complete=complete,
                 producer_id=producer_id,
                 producer_epoch=producer_epoch,
-                on_complete=complete,
+                describe=describe,
             )
         )
 
-    def _emit_group_record(
-        self, group: ClassicGroup, value: GroupMetadataValue | None, on_done: Callable[[AppendResult], None]
+    def emit_group_record(
+        self, group_id: str, value: GroupMetadataValue | None, on_done: Callable[[AppendOutcome], None]
     ) -> None:
-        self._emit(
-            self.partition_for(group.group_id),
-            [encode_record(GroupMetadataKey(group.group_id), value)],
+        self.emit(
+            self.partition_for(group_id),
+            [encode_record(GroupMetadataKey(group_id), value)],
             on_done,
+            describe=f"group {group_id}",
         )
-
-    # -- helpers --------------------------------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
         """The ``__consumer_offsets`` partition of ``group_id`` (FindCoordinator uses the same)."""
         return partition_for(group_id, self.config.num_partitions)
-
-    def _new_member_id(self, prefix: str) -> str:
-        return self._member_id_factory(prefix)
-
-    def _unload_group(self, group_id: str) -> ClassicGroup | None:
-        """Forget a group and its timers (group tombstone applied, or replaced by a newer record)."""
-        existing = self.groups.pop(group_id, None)
-        if existing is not None:
-            for member_id in list(existing.members) + list(existing.pending_join):
-                self.timers.cancel(("heartbeat", group_id, member_id))
-            for kind in ("join", "sync"):
-                self.timers.cancel((kind, group_id))
-        return existing
-
-    def _is_current(self, group: ClassicGroup) -> bool:
-        """Timers and continuations capture a group object; ignore them if it was replaced/removed."""
-        return self.groups.get(group.group_id) is group
-
-    def _schedule_heartbeat(
-        self, group: ClassicGroup, member: GroupMember, timeout_ms: int | None = None
-    ) -> None:
-        delay = member.session_timeout_ms if timeout_ms is None else timeout_ms
-        member_id = member.member_id
-        self.timers.schedule(
-            ("heartbeat", group.group_id, member_id),
-            self._now + delay,
-            lambda: self._on_heartbeat_expired(group, member_id),
-        )
-
-    def _cancel_heartbeat(self, group: ClassicGroup, member_id: str) -> None:
-        self.timers.cancel(("heartbeat", group.group_id, member_id))
-
-    def _on_heartbeat_expired(self, group: ClassicGroup, member_id: str) -> None:
-        raise NotImplementedError  # provided by the membership half

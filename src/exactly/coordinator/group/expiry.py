@@ -4,13 +4,13 @@ Theory of operation
 -------------------
 Committed offsets and empty groups would otherwise live forever. Every
 ``offsets.retention.check.interval.ms`` the shell calls
-:meth:`ExpiryMixin.cleanup_group_metadata`, which does what Kafka's ``cleanupGroupMetadata`` does
+:meth:`Expiry.cleanup_group_metadata`, which does what Kafka's ``cleanupGroupMetadata`` does
 (``OffsetMetadataManager.cleanupExpiredOffsets`` + ``GroupMetadataManager.maybeDeleteGroup``):
 
 1. *prepare*: for each group pick the offsets whose retention has passed
    (:func:`plan_group_cleanup`) and decide whether the group itself goes (Empty, no offset left, no
    open transaction). Nothing changes in memory yet.
-2. *persist*: one :class:`~exactly.coordinator.group.api.AppendRecords` per ``__consumer_offsets``
+2. *persist*: one :class:`~exactly.coordinator.result.Write` per ``__consumer_offsets``
    partition carries a tombstone (null value) for every expired ``OffsetCommitKey`` and, after them,
    one for the ``GroupMetadataKey`` of each group that goes.
 3. *complete*: only when that append succeeded are the tombstones applied, through the same store
@@ -49,15 +49,16 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
+from typing import Never
 
-from kio.schema.errors import ErrorCode
-
-from exactly.coordinator.group.api import AppendRecords, AppendResult, CleanupStats
-from exactly.coordinator.group.core import CoordinatorCore
+from exactly.coordinator.group.api import CleanupStats
+from exactly.coordinator.group.core import GroupCoordinatorConfig, Operations
 from exactly.coordinator.group.group import CONSUMER_PROTOCOL_TYPE, ClassicGroup
-from exactly.coordinator.group.offsets import CommittedOffset, TopicPartitionKey
+from exactly.coordinator.group.membership import Membership
+from exactly.coordinator.group.offsets import CommittedOffset, OffsetStore, TopicPartitionKey
 from exactly.coordinator.group.records import GroupMetadataKey, OffsetCommitKey, encode_record
 from exactly.coordinator.group.state import GroupState
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, RequestToken
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -205,29 +206,41 @@ class _CleanupRun:
         )
 
 
-class ExpiryMixin(CoordinatorCore):
-    """The retention half of :class:`~exactly.coordinator.group.coordinator.GroupCoordinator`."""
+class Expiry:
+    """Offset retention and the removal of empty groups, run on demand.
 
-    def cleanup_group_metadata(
-        self, now_ms: int, respond: Callable[[CleanupStats], None]
-    ) -> list[AppendRecords]:
-        """Expire offsets and remove dead groups; ``respond`` gets the totals after the appends."""
+    Owns no state between runs (a run's totals live in its ``_CleanupRun`` until its last write
+    completes): it plans from the membership part's groups and the offset store and applies its
+    tombstones to them.
+    """
+
+    def __init__(
+        self, config: GroupCoordinatorConfig, ops: Operations, membership: Membership, store: OffsetStore
+    ) -> None:
+        self.config = config
+        self._ops = ops
+        self._membership = membership
+        self._store = store
+
+    def cleanup_group_metadata(self, now_ms: int, token: RequestToken) -> CoordinatorResult[Never]:
+        """Expire offsets and remove dead groups; ``token`` is answered with the totals
+        (:class:`CleanupStats`) once the writes completed."""
 
         def body() -> None:
             by_partition: dict[int, list[tuple[GroupCleanup, ClassicGroup]]] = {}
             retention = self.config.offsets_retention_ms
-            for group in self.groups.values():
+            for group in self._membership.groups.values():
                 if group.is_in(GroupState.DEAD):
                     continue
                 plan = plan_group_cleanup(
                     group,
-                    self.offsets.committed(group.group_id),
-                    self.offsets.open_partitions(group.group_id),
-                    self._now,
+                    self._store.committed(group.group_id),
+                    self._store.open_partitions(group.group_id),
+                    self._ops.now,
                     retention,
                 )
                 if not plan.empty:
-                    by_partition.setdefault(self.partition_for(group.group_id), []).append((plan, group))
+                    by_partition.setdefault(self._ops.partition_for(group.group_id), []).append((plan, group))
             run = _CleanupRun(len(by_partition))
             for partition, plans in sorted(by_partition.items()):
                 records: list[tuple[bytes, bytes | None]] = []
@@ -236,26 +249,28 @@ class ExpiryMixin(CoordinatorCore):
                         records.append(encode_record(OffsetCommitKey(plan.group_id, topic, p), None))
                     if plan.remove_group:
                         records.append(encode_record(GroupMetadataKey(plan.group_id), None))
-                self._emit(partition, records, self._cleanup_done(plans, run, respond))
+                self._ops.emit(
+                    partition, records, self._cleanup_done(plans, run, token), describe="offset retention"
+                )
             if not by_partition:
-                self._reply(respond, run.stats())
+                self._ops.reply(token, run.stats())
 
-        return self._run(now_ms, body)
+        return self._ops.run(now_ms, body)
 
     def _cleanup_done(
         self,
         plans: list[tuple[GroupCleanup, ClassicGroup]],
         run: _CleanupRun,
-        respond: Callable[[CleanupStats], None],
-    ) -> Callable[[AppendResult], None]:
-        def done(result: AppendResult) -> None:
-            if result.error is not ErrorCode.none:
+        token: RequestToken,
+    ) -> Callable[[AppendOutcome], None]:
+        def done(result: AppendOutcome) -> None:
+            if not result.ok:
                 run.failed += 1
             else:
                 record_offset = result.base_offset
                 for plan, group in plans:
                     for tp in plan.expired:
-                        if self.offsets.expire(plan.group_id, tp, tombstone_offset=record_offset):
+                        if self._store.expire(plan.group_id, tp, tombstone_offset=record_offset):
                             run.offsets += 1
                         record_offset += 1
                     if plan.remove_group:
@@ -264,19 +279,19 @@ class ExpiryMixin(CoordinatorCore):
                         record_offset += 1
             run.outstanding -= 1
             if run.outstanding == 0:
-                self._reply(respond, run.stats())
+                self._ops.reply(token, run.stats())
 
         return done
 
     def _remove_expired_group(self, group: ClassicGroup) -> bool:
         """Apply a group tombstone of the cleanup: Empty -> Dead, then out of ``groups``."""
         if (
-            not self._is_current(group)
+            not self._membership.is_current(group)
             or not group.is_in(GroupState.EMPTY)
             or group.pending_join
-            or self.offsets.partitions_with_state(group.group_id)
+            or self._store.partitions_with_state(group.group_id)
         ):
             return False  # revived between prepare and complete (see the module docstring)
-        group.transition_to(GroupState.DEAD, self._now)
-        self._unload_group(group.group_id)
+        group.transition_to(GroupState.DEAD, self._ops.now)
+        self._membership.unload_group(group.group_id)
         return True

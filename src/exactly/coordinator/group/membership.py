@@ -11,16 +11,7 @@ CompletingRebalance for the leader's SyncGroup. The leader's assignment is appen
 ``__consumer_offsets`` (a GroupMetadataValue); only when that append completes do the parked
 followers' SyncGroup requests get their assignments and the group becomes Stable.
 
-Timers (keys in ``self.timers``):
-
-- ``("heartbeat", group, member)``: the member's session; a heartbeat, offset commit or completed
-  join/sync pushes it forward. Expiry removes the member and rebalances. A member handed an id with
-  MEMBER_ID_REQUIRED has one too, so an abandoned id is dropped.
-- ``("join", group)``: the end of the join phase -- the rebalance timeout, or during the first
-  rebalance of an Empty group the ``initial_rebalance_delay_ms`` window, extended (up to the rebalance
-  timeout) while new members keep arriving, so a starting consumer fleet gets one rebalance, not N.
-- ``("sync", group)``: members that got a JoinGroup answer but never sent SyncGroup within the
-  rebalance timeout are removed and the group rebalances.
+Timers are the rebalancer's (``rebalance.py``).
 
 Static members (KIP-345): a member with ``group.instance.id`` that restarts joins with an empty member
 id; it takes over its old entry under a new member id (the old id is fenced), and if the group is
@@ -31,12 +22,11 @@ with the new id is persisted it gets the current generation and its previous ass
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Never
 
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import (
-    AppendRecords,
-    AppendResult,
     HeartbeatRequestData,
     HeartbeatResponseData,
     JoinGroupRequestData,
@@ -47,44 +37,93 @@ from exactly.coordinator.group.api import (
     SyncGroupRequestData,
     SyncGroupResponseData,
 )
+from exactly.coordinator.group.core import GroupCoordinatorConfig, Operations
 from exactly.coordinator.group.group import ClassicGroup
 from exactly.coordinator.group.member import GroupMember, JoinReply, SyncReply
 from exactly.coordinator.group.offsets import map_append_error
-from exactly.coordinator.group.rebalance import RebalanceMixin
+from exactly.coordinator.group.rebalance import Rebalancer
 from exactly.coordinator.group.records import GroupMetadataValue
 from exactly.coordinator.group.state import GroupState
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, RequestToken
 
 _S = GroupState
 
 
-class MembershipMixin(RebalanceMixin):
-    """The membership half of :class:`~exactly.coordinator.group.coordinator.GroupCoordinator`."""
+class Membership:
+    """The classic groups and their members: JoinGroup, SyncGroup, Heartbeat, LeaveGroup.
+
+    Owns ``groups`` -- every group this coordinator knows, by id; the other parts read it and
+    change it only through :meth:`ensure_group`, :meth:`load_group` and :meth:`unload_group`.
+    Created empty with its coordinator, filled by replay, lives as long as the coordinator.
+    """
+
+    def __init__(
+        self,
+        config: GroupCoordinatorConfig,
+        ops: Operations,
+        member_id_factory: Callable[[str], str],
+    ) -> None:
+        self.config = config
+        self.groups: dict[str, ClassicGroup] = {}
+        self.rebalance = Rebalancer(config, ops, self.groups)
+        self._ops = ops
+        self._new_member_id = member_id_factory
+
+    # -- the groups -----------------------------------------------------------------------------
+
+    def is_current(self, group: ClassicGroup) -> bool:
+        return self.groups.get(group.group_id) is group
+
+    def ensure_group(self, group_id: str) -> ClassicGroup:
+        """The group, created as a "simple" Empty group (offsets only) if unknown, as Kafka does."""
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = ClassicGroup(group_id)
+        return group
+
+    def load_group(self, group_id: str, value: GroupMetadataValue) -> None:
+        """Apply a group record: the group as persisted replaces whatever was in memory."""
+        self.unload_group(group_id)
+        self.groups[group_id] = ClassicGroup.from_record(group_id, value)
+
+    def unload_group(self, group_id: str) -> ClassicGroup | None:
+        """Forget a group and its timers (tombstone applied, or replaced by a newer record)."""
+        existing = self.groups.pop(group_id, None)
+        if existing is not None:
+            self.rebalance.cancel_all(existing)
+        return existing
+
+    def start_sessions(self) -> None:
+        """After loading: every loaded member must heartbeat within its session again."""
+        for group in self.groups.values():
+            for member in group.members.values():
+                self.rebalance.schedule_heartbeat(group, member)
 
     # -- public API -----------------------------------------------------------------------------
 
     def join_group(
-        self, request: JoinGroupRequestData, now_ms: int, respond: Callable[[JoinGroupResponseData], None]
-    ) -> list[AppendRecords]:
-        """JoinGroup v0-v9; ``respond`` is called when the join phase completes (maybe much later)."""
-        return self._run(now_ms, lambda: self._join(request, self._deferred(respond)))
+        self, request: JoinGroupRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        """JoinGroup v0-v9; answered when the join phase completes (maybe much later)."""
+        return self._ops.run(now_ms, lambda: self._join(request, self._ops.deferred(token)))
 
     def sync_group(
-        self, request: SyncGroupRequestData, now_ms: int, respond: Callable[[SyncGroupResponseData], None]
-    ) -> list[AppendRecords]:
+        self, request: SyncGroupRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
         """SyncGroup; followers' replies wait until the leader's assignment is persisted."""
-        return self._run(now_ms, lambda: self._sync(request, self._deferred(respond)))
+        return self._ops.run(now_ms, lambda: self._sync(request, self._ops.deferred(token)))
 
     def heartbeat(
-        self, request: HeartbeatRequestData, now_ms: int, respond: Callable[[HeartbeatResponseData], None]
-    ) -> list[AppendRecords]:
-        """Heartbeat; answered at once (effects come only from timers that were due)."""
-        return self._run(now_ms, lambda: self._reply(respond, self._heartbeat(request)))
+        self, request: HeartbeatRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
+        """Heartbeat; answered at once (writes come only from timers that were due)."""
+        return self._ops.run(now_ms, lambda: self._ops.reply(token, self._heartbeat(request)))
 
     def leave_group(
-        self, request: LeaveGroupRequestData, now_ms: int, respond: Callable[[LeaveGroupResponseData], None]
-    ) -> list[AppendRecords]:
+        self, request: LeaveGroupRequestData, now_ms: int, token: RequestToken
+    ) -> CoordinatorResult[Never]:
         """LeaveGroup (batched since v3); answered at once."""
-        return self._run(now_ms, lambda: self._reply(respond, self._leave(request)))
+        return self._ops.run(now_ms, lambda: self._ops.reply(token, self._leave(request)))
 
     # -- JoinGroup ------------------------------------------------------------------------------
 
@@ -105,24 +144,24 @@ class MembershipMixin(RebalanceMixin):
             if not unknown_member:
                 reply(JoinGroupResponseData(error_code=ErrorCode.unknown_member_id, member_id=req.member_id))
                 return
-            group = ClassicGroup(req.group_id, now_ms=self._now)
+            group = ClassicGroup(req.group_id, now_ms=self._ops.now)
             self.groups[req.group_id] = group
-        effects_before = len(self._ops[-1].effects)
+        effects_before = self._ops.write_count
         if not self._accept_joining_member(group, req.member_id):
             existing = group.members.get(req.member_id)
             if existing is not None:
-                self._drop_member(group, existing)
+                self.rebalance.drop_member(group, existing)
             reply(JoinGroupResponseData(error_code=ErrorCode.group_max_size_reached))
         elif unknown_member:
             self._join_new_member(group, req, reply)
         else:
             self._join_existing_member(group, req, reply)
-        if is_new_group and len(self._ops[-1].effects) == effects_before:
+        if is_new_group and self._ops.write_count == effects_before:
             # Like Kafka: a new group is made durable at once with an empty metadata record.
             empty = GroupMetadataValue(
                 protocol_type="", generation=0, current_state_timestamp=group.state_timestamp_ms
             )
-            self._emit_group_record(group, empty, lambda result: None)
+            self._ops.emit_group_record(group.group_id, empty, lambda result: None)
 
     def _accept_joining_member(self, group: ClassicGroup, member_id: str) -> bool:
         limit = self.config.max_group_size
@@ -151,11 +190,7 @@ class MembershipMixin(RebalanceMixin):
         elif req.api_version >= 4:
             # KIP-394: hand out the id first; the member counts as "not yet joined" until it returns.
             group.pending_join.add(new_member_id)
-            self.timers.schedule(
-                ("heartbeat", group.group_id, new_member_id),
-                self._now + req.session_timeout_ms,
-                lambda: self._on_heartbeat_expired(group, new_member_id),
-            )
+            self.rebalance.schedule_session(group, new_member_id, req.session_timeout_ms)
             reply(JoinGroupResponseData(error_code=ErrorCode.member_id_required, member_id=new_member_id))
         else:
             self._add_member_then_rebalance(group, req, new_member_id, reply)
@@ -183,7 +218,7 @@ class MembershipMixin(RebalanceMixin):
         elif group.is_in(_S.COMPLETING_REBALANCE):
             if member.matches(req.protocols):
                 # It probably lost the first answer: give it the current generation again.
-                reply(self._join_response(group, member, with_members=group.is_leader(member_id)))
+                reply(self.rebalance.join_response(group, member, with_members=group.is_leader(member_id)))
             else:
                 self._update_member_then_rebalance(group, member, req, reply)
         elif group.is_in(_S.STABLE):
@@ -191,7 +226,7 @@ class MembershipMixin(RebalanceMixin):
                 # A leader's JoinGroup forces a rebalance (e.g. topic metadata changed).
                 self._update_member_then_rebalance(group, member, req, reply)
             else:
-                reply(self._join_response(group, member, with_members=False))
+                reply(self.rebalance.join_response(group, member, with_members=False))
         else:
             fail(ErrorCode.unknown_member_id)
         return None
@@ -214,14 +249,14 @@ class MembershipMixin(RebalanceMixin):
             group.new_member_added = True  # extends the initial rebalance delay
         group.add(member, reply)
         # A parked JoinGroup of a new member cannot heartbeat; bound how long it can hold a rebalance.
-        self._schedule_heartbeat(group, member, self.config.new_member_join_timeout_ms)
-        self._maybe_prepare_rebalance_or_complete_join(group)
+        self.rebalance.schedule_heartbeat(group, member, self.config.new_member_join_timeout_ms)
+        self.rebalance.maybe_prepare_rebalance_or_complete_join(group)
 
     def _update_member_then_rebalance(
         self, group: ClassicGroup, member: GroupMember, req: JoinGroupRequestData, reply: JoinReply
     ) -> None:
         self._update_member(group, member, req, reply)
-        self._maybe_prepare_rebalance_or_complete_join(group)
+        self.rebalance.maybe_prepare_rebalance_or_complete_join(group)
 
     def _replace_static_member(
         self, group: ClassicGroup, req: JoinGroupRequestData, old_id: str, new_id: str, reply: JoinReply
@@ -230,8 +265,8 @@ class MembershipMixin(RebalanceMixin):
         assert instance_id is not None
         old_leader = group.leader_id
         member = group.replace_static_member(instance_id, old_id, new_id)
-        self._cancel_heartbeat(group, old_id)
-        self._schedule_heartbeat(group, member)
+        self.rebalance.cancel_heartbeat(group, old_id)
+        self.rebalance.schedule_heartbeat(group, member)
         old_protocols, old_rebalance, old_session = (
             member.protocols,
             member.rebalance_timeout_ms,
@@ -240,13 +275,13 @@ class MembershipMixin(RebalanceMixin):
         self._update_member(group, member, req, reply)
         if group.is_in(_S.STABLE):
             if group.protocol_name != group.select_protocol():
-                self._maybe_prepare_rebalance_or_complete_join(group)
+                self.rebalance.maybe_prepare_rebalance_or_complete_join(group)
                 return
             # No rebalance: persist the new member id, then hand back the current generation.
             generation = group.generation
 
-            def done(result: AppendResult) -> None:
-                if not self._is_current(group) or group.members.get(new_id) is not member:
+            def done(result: AppendOutcome) -> None:
+                if not self.is_current(group) or group.members.get(new_id) is not member:
                     return
                 if result.error is not ErrorCode.none:
                     group.update_member(
@@ -257,8 +292,8 @@ class MembershipMixin(RebalanceMixin):
                         reply=None,
                     )
                     restored = group.replace_static_member(instance_id, new_id, old_id)
-                    self._cancel_heartbeat(group, new_id)
-                    self._schedule_heartbeat(group, restored)
+                    self.rebalance.cancel_heartbeat(group, new_id)
+                    self.rebalance.schedule_heartbeat(group, restored)
                     reply(
                         JoinGroupResponseData(
                             error_code=map_append_error(result.error, offsets=False),
@@ -271,7 +306,7 @@ class MembershipMixin(RebalanceMixin):
                 elif group.is_in(_S.STABLE) and group.generation == generation:
                     # v9+ (KIP-814): a static leader keeps its assignment and skips running the assignor.
                     is_leader = group.is_leader(new_id) and req.api_version >= 9
-                    response = self._join_response(
+                    response = self.rebalance.join_response(
                         group,
                         member,
                         with_members=is_leader,
@@ -281,12 +316,12 @@ class MembershipMixin(RebalanceMixin):
                     group.complete_join(member, response)
 
             assignment = {m.member_id: m.assignment for m in group.members.values()}
-            self._emit_group_record(group, group.to_record(assignment), done)
+            self._ops.emit_group_record(group.group_id, group.to_record(assignment), done)
         elif group.is_in(_S.COMPLETING_REBALANCE):
             # The leader may already hold the old id in its assignment: rebalance to stay consistent.
-            self._prepare_rebalance(group)
+            self.rebalance.prepare_rebalance(group)
         elif group.is_in(_S.PREPARING_REBALANCE):
-            self._maybe_complete_join_phase(group)
+            self.rebalance.maybe_complete_join_phase(group)
         else:
             raise RuntimeError(f"static member re-joined group {group.group_id} in state {group.state}")
 
@@ -348,31 +383,31 @@ class MembershipMixin(RebalanceMixin):
                 assignment.setdefault(member_id, b"")
             generation = group.generation
 
-            def done(result: AppendResult) -> None:
+            def done(result: AppendOutcome) -> None:
                 if not (
-                    self._is_current(group)
+                    self.is_current(group)
                     and group.is_in(_S.COMPLETING_REBALANCE)
                     and group.generation == generation
                 ):
                     return
                 if result.error is not ErrorCode.none:
-                    self._propagate_assignment(
+                    self.rebalance.propagate_assignment(
                         group, map_append_error(result.error, offsets=False), reset=True
                     )
-                    self._maybe_prepare_rebalance_or_complete_join(group)
+                    self.rebalance.maybe_prepare_rebalance_or_complete_join(group)
                 else:
                     for m in group.members.values():
                         m.assignment = assignment.get(m.member_id, b"")
-                    self._propagate_assignment(group, ErrorCode.none, reset=False)
-                    group.transition_to(_S.STABLE, self._now)
+                    self.rebalance.propagate_assignment(group, ErrorCode.none, reset=False)
+                    group.transition_to(_S.STABLE, self._ops.now)
 
-            self._emit_group_record(group, group.to_record(assignment), done)
+            self._ops.emit_group_record(group.group_id, group.to_record(assignment), done)
         return None
 
     def _remove_pending_sync(self, group: ClassicGroup, member_id: str) -> None:
         group.pending_sync.discard(member_id)
         if not group.pending_sync or group.is_in(_S.DEAD, _S.EMPTY, _S.PREPARING_REBALANCE):
-            self.timers.cancel(("sync", group.group_id))
+            self.rebalance.cancel_sync(group)
 
     # -- Heartbeat / LeaveGroup -----------------------------------------------------------------
 
@@ -391,7 +426,7 @@ class MembershipMixin(RebalanceMixin):
             return HeartbeatResponseData(error_code=ErrorCode.illegal_generation)
         if group.is_in(_S.EMPTY):
             return HeartbeatResponseData(error_code=ErrorCode.unknown_member_id)
-        self._schedule_heartbeat(group, group.members[req.member_id])
+        self.rebalance.schedule_heartbeat(group, group.members[req.member_id])
         if group.is_in(_S.PREPARING_REBALANCE):
             return HeartbeatResponseData(error_code=ErrorCode.rebalance_in_progress)
         return HeartbeatResponseData()
@@ -411,22 +446,22 @@ class MembershipMixin(RebalanceMixin):
                 # Administrative removal of a static member by instance id only.
                 target = group.static_members.get(identity.group_instance_id or "")
                 if identity.group_instance_id is not None and target is not None:
-                    self._drop_member(group, group.members[target])
+                    self.rebalance.drop_member(group, group.members[target])
                 else:
                     error = ErrorCode.unknown_member_id
             elif identity.member_id in group.pending_join:
                 group.remove(identity.member_id)
-                self._cancel_heartbeat(group, identity.member_id)
+                self.rebalance.cancel_heartbeat(group, identity.member_id)
             else:
                 error = group.validate_member(identity.member_id, identity.group_instance_id)
                 if error is ErrorCode.none:
-                    self._drop_member(group, group.members[identity.member_id])
+                    self.rebalance.drop_member(group, group.members[identity.member_id])
             results.append(LeaveMemberResponse(identity.member_id, identity.group_instance_id, error))
         if any(r.error_code is ErrorCode.none for r in results):
             if group.is_in(_S.STABLE, _S.COMPLETING_REBALANCE):
-                self._maybe_prepare_rebalance_or_complete_join(group)
+                self.rebalance.maybe_prepare_rebalance_or_complete_join(group)
             elif group.is_in(_S.PREPARING_REBALANCE):
-                self._maybe_complete_join_phase(group)
+                self.rebalance.maybe_complete_join_phase(group)
         return LeaveGroupResponseData(members=tuple(results))
 
 

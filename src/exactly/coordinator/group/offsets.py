@@ -15,7 +15,7 @@ is the same tombstone rule, applied live by the retention cleanup):
 
 Replay therefore needs each record's log offset and producer id, and the markers: the live path
 (after an append completes) and startup recovery call the same methods with the same arguments, so
-recovery rebuilds exactly the live state (convention 8).
+recovery rebuilds exactly the live state.
 
 Why record offsets are kept: a transactional commit may be decided after a later plain commit to the
 same partition. Like Kafka, the committed value is the one written *last in the log*: a pending

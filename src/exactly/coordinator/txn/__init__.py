@@ -16,7 +16,6 @@ from exactly.coordinator.txn.effects import (
     ListedTransaction,
     ListTransactionsResult,
     Response,
-    Step,
     WriteMarkers,
 )
 from exactly.coordinator.txn.log import (
@@ -43,7 +42,6 @@ __all__ = [
     "ListTransactionsResult",
     "ListedTransaction",
     "Response",
-    "Step",
     "TransactionCoordinator",
     "TransactionMetadata",
     "TransactionState",

@@ -4,15 +4,16 @@ Theory of operation
 -------------------
 The coordinator owns one :class:`TransactionMetadata` per transactional.id and performs no I/O.
 Each request handler takes the parsed request fields plus ``now_ms`` and returns a
-:class:`~exactly.coordinator.txn.effects.Step`: either a final response, or an
-:class:`AppendTxnLog` effect whose outcome the shell reports through :meth:`on_log_append_done`,
-which returns the response (and possibly :class:`WriteMarkers`). Markers are reported back with
-:meth:`on_markers_written`, which yields the append of the ``Complete*`` record.
+:class:`~exactly.coordinator.result.CoordinatorResult`: either a final response, or one
+:class:`~exactly.coordinator.result.Write` of a prepared ``__transaction_state`` record whose
+completion (:meth:`on_log_append_done`) applies it and returns the response -- and, once a
+Prepare* record is durable, the :class:`WriteMarkers` effect. The runtime reports written markers
+with :meth:`on_markers_written`, which returns the write of the ``Complete*`` record.
 
 State changes only when a persist is reported done (prepare -> persist -> complete): a failed
 append leaves the metadata exactly as it was. While an append or a marker round is in flight, the
 id has a pending state and other requests get CONCURRENT_TRANSACTIONS, so interleaving requests
-(the shell awaits appends on one event loop) never race.
+(the runtime drives appends on one event loop) never race.
 
 Commit, end to end::
 
@@ -42,6 +43,7 @@ from typing import Never
 
 from kio.schema.errors import ErrorCode
 
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Write
 from exactly.coordinator.txn import admin
 from exactly.coordinator.txn.effects import (
     AddOffsetsResult,
@@ -51,7 +53,6 @@ from exactly.coordinator.txn.effects import (
     EndTxnResult,
     InitProducerIdResult,
     Response,
-    Step,
 )
 from exactly.coordinator.txn.metadata import (
     IllegalTransitionStateError,
@@ -96,18 +97,20 @@ class TransactionCoordinator(TransactionStateManager):
         producer_id: int = NO_PRODUCER_ID,
         producer_epoch: int = NO_PRODUCER_EPOCH,
         request_version: int = INIT_PRODUCER_ID_VERSION,
-    ) -> Step[InitProducerIdResult]:
+    ) -> CoordinatorResult[InitProducerIdResult]:
         """Create or load the id, abort an open transaction, bump the epoch (or rotate the id).
 
         ``producer_id``/``producer_epoch`` are KIP-360's "I still hold this" fields (v3+).
         """
 
-        def fail(error: ErrorCode) -> Step[InitProducerIdResult]:
+        def fail(error: ErrorCode) -> CoordinatorResult[InitProducerIdResult]:
             error = compat_error(error, AppendPurpose.INIT_PRODUCER_ID, request_version)
-            return Step(InitProducerIdResult(error))
+            return CoordinatorResult(response=InitProducerIdResult(error))
 
         if transactional_id is None:  # idempotent producer: a fresh id, nothing to persist
-            return Step(InitProducerIdResult(E.none, self._generate_producer_id(), ProducerEpoch(0)))
+            return CoordinatorResult(
+                response=InitProducerIdResult(E.none, self._generate_producer_id(), ProducerEpoch(0))
+            )
         if not transactional_id:
             return fail(E.invalid_request)
         if not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
@@ -169,7 +172,7 @@ class TransactionCoordinator(TransactionStateManager):
         *,
         now_ms: int,
         request_version: int = ADD_PARTITIONS_VERSION,
-    ) -> Step[AddPartitionsResult]:
+    ) -> CoordinatorResult[AddPartitionsResult]:
         """Add partitions to the transaction (starting it if needed) before the client writes."""
         requested = tuple(dict.fromkeys(partitions))
         error, md = self._check_add(transactional_id, producer_id, producer_epoch)
@@ -181,7 +184,7 @@ class TransactionCoordinator(TransactionStateManager):
                 return self._append(md, transit, AppendPurpose.ADD_PARTITIONS, request_version, requested)
         assert error is not None
         error = compat_error(error, AppendPurpose.ADD_PARTITIONS, request_version)
-        return Step(AddPartitionsResult.uniform(requested, error))
+        return CoordinatorResult(response=AddPartitionsResult.uniform(requested, error))
 
     def add_offsets_to_txn(
         self,
@@ -192,7 +195,7 @@ class TransactionCoordinator(TransactionStateManager):
         *,
         now_ms: int,
         request_version: int = ADD_OFFSETS_VERSION,
-    ) -> Step[AddOffsetsResult]:
+    ) -> CoordinatorResult[AddOffsetsResult]:
         """Add the group's ``__consumer_offsets`` partition, so the EndTxn marker reaches it."""
         tp = self.offsets_partition_for(group_id)
         error, md = self._check_add(transactional_id, producer_id, producer_epoch)
@@ -203,7 +206,8 @@ class TransactionCoordinator(TransactionStateManager):
                 transit = md.prepare_add_partitions((tp,), now_ms)
                 return self._append(md, transit, AppendPurpose.ADD_OFFSETS, request_version, (tp,))
         assert error is not None
-        return Step(AddOffsetsResult(compat_error(error, AppendPurpose.ADD_OFFSETS, request_version)))
+        error = compat_error(error, AppendPurpose.ADD_OFFSETS, request_version)
+        return CoordinatorResult(response=AddOffsetsResult(error))
 
     def _check_add(
         self, transactional_id: str, producer_id: int, producer_epoch: int
@@ -265,15 +269,17 @@ class TransactionCoordinator(TransactionStateManager):
         *,
         now_ms: int,
         request_version: int = END_TXN_VERSION,
-    ) -> Step[EndTxnResult]:
+    ) -> CoordinatorResult[EndTxnResult]:
         """Commit or abort: persist Prepare*, then (on success) answer OK and write the markers.
 
         A retry after completion answers OK when it asks for the same outcome, and
         INVALID_TXN_STATE when it asks for the other one.
         """
 
-        def fail(error: ErrorCode) -> Step[EndTxnResult]:
-            return Step(EndTxnResult(compat_error(error, AppendPurpose.END_TXN, request_version)))
+        def fail(error: ErrorCode) -> CoordinatorResult[EndTxnResult]:
+            return CoordinatorResult(
+                response=EndTxnResult(compat_error(error, AppendPurpose.END_TXN, request_version))
+            )
 
         if not transactional_id:
             return fail(E.invalid_request)
@@ -295,7 +301,7 @@ class TransactionCoordinator(TransactionStateManager):
             (S.COMPLETE_COMMIT, S.PREPARE_COMMIT) if committed else (S.COMPLETE_ABORT, S.PREPARE_ABORT)
         )
         if state is done:
-            return Step(EndTxnResult(E.none, md.producer_id, md.producer_epoch))
+            return CoordinatorResult(response=EndTxnResult(E.none, md.producer_id, md.producer_epoch))
         if state is in_flight:
             return fail(E.concurrent_transactions)
         if state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT, S.PREPARE_COMMIT, S.PREPARE_ABORT):
@@ -306,7 +312,7 @@ class TransactionCoordinator(TransactionStateManager):
 
     def on_log_append_done(
         self, append: AppendTxnLog, error: ErrorCode = E.none, *, now_ms: int
-    ) -> Step[Response]:
+    ) -> CoordinatorResult[Response]:
         """The shell finished ``append``; apply it (or drop it) and continue the operation."""
         purpose = append.purpose
         md = self._txns.get(append.transactional_id)
@@ -323,7 +329,7 @@ class TransactionCoordinator(TransactionStateManager):
         if error != E.none:
             if purpose is AppendPurpose.COMPLETE:
                 # Keep the pending Complete*: the shell retries via on_markers_written.
-                return Step(None)
+                return CoordinatorResult()
             md.abort_pending()
             if md.producer_epoch == NO_PRODUCER_EPOCH and md.state is S.EMPTY:
                 del self._txns[append.transactional_id]  # created by this request, never persisted
@@ -331,19 +337,19 @@ class TransactionCoordinator(TransactionStateManager):
 
         if purpose is AppendPurpose.EXPIRE:
             del self._txns[append.transactional_id]
-            return Step(None)
+            return CoordinatorResult()
         md.complete_transition(append.transit)
         if purpose is AppendPurpose.COMPLETE:
             self._completions.pop(append.transactional_id, None)
-            return Step(None)
+            return CoordinatorResult()
         if md.state.is_prepare:  # END_TXN, FENCE, TIMEOUT_ABORT: the decision is durable
             markers = self._start_completion(md, now_ms)
-            return Step(self._respond(append, E.none).response, (markers,))
+            return CoordinatorResult(response=response_for_append(append, E.none), effects=(markers,))
         return self._respond(append, E.none)
 
     def on_markers_written(
         self, transactional_id: str, producer_id: int, producer_epoch: int, result: ControlType
-    ) -> Step[Response]:
+    ) -> CoordinatorResult[Response]:
         """Every marker of a :class:`WriteMarkers` is written: persist Complete*.
 
         Returns the :class:`AppendTxnLog` to execute, or no effect when the markers are stale
@@ -351,28 +357,46 @@ class TransactionCoordinator(TransactionStateManager):
         """
         completion = self._completions.get(transactional_id)
         if completion is None:
-            return Step(None)
+            return CoordinatorResult()
         m = completion.markers
         if (m.producer_id, m.producer_epoch, m.result) != (producer_id, producer_epoch, result):
-            return Step(None)
+            return CoordinatorResult()
         md = self._txns[transactional_id]
-        return Step(None, (self._make_append(md, completion.transit, AppendPurpose.COMPLETE),))
+        return self._writes(self._make_append(md, completion.transit, AppendPurpose.COMPLETE))
 
     # -- periodic tasks -----------------------------------------------------------------------
 
-    def expire_timed_out(self, now_ms: int) -> tuple[AppendTxnLog, ...]:
+    def expire_timed_out(self, now_ms: int) -> CoordinatorResult[Response]:
         """Abort, with an epoch bump, every transaction open longer than its timeout.
 
-        Call every ``abort_timed_out_interval_ms``. Report each append with
-        :meth:`on_log_append_done`; success yields the ABORT markers. The bump fences the
-        producer that let its transaction time out.
+        Run every ``abort_timed_out_interval_ms``. Each write's success yields the ABORT markers.
+        The bump fences the producer that let its transaction time out.
         """
         if self._loading:
-            return ()
-        return tuple(
-            self._make_append(md, md.prepare_fence_and_abort(now_ms), AppendPurpose.TIMEOUT_ABORT)
-            for md in admin.timed_out(self._txns.values(), now_ms)
+            return CoordinatorResult()
+        return self._writes(
+            *(
+                self._make_append(md, md.prepare_fence_and_abort(now_ms), AppendPurpose.TIMEOUT_ABORT)
+                for md in admin.timed_out(self._txns.values(), now_ms)
+            )
         )
+
+    def expire_transactional_ids(
+        self, now_ms: int, expiration_ms: int | None = None
+    ) -> CoordinatorResult[Response]:
+        """Tombstones for ids idle (no open transaction) for ``expiration_ms`` (default 7 days).
+
+        The entry is removed only when its tombstone write completes.
+        """
+        return self._writes(*self.expirable_appends(now_ms, expiration_ms))
+
+    def load_complete(self, now_ms: int) -> CoordinatorResult[Response]:
+        """End loading (:meth:`end_load`): the markers owed by transactions left in Prepare*."""
+        return CoordinatorResult(effects=self.end_load(now_ms))
+
+    def poll(self, now_ms: int) -> CoordinatorResult[Response]:
+        """No timers are kept (see :meth:`next_deadline`): nothing is ever due."""
+        return CoordinatorResult()
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -383,9 +407,24 @@ class TransactionCoordinator(TransactionStateManager):
         purpose: AppendPurpose,
         request_version: int,
         requested: tuple[TopicPartition, ...] = (),
-    ) -> Step[Never]:
-        return Step(None, (self._make_append(md, transit, purpose, request_version, requested),))
+    ) -> CoordinatorResult[Never]:
+        return self._writes(self._make_append(md, transit, purpose, request_version, requested))
+
+    def _writes(self, *appends: AppendTxnLog) -> CoordinatorResult[Never]:
+        """Hand prepared appends to the runtime; each completes through :meth:`on_log_append_done`."""
+        return CoordinatorResult(writes=tuple(self._write(a) for a in appends))
+
+    def _write(self, append: AppendTxnLog) -> Write:
+        def complete(outcome: AppendOutcome) -> CoordinatorResult[Response]:
+            return self.on_log_append_done(append, outcome.error, now_ms=outcome.now_ms)
+
+        return Write(
+            partition=append.partition,
+            records=((append.key, append.value),),
+            complete=complete,
+            describe=f"{append.purpose.value} {append.transactional_id}",
+        )
 
     @staticmethod
-    def _respond(append: AppendTxnLog, error: ErrorCode) -> Step[Response]:
-        return Step(response_for_append(append, error))
+    def _respond(append: AppendTxnLog, error: ErrorCode) -> CoordinatorResult[Response]:
+        return CoordinatorResult(response=response_for_append(append, error))

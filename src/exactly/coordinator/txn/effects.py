@@ -1,17 +1,17 @@
-"""What the coordinator hands back to the shell: effects to execute and response fields.
+"""The transaction coordinator's prepared appends, its marker effect and its response fields.
 
-The coordinator never performs I/O. Every operation returns a :class:`Step`: the response for the
-request (or None while an effect must complete first) plus the effects the shell must execute.
-There are two effects:
+The coordinator never performs I/O. Every operation returns a
+:class:`~exactly.coordinator.result.CoordinatorResult` (the shape both coordinators share):
 
-* :class:`AppendTxnLog` — append one record to ``__transaction_state-<partition>`` (acks=all),
-  then report the outcome with ``TransactionCoordinator.on_log_append_done(append, error)``.
-  The effect carries the prepared transit, so the report needs no lookup state in the shell.
-* :class:`WriteMarkers` — write a COMMIT/ABORT control batch (``records.control``) for
-  ``(producer_id, producer_epoch, coordinator_epoch)`` to every partition in ``partitions``
-  (retrying each until it succeeds), then call ``on_markers_written``.
+* its ``writes`` carry :class:`AppendTxnLog` records -- one ``__transaction_state`` record each,
+  prepared with its transit; the write's completion is
+  ``TransactionCoordinator.on_log_append_done(append, error)``, so the runtime needs no lookup
+  state of its own;
+* its ``effects`` carry :class:`WriteMarkers` -- write a COMMIT/ABORT control batch
+  (``records.control``) for ``(producer_id, producer_epoch, coordinator_epoch)`` to every partition
+  in ``partitions`` (retrying each until it succeeds), then call ``on_markers_written``.
 
-All results are frozen: a Step may be logged, compared in tests or retried by the shell without
+All values are frozen: they may be logged, compared in tests or retried by the runtime without
 aliasing coordinator state.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -47,8 +46,9 @@ class AppendPurpose(enum.Enum):
 class AppendTxnLog:
     """Effect: append ``key``/``value`` (None = tombstone) to ``__transaction_state-<partition>``.
 
-    Use acks=all, no compression. Report completion exactly once with
-    ``on_log_append_done(this, error)``; until then the transactional.id is blocked.
+    Written acks=all, uncompressed; completed exactly once with ``on_log_append_done(this,
+    error)`` (the :class:`~exactly.coordinator.result.Write`'s completion); until then the
+    transactional.id is blocked.
     """
 
     transactional_id: str
@@ -124,28 +124,6 @@ class EndTxnResult:
 
 
 Response = InitProducerIdResult | AddPartitionsResult | AddOffsetsResult | EndTxnResult
-
-R = TypeVar("R", covariant=True)  # Step[Never] (no response yet) fits any Step[...]
-
-
-@dataclass(frozen=True, slots=True)
-class Step(Generic[R]):
-    """One turn of the state machine: a response (None = not yet) and effects to execute.
-
-    Invariant: a Step holds at most one :class:`AppendTxnLog` for a client request, and a
-    response is present exactly when no append for that request is outstanding.
-    """
-
-    response: R | None
-    effects: tuple[Effect, ...] = ()
-
-    @property
-    def append(self) -> AppendTxnLog | None:
-        return next((e for e in self.effects if isinstance(e, AppendTxnLog)), None)
-
-    @property
-    def markers(self) -> tuple[WriteMarkers, ...]:
-        return tuple(e for e in self.effects if isinstance(e, WriteMarkers))
 
 
 @dataclass(frozen=True, slots=True)

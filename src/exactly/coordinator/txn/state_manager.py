@@ -131,8 +131,12 @@ class TransactionStateManager:
         self.skipped_records = 0
         self._loading = True
 
-    def replay(self, key: bytes, value: bytes | None) -> None:
-        """Apply one ``__transaction_state`` record (offset order); a None value is a tombstone."""
+    def replay(self, key: bytes, value: bytes | None, *, offset: int = -1, producer_id: int = -1) -> None:
+        """Apply one ``__transaction_state`` record (offset order); a None value is a tombstone.
+
+        ``offset`` and ``producer_id`` are part of the runtime's replay contract; the transaction
+        log needs neither (its records are never transactional, and later records win).
+        """
         record = read_record(key, value)
         if record is None:
             self.skipped_records += 1
@@ -143,6 +147,13 @@ class TransactionStateManager:
             self._txns.pop(tid, None)
         else:
             self._txns[tid] = TransactionMetadata.from_transit(tid, transit_from_value(record.value))
+
+    def replay_end_transaction(self, producer_id: int, commit: bool, partition: int | None = None) -> None:
+        """Markers never land on ``__transaction_state``; nothing to apply."""
+
+    def next_deadline(self) -> int | None:
+        """No per-entity timers: timeouts and expiry run as periodic scans."""
+        return None
 
     def end_load(self, now_ms: int) -> tuple[WriteMarkers, ...]:
         """Start serving; returns the markers to (re)write for transactions left in Prepare*."""
@@ -163,9 +174,7 @@ class TransactionStateManager:
                 self._start_completion(md, now_ms)
         return tuple(c.markers for c in self._completions.values())
 
-    def expire_transactional_ids(
-        self, now_ms: int, expiration_ms: int | None = None
-    ) -> tuple[AppendTxnLog, ...]:
+    def expirable_appends(self, now_ms: int, expiration_ms: int | None = None) -> tuple[AppendTxnLog, ...]:
         """Tombstones for ids idle (no open transaction) for ``expiration_ms`` (default 7 days).
 
         The entry is removed only when the tombstone append is reported done.

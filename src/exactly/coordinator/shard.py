@@ -1,0 +1,46 @@
+"""The contract between a sans-IO coordinator and the runtime that drives it (Kafka's
+``CoordinatorShard``).
+
+A coordinator keeps the state of the internal-topic partitions it owns and changes it only by
+replaying that topic's records: at load time from the log, and live from the completion of its
+own writes (see :mod:`exactly.coordinator.result`). The runtime needs just these calls:
+
+* :meth:`CoordinatorShard.replay` / :meth:`CoordinatorShard.replay_end_transaction` -- one record
+  or one COMMIT/ABORT marker of the topic, in log order, while loading;
+* :meth:`CoordinatorShard.load_complete` -- loading is over; the result holds what the loaded
+  state still owes (session timers to start, transaction markers to re-send);
+* :meth:`CoordinatorShard.next_deadline` / :meth:`CoordinatorShard.poll` -- the coordinator's
+  timers: the runtime calls ``poll`` at or after the deadline.
+
+Requests are ordinary methods of each coordinator returning a ``CoordinatorResult``; the runtime
+runs them through ``call``/``drive`` and does not need to know them.
+
+Today one coordinator object owns every partition of its topic. In a replicated cluster, a
+broker leads only some partitions: the runtime will then keep one coordinator per led partition,
+create and load it (replay of that partition) when it becomes leader and drop it when it stops
+being leader -- the contract above is already per record and per partition, so it does not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from exactly.coordinator.result import CoordinatorResult
+
+
+class CoordinatorShard(Protocol):
+    def replay(self, key: bytes, value: bytes | None, *, offset: int, producer_id: int) -> None:
+        """Apply one record (value None = tombstone); ``producer_id`` >= 0 only for records of a
+        transactional batch, which stay pending until their marker."""
+
+    def replay_end_transaction(self, producer_id: int, commit: bool, partition: int | None = None) -> None:
+        """Apply a COMMIT (True) / ABORT marker of ``producer_id`` found on ``partition``."""
+
+    def load_complete(self, now_ms: int) -> CoordinatorResult[Any]:
+        """Every record is replayed: start serving; the result is what the loaded state owes."""
+
+    def next_deadline(self) -> int | None:
+        """When :meth:`poll` next has work (absolute ms), or None."""
+
+    def poll(self, now_ms: int) -> CoordinatorResult[Any]:
+        """Fire every timer due at ``now_ms``."""

@@ -1,0 +1,284 @@
+"""The one asyncio runtime that drives a sans-IO coordinator (Kafka's ``CoordinatorRuntime``).
+
+Both the transaction coordinator (``__transaction_state``) and the group coordinator
+(``__consumer_offsets``) are driven by a :class:`CoordinatorRuntime`; what differs between them
+(configuration, the transaction markers, periodic scans, metrics) lives in the small bindings
+``server/txn_runtime.py`` and ``server/group_runtime.py``.
+
+Theory of operation
+-------------------
+Every coordinator operation returns a :class:`~exactly.coordinator.result.CoordinatorResult`.
+:meth:`CoordinatorRuntime.drive` carries it out:
+
+1. each :class:`~exactly.coordinator.result.Write` is appended as one batch to its partition of
+   the internal topic; the append has succeeded or failed when ``InternalTopics.append`` returns
+   (storage is synchronous and this broker is the only replica, so "appended" is "durable");
+2. the outcome goes to the write's completion, which applies the records (prepare -> persist ->
+   complete) and returns the next result; those writes run before the next sibling (depth-first),
+   so an operation's chain of appends finishes in order;
+3. ``effects`` go to the binding's side-effect handler (the transaction markers), which may hand
+   back another result;
+4. only then are the request's ``response`` and the parked requests' ``replies`` delivered.
+
+Requests come in through :meth:`CoordinatorRuntime.call` (an asyncio future of the answer; the
+coordinator may park the request by its token and answer it from a later operation) or
+:meth:`CoordinatorRuntime.drive` (synchronous: the answer is returned).
+
+Time: a timer task sleeps until the coordinator's ``next_deadline`` (at most ``IDLE_POLL_S``) and
+calls ``poll``; a request that arms an earlier timer wakes it. Periodic scans (transaction
+timeouts, offset retention) are registered with :meth:`CoordinatorRuntime.every`.
+
+Loading is replay: :meth:`CoordinatorRuntime.load` feeds every batch of the topic, in offset
+order, to the coordinator's ``replay`` / ``replay_end_transaction``, then drives
+``load_complete``. When the cluster arrives, appends become acks=all writes (step 1 awaits the
+high watermark instead of returning at once) and a runtime loads/unloads per partition on
+leadership changes; the coordinator contract (:mod:`exactly.coordinator.shard`) stays as it is.
+
+Everything runs on the broker's one event loop; the coordinator is never entered concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, RequestToken, Write
+from exactly.coordinator.shard import CoordinatorShard
+from exactly.records.control import ControlType
+from exactly.server.clock import now_ms
+from exactly.server.internal_topics import AppendFailed
+
+if TYPE_CHECKING:
+    from exactly.server.internal_topics import InternalTopics
+
+R = TypeVar("R")
+
+IDLE_POLL_S = 0.1  # timer loop period when no deadline is nearer
+
+SideEffect = Callable[[object], "CoordinatorResult[Any] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadStats:
+    batches: int
+    records: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Periodic:
+    name: str
+    interval_s: float
+    job: Callable[[], object]
+
+
+class CoordinatorRuntime:
+    """Drives one coordinator over one internal topic.
+
+    Owns: the coordinator it drives (``shard``), the ``loaded`` flag, the requests waiting for an
+    answer (by token), the registered periodic jobs and the timer wake-up. Lifecycle:
+    constructed without I/O -> :meth:`load` (replay; until it ends ``loaded`` is False and the
+    bindings answer COORDINATOR_LOAD_IN_PROGRESS) -> :meth:`start_tasks` once the event loop runs
+    (timer loop + periodic jobs; the broker cancels the tasks at shutdown).
+
+    ``side_effect`` executes a result's ``effects`` (the transaction markers) and returns the
+    coordinator's follow-up result, or None when the effect was deferred (queued for a retry).
+    ``skip_bad_records`` logs and skips a record whose replay raises instead of failing the load.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        topic: str,
+        internal: InternalTopics,
+        shard: CoordinatorShard,
+        *,
+        side_effect: SideEffect | None = None,
+        skip_bad_records: bool = False,
+    ) -> None:
+        self.name = name
+        self.topic = topic
+        self.internal = internal
+        self.shard = shard
+        self.loaded = False
+        self._side_effect = side_effect
+        self._skip_bad_records = skip_bad_records
+        self._log = logging.getLogger(f"exactly.{name}")
+        self._tokens = itertools.count()
+        self._waiting: dict[RequestToken, Callable[[Any], None]] = {}
+        self._periodic: list[_Periodic] = []
+        self._wake: asyncio.Event | None = None
+        self._sleep_until: int | None = None  # when the timer loop wakes next (ms), if sleeping
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def load(self) -> LoadStats:
+        """Replay every batch of the topic in log order, then drive ``load_complete``."""
+        shard = self.shard
+        batches = records = 0
+        for batch in self.internal.replay(self.topic):
+            batches += 1
+            if batch.control is not None:
+                shard.replay_end_transaction(
+                    batch.producer_id, batch.control is ControlType.COMMIT, batch.partition
+                )
+                continue
+            # Only transactional batches (TxnOffsetCommit) are pending; idempotent ones are plain.
+            producer_id = batch.producer_id if batch.is_transactional else -1
+            for offset, key, value in batch.records:
+                if key is None:
+                    continue
+                records += 1
+                try:
+                    shard.replay(key, value, offset=offset, producer_id=producer_id)
+                except Exception:
+                    if not self._skip_bad_records:
+                        raise
+                    # one undecodable record must not keep the broker down
+                    self._log.exception(
+                        "skipping undecodable record at %s-%d offset %d", self.topic, batch.partition, offset
+                    )
+        self.drive(shard.load_complete(now_ms()))
+        self.loaded = True
+        return LoadStats(batches, records)
+
+    def every(self, name: str, interval_s: float, job: Callable[[], object]) -> None:
+        """Run ``job`` every ``interval_s`` seconds (first run one interval after start)."""
+        self._periodic.append(_Periodic(name, interval_s, job))
+
+    def start_tasks(self) -> list[asyncio.Task[None]]:
+        self._wake = asyncio.Event()
+        tasks = [asyncio.create_task(self._timer_loop(), name=f"{self.name}-timers")]
+        tasks += [asyncio.create_task(self._periodic_loop(p), name=p.name) for p in self._periodic]
+        return tasks
+
+    # ---- operations ---------------------------------------------------------------------------
+    def call(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> asyncio.Future[R]:
+        """Run ``op(token)`` (a coordinator request); the future resolves with its answer, which
+        may come only from a later operation (a JoinGroup parked for a rebalance)."""
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+
+        def answer(response: R) -> None:
+            if not fut.done():  # the waiting connection may have gone away
+                fut.set_result(response)
+
+        self._run(op, answer)
+        return fut
+
+    def run(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
+        """Like :meth:`call` for an operation answered before it returns (None if it was not)."""
+        answers: list[R] = []
+        self._run(op, answers.append)
+        return answers[0] if answers else None
+
+    def _run(self, op: Callable[[RequestToken], CoordinatorResult[R]], answer: Callable[[R], None]) -> None:
+        token = next(self._tokens)
+        self._waiting[token] = answer
+        try:
+            response = self.drive(op(token))
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+        if response is not None:
+            self._deliver(token, response)
+        self._maybe_wake()
+
+    def drive(self, result: CoordinatorResult[R]) -> R | None:
+        """Carry out ``result`` (see the module docstring); returns the answer of the request that
+        produced it, or None when it has none yet. Parked requests' replies are delivered."""
+        response: Any = result.response
+        replies = list(result.replies)
+        todo: list[CoordinatorResult[Any]] = [result]
+        while todo:
+            current = todo.pop()
+            follow: list[CoordinatorResult[Any]] = []
+            for write in current.writes:
+                follow.append(write.complete(self._append(write)))
+            for effect in current.effects:
+                if self._side_effect is None:
+                    raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
+                nxt = self._side_effect(effect)
+                if nxt is not None:
+                    follow.append(nxt)
+            for nxt in follow:
+                if nxt.response is not None:
+                    response = nxt.response
+                replies.extend(nxt.replies)
+            todo.extend(reversed(follow))
+        for reply in replies:
+            self._deliver(reply.token, reply.response)
+        return response  # type: ignore[no-any-return]
+
+    def _deliver(self, token: RequestToken, response: Any) -> None:
+        answer = self._waiting.pop(token, None)
+        if answer is not None:
+            answer(response)
+
+    def _append(self, write: Write) -> AppendOutcome:
+        try:
+            base = self.internal.append(
+                self.topic,
+                write.partition,
+                write.records,
+                producer_id=write.producer_id,
+                producer_epoch=write.producer_epoch,
+                transactional=write.transactional,
+            )
+            return AppendOutcome(now_ms=now_ms(), base_offset=base)
+        except AppendFailed as exc:
+            self._log.warning(
+                "append to %s-%d (%s) failed: %s (%s)",
+                self.topic,
+                write.partition,
+                write.describe,
+                exc.error_code.name,
+                exc,
+            )
+            return AppendOutcome(now_ms=now_ms(), error=exc.error_code)
+        except Exception:
+            self._log.exception("unexpected error appending to %s-%d", self.topic, write.partition)
+            return AppendOutcome(now_ms=now_ms(), error=ErrorCode.unknown_server_error)
+
+    # ---- time ---------------------------------------------------------------------------------
+    def _maybe_wake(self) -> None:
+        """A request may have armed a timer earlier than the one the loop sleeps towards."""
+        if self._wake is None or self._sleep_until is None:
+            return
+        deadline = self.shard.next_deadline()
+        if deadline is not None and deadline < self._sleep_until:
+            self._wake.set()
+
+    async def _timer_loop(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while True:
+            now = now_ms()
+            deadline = self.shard.next_deadline()
+            delay_ms = (
+                IDLE_POLL_S * 1000 if deadline is None else min(max(deadline - now, 0), IDLE_POLL_S * 1000)
+            )
+            self._sleep_until = now + int(delay_ms)
+            if delay_ms > 0:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), delay_ms / 1000)
+                except TimeoutError:
+                    pass
+            self._sleep_until = None
+            try:
+                self.drive(self.shard.poll(now_ms()))
+            except Exception:  # a bug in one timer must not stop every timer
+                self._log.exception("%s coordinator poll failed", self.name)
+                await asyncio.sleep(IDLE_POLL_S)
+
+    async def _periodic_loop(self, job: _Periodic) -> None:
+        while True:
+            await asyncio.sleep(job.interval_s)
+            try:
+                job.job()
+            except Exception:  # one bad run must not stop the job for good
+                self._log.exception("%s failed", job.name)
