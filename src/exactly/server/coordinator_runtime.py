@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from exactly.coordinator.result import AppendOutcome, CoordinatorResult, RequestToken, Write
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Reply, RequestToken, Write
 from exactly.coordinator.shard import CoordinatorShard
 from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
@@ -68,6 +68,22 @@ SideEffect = Callable[[object], "CoordinatorResult[Any] | None"]
 class LoadStats:
     batches: int
     records: int
+
+
+class _Answers:
+    """What one drive owes: the request's response (the last one given) and the replies."""
+
+    __slots__ = ("replies", "response")
+
+    def __init__(self, result: CoordinatorResult[Any]) -> None:
+        self.response: Any = None
+        self.replies: list[Reply] = []
+        self.add(result)
+
+    def add(self, result: CoordinatorResult[Any]) -> None:
+        if result.response is not None:
+            self.response = result.response
+        self.replies.extend(result.replies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,28 +206,25 @@ class CoordinatorRuntime:
     def drive(self, result: CoordinatorResult[R]) -> R | None:
         """Carry out ``result`` (see the module docstring); returns the answer of the request that
         produced it, or None when it has none yet. Parked requests' replies are delivered."""
-        response: Any = result.response
-        replies = list(result.replies)
-        todo: list[CoordinatorResult[Any]] = [result]
-        while todo:
-            current = todo.pop()
-            follow: list[CoordinatorResult[Any]] = []
-            for write in current.writes:
-                follow.append(write.complete(self._append(write)))
-            for effect in current.effects:
-                if self._side_effect is None:
-                    raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
-                nxt = self._side_effect(effect)
-                if nxt is not None:
-                    follow.append(nxt)
-            for nxt in follow:
-                if nxt.response is not None:
-                    response = nxt.response
-                replies.extend(nxt.replies)
-            todo.extend(reversed(follow))
-        for reply in replies:
+        answers = _Answers(result)
+        self._carry_out(result, answers)
+        for reply in answers.replies:
             self._deliver(reply.token, reply.response)
-        return response  # type: ignore[no-any-return]
+        return answers.response  # type: ignore[no-any-return]
+
+    def _carry_out(self, result: CoordinatorResult[Any], answers: _Answers) -> None:
+        """Writes, then effects; what each leads to is carried out before its next sibling."""
+        for write in result.writes:
+            nxt = write.complete(self._append(write))
+            answers.add(nxt)
+            self._carry_out(nxt, answers)
+        for effect in result.effects:
+            if self._side_effect is None:
+                raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
+            follow = self._side_effect(effect)
+            if follow is not None:
+                answers.add(follow)
+                self._carry_out(follow, answers)
 
     def _deliver(self, token: RequestToken, response: Any) -> None:
         answer = self._waiting.pop(token, None)

@@ -1,0 +1,215 @@
+"""CoordinatorRuntime with a scripted coordinator and an in-memory internal topic: writes are
+appended before their completion runs (depth-first), answers wait until every write of the drive
+is done, a failed append reaches the completion as an error, parked requests are answered by
+token from a later operation, effects go to the side-effect handler, and loading replays batches
+and markers in log order before ``load_complete``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Record, Reply, RequestToken, Write
+from exactly.records.control import ControlType
+from exactly.server.coordinator_runtime import CoordinatorRuntime
+from exactly.server.internal_topics import AppendFailed, InternalTopics, ReplayedBatch
+
+TOPIC = "__test_state"
+
+
+class FakeTopic:
+    """The two calls the runtime makes on InternalTopics, over an in-memory log."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, Record, int]] = []  # (partition, record, producer id)
+        self.fail: ErrorCode | None = None
+        self.batches: list[ReplayedBatch] = []
+        self.events: list[str] = []
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        transactional: bool = False,
+    ) -> int:
+        assert topic == TOPIC and transactional == (producer_id >= 0)
+        if self.fail is not None:
+            raise AppendFailed(self.fail, "injected")
+        base = len(self.log)
+        self.log.extend((partition, r, producer_id) for r in records)
+        self.events.append(f"append {records[0][0]!r}")
+        return base
+
+    def replay(self, topic: str) -> Iterator[ReplayedBatch]:
+        assert topic == TOPIC
+        yield from self.batches
+
+
+class Shard:
+    """Records what the runtime calls; requests are built by the tests."""
+
+    def __init__(self, topic: FakeTopic) -> None:
+        self.topic = topic
+        self.replayed: list[tuple[Any, ...]] = []
+        self.deadline: int | None = None
+        self.parked: RequestToken | None = None
+
+    def replay(self, key: bytes, value: bytes | None, *, offset: int, producer_id: int) -> None:
+        if key == b"bad":
+            raise ValueError("undecodable")
+        self.replayed.append(("record", key, value, offset, producer_id))
+
+    def replay_end_transaction(self, producer_id: int, commit: bool, partition: int | None = None) -> None:
+        self.replayed.append(("marker", producer_id, commit, partition))
+
+    def load_complete(self, now_ms: int) -> CoordinatorResult[Any]:
+        self.replayed.append(("loaded",))
+        return CoordinatorResult()
+
+    def next_deadline(self) -> int | None:
+        return self.deadline
+
+    def poll(self, now_ms: int) -> CoordinatorResult[Any]:
+        return CoordinatorResult()
+
+    def write(self, key: bytes, then: CoordinatorResult[Any] | None = None, **kw: Any) -> Write:
+        def complete(outcome: AppendOutcome) -> CoordinatorResult[Any]:
+            self.topic.events.append(f"complete {key!r} {outcome.error.name} @{outcome.base_offset}")
+            if not outcome.ok:
+                return CoordinatorResult(response=f"failed {outcome.error.name}")
+            return then if then is not None else CoordinatorResult()
+
+        return Write(partition=0, records=((key, b"v"),), complete=complete, **kw)
+
+
+def runtime(side_effect: Any = None, **kw: Any) -> tuple[CoordinatorRuntime, Shard, FakeTopic]:
+    topic = FakeTopic()
+    shard = Shard(topic)
+    rt = CoordinatorRuntime("test", TOPIC, cast(InternalTopics, topic), shard, side_effect=side_effect, **kw)
+    return rt, shard, topic
+
+
+def test_writes_complete_depth_first_and_the_answer_comes_last() -> None:
+    rt, shard, topic = runtime()
+    inner = CoordinatorResult(response="done", writes=(shard.write(b"a2"),))
+    result: CoordinatorResult[str] = CoordinatorResult(writes=(shard.write(b"a", inner), shard.write(b"b")))
+    assert rt.drive(result) == "done"
+    assert topic.events == [
+        "append b'a'",
+        "complete b'a' none @0",
+        "append b'a2'",  # the completion's write runs before the sibling
+        "complete b'a2' none @1",
+        "append b'b'",
+        "complete b'b' none @2",
+    ]
+
+
+def test_failed_append_reaches_the_completion_and_nothing_is_logged() -> None:
+    rt, shard, topic = runtime()
+    topic.fail = ErrorCode.kafka_storage_error
+    assert rt.drive(CoordinatorResult(writes=(shard.write(b"a"),))) == "failed kafka_storage_error"
+    assert topic.log == []
+
+
+def test_transactional_write_carries_its_producer() -> None:
+    rt, shard, topic = runtime()
+    rt.drive(CoordinatorResult(writes=(shard.write(b"t", producer_id=7, producer_epoch=1),)))
+    assert topic.log == [(0, (b"t", b"v"), 7)]
+
+
+def test_parked_request_is_answered_by_a_later_operation() -> None:
+    async def main() -> None:
+        rt, shard, _topic = runtime()
+
+        def park(token: RequestToken) -> CoordinatorResult[Any]:
+            shard.parked = token
+            return CoordinatorResult()
+
+        parked = rt.call(park)
+        assert not parked.done()
+        # Another request completes the parked one and answers itself, after its own write.
+        own = rt.call(
+            lambda token: CoordinatorResult(
+                writes=(
+                    shard.write(
+                        b"w", CoordinatorResult(replies=(Reply(shard.parked, "p"), Reply(token, "me")))
+                    ),
+                )
+            )
+        )
+        assert (await parked, await own) == ("p", "me")
+        assert rt._waiting == {}
+
+    asyncio.run(main())
+
+
+def test_effects_go_to_the_side_effect_handler_and_its_result_is_driven() -> None:
+    handled: list[object] = []
+    rt, shard, topic = runtime()
+
+    def side_effect(effect: object) -> CoordinatorResult[Any] | None:
+        handled.append(effect)
+        return None if effect == "deferred" else CoordinatorResult(writes=(shard.write(b"after"),))
+
+    rt._side_effect = side_effect
+    rt.drive(CoordinatorResult(response="ok", effects=("markers", "deferred")))
+    assert handled == ["markers", "deferred"]
+    assert [e for e in topic.events if e.startswith("append")] == ["append b'after'"]
+
+
+def test_an_effect_without_a_handler_is_a_bug() -> None:
+    rt, _shard, _topic = runtime()
+    with pytest.raises(TypeError):
+        rt.drive(CoordinatorResult(effects=("markers",)))
+
+
+def batch(
+    partition: int, *records: tuple[int, bytes], producer_id: int = -1, control: ControlType | None = None
+) -> ReplayedBatch:
+    return ReplayedBatch(
+        partition,
+        records[0][0] if records else 0,
+        producer_id,
+        producer_id >= 0,
+        control,
+        tuple((offset, key, b"v") for offset, key in records),
+    )
+
+
+def test_load_replays_records_and_markers_in_log_order_then_completes() -> None:
+    rt, shard, topic = runtime()
+    topic.batches = [
+        batch(0, (0, b"a"), (1, b"b")),
+        batch(0, (2, b"t"), producer_id=9),
+        batch(0, producer_id=9, control=ControlType.COMMIT),
+    ]
+    assert not rt.loaded
+    stats = rt.load()
+    assert rt.loaded and (stats.batches, stats.records) == (3, 3)
+    assert shard.replayed == [
+        ("record", b"a", b"v", 0, -1),
+        ("record", b"b", b"v", 1, -1),
+        ("record", b"t", b"v", 2, 9),
+        ("marker", 9, True, 0),
+        ("loaded",),
+    ]
+
+
+def test_a_bad_record_fails_the_load_unless_skipping_is_allowed() -> None:
+    rt, shard, topic = runtime()
+    topic.batches = [batch(0, (0, b"bad"), (1, b"ok"))]
+    with pytest.raises(ValueError):
+        rt.load()
+    assert not rt.loaded
+    rt, shard, topic = runtime(skip_bad_records=True)
+    topic.batches = [batch(0, (0, b"bad"), (1, b"ok"))]
+    rt.load()
+    assert rt.loaded and shard.replayed == [("record", b"ok", b"v", 1, -1), ("loaded",)]
