@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Committed offsets and empty groups would otherwise live forever. Every
-``offsets.retention.check.interval.ms`` the shell calls
+``offsets.retention.check.interval.ms`` the runtime calls
 :meth:`Expiry.cleanup_group_metadata`, which does what Kafka's ``cleanupGroupMetadata`` does
 (``OffsetMetadataManager.cleanupExpiredOffsets`` + ``GroupMetadataManager.maybeDeleteGroup``):
 
@@ -40,8 +40,8 @@ Invariants:
   replay drops the offsets first and the group last, like the live path;
 - a group is removed only if, when the append completes, it is still the same object, still Empty
   with no pending member id and no offset or open transaction left; it goes Empty -> Dead (the state
-  table) and then leaves ``groups``, so captured references see Dead. With the synchronous shell
-  nothing can run between prepare and complete; the re-check only guards a shell that interleaves.
+  table) and then leaves ``groups``, so captured references see Dead. With the synchronous runtime
+  nothing can run between prepare and complete; the re-check only guards a runtime that interleaves.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class OffsetStore:
         """Apply an expiry tombstone written at ``tombstone_offset``; True if an offset went.
 
         Like :meth:`replay` of that tombstone, except that an entry carried by a record *after* the
-        tombstone survives -- exactly what a log-order replay at startup gives, even if a shell
+        tombstone survives -- exactly what a log-order replay at startup gives, even if a runtime
         completed a later commit first. Returns whether a committed offset was removed.
         """
         removed = False

@@ -1,6 +1,6 @@
 """Keyed deadlines for a sans-IO coordinator (Kafka's ``CoordinatorTimer`` without threads).
 
-The coordinator never sleeps: it schedules ``(key, deadline_ms, action)`` here, the shell asks for
+The coordinator never sleeps: it schedules ``(key, deadline_ms, action)`` here, the runtime asks for
 :meth:`DeadlineQueue.next_deadline` and calls the coordinator's ``poll(now_ms)`` at or after it, and
 the coordinator pops due actions in deadline order. Scheduling an existing key replaces its deadline
 (a heartbeat pushes its member's session timeout forward); cancelling is idempotent.

@@ -1,6 +1,6 @@
 """Transaction coordinator (KIP-98): sans-IO state machine, metadata, and ``__transaction_state`` codec.
 
-See README.md in this folder for how the asyncio shell drives it.
+See README.md in this folder for how the coordinator runtime drives it.
 """
 
 from exactly.coordinator.txn.config import TxnCoordinatorConfig

@@ -21,7 +21,7 @@ class TxnCoordinatorConfig:
     transactional_id_expiration_ms: int = 7 * DAY_MS  # transactional.id.expiration.ms
     transaction_state_partitions: int = DEFAULT_NUM_PARTITIONS  # transaction.state.log.num.partitions
     offsets_topic_partitions: int = DEFAULT_NUM_PARTITIONS  # offsets.topic.num.partitions
-    # How often the shell should call expire_timed_out() (Kafka:
+    # How often the runtime should call expire_timed_out() (Kafka:
     # transaction.abort.timed.out.transaction.cleanup.interval.ms = 10 s) and
     # expire_transactional_ids() (transaction.remove.expired.transaction.cleanup.interval.ms = 1 h).
     abort_timed_out_interval_ms: int = 10_000

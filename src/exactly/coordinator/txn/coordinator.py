@@ -23,8 +23,9 @@ Commit, end to end::
     markers written    -> on_markers_written -> AppendTxnLog(CompleteCommit) -> on_log_append_done
 
 Recovery is replay: :meth:`begin_load`, :meth:`replay` every ``__transaction_state`` record in
-offset order, then :meth:`end_load`, which returns the markers of every transaction that was
-decided (Prepare*) but not completed before the crash. Markers are idempotent to re-write.
+offset order, then :meth:`load_complete` (:meth:`end_load`), whose effects are the markers of
+every transaction that was decided (Prepare*) but not completed before the crash. Markers are
+idempotent to re-write.
 
 Fencing: the producer epoch is bumped by every InitProducerId, and by the abort of a transaction
 that times out or that a new instance interrupts; the abort markers carry the bumped epoch, so a
@@ -82,7 +83,12 @@ E = ErrorCode
 class TransactionCoordinator(TransactionStateManager):
     """Kafka's transaction coordinator for every partition of ``__transaction_state``.
 
-    Construct with ``TransactionCoordinator(generate_producer_id, config=..., coordinator_epoch=...)``
+    Owns (through its :class:`TransactionStateManager` base) the metadata of every
+    transactional.id, the appends in flight and the transactions whose markers are being written.
+    Lifecycle: constructed empty -> :meth:`begin_load` / :meth:`replay` / :meth:`load_complete`
+    (requests answered COORDINATOR_LOAD_IN_PROGRESS meanwhile) -> serving; a reload starts over
+    with :meth:`begin_load` and a higher coordinator epoch, which makes every write still in
+    flight stale. Construct with ``TransactionCoordinator(generate_producer_id, config=..., coordinator_epoch=...)``
     (see :class:`TransactionStateManager` for the state, loading and admin methods it inherits).
     """
 
@@ -313,7 +319,7 @@ class TransactionCoordinator(TransactionStateManager):
     def on_log_append_done(
         self, append: AppendTxnLog, error: ErrorCode = E.none, *, now_ms: int
     ) -> CoordinatorResult[Response]:
-        """The shell finished ``append``; apply it (or drop it) and continue the operation."""
+        """The runtime finished ``append``; apply it (or drop it) and continue the operation."""
         purpose = append.purpose
         md = self._txns.get(append.transactional_id)
         if (
@@ -328,7 +334,7 @@ class TransactionCoordinator(TransactionStateManager):
 
         if error != E.none:
             if purpose is AppendPurpose.COMPLETE:
-                # Keep the pending Complete*: the shell retries via on_markers_written.
+                # Keep the pending Complete*: the runtime retries via on_markers_written.
                 return CoordinatorResult()
             md.abort_pending()
             if md.producer_epoch == NO_PRODUCER_EPOCH and md.state is S.EMPTY:

@@ -5,7 +5,7 @@ Prepare -> persist -> complete (Kafka's ``TxnTransitMetadata`` / ``completeTrans
 1. ``prepare_*`` validates the change against the transition table, builds an immutable
    :class:`TxnTransitMetadata` (the *whole* next state, which is exactly what gets written to
    ``__transaction_state``) and records the target in ``pending_state``. Nothing else changes.
-2. The shell appends the transit to the log.
+2. The runtime appends the transit to the log.
 3. Only when the append succeeded does :meth:`TransactionMetadata.complete_transition` copy the
    transit in; when it failed, :meth:`TransactionMetadata.abort_pending` clears ``pending_state``
    and the metadata is exactly what it was before step 1.

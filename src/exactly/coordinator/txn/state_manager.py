@@ -1,10 +1,10 @@
 """The coordinator's in-memory state and its plumbing (Kafka's ``TransactionStateManager``).
 
 Holds the metadata map, loads it from ``__transaction_state`` by replay, turns transits into
-:class:`AppendTxnLog` effects, tracks transactions whose markers are being written, and answers
+prepared :class:`AppendTxnLog` records, tracks transactions whose markers are being written, and answers
 the read-only admin APIs. The request logic on top of it is
 :class:`~exactly.coordinator.txn.coordinator.TransactionCoordinator`, split off the way Kafka
-splits TransactionCoordinator from TransactionStateManager; the shell only ever uses the
+splits TransactionCoordinator from TransactionStateManager; the runtime only ever uses the
 coordinator.
 
 Invariants
@@ -14,7 +14,7 @@ Invariants
   append failed (it was never persisted).
 * ``_completions`` holds exactly the transactions in ``Prepare*`` whose ``Complete*`` transit
   is prepared (their metadata has that pending state) and whose markers are being written.
-* ``_in_flight`` holds, per id, the transit of the one append the shell still has to report;
+* ``_in_flight`` holds, per id, the transit of the one append the runtime still has to report;
   a report whose transit is not that object (e.g. from before a reload) is stale and ignored.
 * While loading, every request is answered COORDINATOR_LOAD_IN_PROGRESS and periodic tasks do
   nothing; replay may run at any time but is meant for loading.
@@ -66,7 +66,7 @@ class TransactionStateManager:
     """State, loading, persistence plumbing and admin views; see the module docstring.
 
     ``generate_producer_id`` is the producer-id block allocator (called only when a new id is
-    needed). ``coordinator_epoch`` goes into every marker; the shell should raise it on each
+    needed). ``coordinator_epoch`` goes into every marker; the runtime should raise it on each
     (re)load so that markers from an older incarnation can be told apart.
     """
 
