@@ -29,6 +29,8 @@ from exactly.coordinator.result import CoordinatorResult
 
 
 class CoordinatorShard(Protocol):
+    """What the runtime calls on a coordinator besides its requests (see the module docstring)."""
+
     def replay(self, key: bytes, value: bytes | None, *, offset: int, producer_id: int) -> None:
         """Apply one record (value None = tombstone); ``producer_id`` >= 0 only for records of a
         transactional batch, which stay pending until their marker."""

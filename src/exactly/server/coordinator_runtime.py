@@ -66,6 +66,8 @@ SideEffect = Callable[[object], "CoordinatorResult[Any] | None"]
 
 @dataclass(frozen=True, slots=True)
 class LoadStats:
+    """What one load replayed: batches (markers included) and key/value records."""
+
     batches: int
     records: int
 

@@ -43,6 +43,8 @@ REPLAY_CHUNK = 4 * 1024 * 1024
 
 
 class AppendFailed(Exception):
+    """An append to an internal topic or a marker write failed; ``error_code`` says why."""
+
     def __init__(self, error_code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.error_code = error_code
@@ -61,6 +63,13 @@ class ReplayedBatch:
 
 
 class InternalTopics:
+    """The coordinators' window on the log: ``__consumer_offsets`` and ``__transaction_state``.
+
+    Owns no state of its own (the partitions belong to the broker's LogManager); it creates the
+    internal topics on first use and appends to / replays them for the coordinator runtimes and
+    the marker writer. Lives as long as the broker.
+    """
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 

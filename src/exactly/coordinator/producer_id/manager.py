@@ -48,7 +48,12 @@ class ProducerIdStateError(Exception):
 
 
 class ProducerIdManager:
-    """Hands out producer ids from persisted blocks of ``block_size``."""
+    """Hands out producer ids from persisted blocks of ``block_size``.
+
+    Owns the reservation file at ``path`` and the current block (next id, persisted bound).
+    Lifecycle: opening reads the bound (or starts at 0 without a file); every block is persisted
+    before its first id is handed out; nothing to close.
+    """
 
     def __init__(self, path: Path, *, block_size: int = BLOCK_SIZE) -> None:
         if block_size <= 0:
