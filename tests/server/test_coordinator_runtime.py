@@ -74,6 +74,11 @@ class Shard:
         self.replayed.append(("loaded",))
         return CoordinatorResult()
 
+    def unload(self, now_ms: int) -> CoordinatorResult[Any]:
+        self.replayed.clear()
+        parked, self.parked = self.parked, None
+        return CoordinatorResult(replies=() if parked is None else (Reply(parked, "not_coordinator"),))
+
     def next_deadline(self) -> int | None:
         return self.deadline
 
@@ -213,3 +218,22 @@ def test_a_bad_record_fails_the_load_unless_skipping_is_allowed() -> None:
     topic.batches = [batch(0, (0, b"bad"), (1, b"ok"))]
     rt.load()
     assert rt.loaded and shard.replayed == [("record", b"ok", b"v", 1, -1), ("loaded",)]
+
+
+def test_unload_answers_parked_requests_and_a_reload_replays_again() -> None:
+    async def main() -> None:
+        rt, shard, topic = runtime()
+        topic.batches = [batch(0, (0, b"a"))]
+        rt.load()
+
+        def park(token: RequestToken) -> CoordinatorResult[Any]:
+            shard.parked = token
+            return CoordinatorResult()
+
+        parked = rt.call(park)
+        rt.unload()
+        assert not rt.loaded and await parked == "not_coordinator" and shard.replayed == []
+        rt.load()
+        assert rt.loaded and shard.replayed == [("record", b"a", b"v", 0, -1), ("loaded",)]
+
+    asyncio.run(main())

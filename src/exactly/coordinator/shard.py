@@ -9,6 +9,8 @@ own writes (see :mod:`exactly.coordinator.result`). The runtime needs just these
   or one COMMIT/ABORT marker of the topic, in log order, while loading;
 * :meth:`CoordinatorShard.load_complete` -- loading is over; the result holds what the loaded
   state still owes (session timers to start, transaction markers to re-send);
+* :meth:`CoordinatorShard.unload` -- the coordinator stops owning the topic: it answers its
+  parked requests (NOT_COORDINATOR) and forgets its state; a later load replays again;
 * :meth:`CoordinatorShard.next_deadline` / :meth:`CoordinatorShard.poll` -- the coordinator's
   timers: the runtime calls ``poll`` at or after the deadline.
 
@@ -40,6 +42,9 @@ class CoordinatorShard(Protocol):
 
     def load_complete(self, now_ms: int) -> CoordinatorResult[Any]:
         """Every record is replayed: start serving; the result is what the loaded state owes."""
+
+    def unload(self, now_ms: int) -> CoordinatorResult[Any]:
+        """Stop owning the topic: answer parked requests, forget all state."""
 
     def next_deadline(self) -> int | None:
         """When :meth:`poll` next has work (absolute ms), or None."""

@@ -30,7 +30,8 @@ timeouts, offset retention) are registered with :meth:`CoordinatorRuntime.every`
 
 Loading is replay: :meth:`CoordinatorRuntime.load` feeds every batch of the topic, in offset
 order, to the coordinator's ``replay`` / ``replay_end_transaction``, then drives
-``load_complete``. When the cluster arrives, appends become acks=all writes (step 1 awaits the
+``load_complete``; :meth:`CoordinatorRuntime.unload` is the reverse (parked requests are answered
+NOT_COORDINATOR, the state is dropped). When the cluster arrives, appends become acks=all writes (step 1 awaits the
 high watermark instead of returning at once) and a runtime loads/unloads per partition on
 leadership changes; the coordinator contract (:mod:`exactly.coordinator.shard`) stays as it is.
 
@@ -102,7 +103,8 @@ class CoordinatorRuntime:
     answer (by token), the registered periodic jobs and the timer wake-up. Lifecycle:
     constructed without I/O -> :meth:`load` (replay; until it ends ``loaded`` is False and the
     bindings answer COORDINATOR_LOAD_IN_PROGRESS) -> :meth:`start_tasks` once the event loop runs
-    (timer loop + periodic jobs; the broker cancels the tasks at shutdown).
+    (timer loop + periodic jobs; the broker cancels the tasks at shutdown). :meth:`unload` and a
+    new :meth:`load` may follow each other (not used by a single broker, which always leads).
 
     ``side_effect`` executes a result's ``effects`` (the transaction markers) and returns the
     coordinator's follow-up result, or None when the effect was deferred (queued for a retry).
@@ -163,6 +165,12 @@ class CoordinatorRuntime:
         self.drive(shard.load_complete(now_ms()))
         self.loaded = True
         return LoadStats(batches, records)
+
+    def unload(self) -> None:
+        """Stop serving (leadership of the topic lost): ``loaded`` turns False and the coordinator
+        answers its parked requests and forgets its state. :meth:`load` may follow."""
+        self.loaded = False
+        self.drive(self.shard.unload(now_ms()))
 
     def every(self, name: str, interval_s: float, job: Callable[[], object]) -> None:
         """Run ``job`` every ``interval_s`` seconds (first run one interval after start)."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import (
+    CommitPartition,
+    CommitTopic,
     JoinGroupRequestData,
     LeaveGroupRequestData,
     LeaveMember,
+    OffsetCommitRequestData,
     Protocol,
 )
 from exactly.coordinator.group.coordinator import GroupCoordinatorConfig
@@ -411,3 +414,32 @@ def test_group_max_size() -> None:
     shell = Shell(GroupCoordinatorConfig(initial_rebalance_delay_ms=0, max_group_size=1))
     shell.stable_single()
     assert shell.join(client_id="d").one.error_code == ErrorCode.group_max_size_reached
+
+
+def test_unload_answers_parked_joins_not_coordinator_and_reload_restores_the_log_state() -> None:
+    shell = Shell()
+    member_id, generation = shell.stable_single()
+    commit = OffsetCommitRequestData(
+        group_id=GROUP,
+        generation_id=generation,
+        member_id=member_id,
+        topics=(CommitTopic("t", (CommitPartition(partition_index=0, committed_offset=7),)),),
+    )
+    box = Box()
+    shell.run(shell.coordinator.offset_commit(commit, shell.now, box))
+    assert box.one.topics[0].partitions[0].error_code == ErrorCode.none
+    other = shell.join_fully(client_id="c2")  # a rebalance starts; the newcomer waits for the leader
+    assert other.items == []
+    shell.run(shell.coordinator.unload(shell.now))
+    assert other.one.error_code == ErrorCode.not_coordinator
+    assert shell.coordinator.groups == {} and shell.coordinator.next_deadline() is None
+    assert shell.coordinator.committed_offsets(GROUP) == {}
+    # a reload replays the log into the same coordinator: the last persisted generation is back
+    for partition in sorted(shell.log):
+        for e in shell.log[partition]:
+            assert e.key is not None
+            shell.coordinator.replay(e.key, e.value, offset=e.offset, producer_id=e.producer_id)
+    shell.run(shell.coordinator.load_complete(shell.now))
+    group = shell.coordinator.group(GROUP)
+    assert group is not None and group.generation == generation and list(group.members) == [member_id]
+    assert shell.coordinator.committed_offsets(GROUP)[("t", 0)].offset == 7

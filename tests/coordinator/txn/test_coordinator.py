@@ -678,3 +678,13 @@ def test_value_version_0_log_replays_without_previous_producer_id() -> None:
     live = shell.txn(TID)
     shell.restart()
     assert shell.txn(TID) == dataclasses.replace(live, prev_producer_id=-1, last_producer_epoch=-1)
+
+
+def test_unload_forgets_state_and_stales_writes_in_flight() -> None:
+    shell = Shell()
+    r = started(shell)
+    write = only_write(shell.coord.end_txn(TID, r.producer_id, r.producer_epoch, True, now_ms=T0))
+    assert shell.coord.unload(T0).empty
+    assert shell.coord.transaction(TID) is None
+    assert shell.end(TID, r.producer_id, r.producer_epoch, True).error == E.coordinator_load_in_progress
+    assert done(write).response == EndTxnResult(E.not_coordinator)

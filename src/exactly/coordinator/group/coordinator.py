@@ -306,3 +306,16 @@ class GroupCoordinator:
     def load_complete(self, now_ms: int) -> CoordinatorResult[Never]:
         """After replay: start session timers for the loaded members (they must heartbeat again)."""
         return self._ops.run(now_ms, self.membership.start_sessions)
+
+    def unload(self, now_ms: int) -> CoordinatorResult[Never]:
+        """Stop owning ``__consumer_offsets``: parked requests are answered NOT_COORDINATOR, all
+        state is forgotten; a later load replays the log again (Kafka's ``onUnloaded``).
+
+        Writes still in flight complete against groups that are gone and change nothing.
+        """
+
+        def body() -> None:
+            self.membership.unload_all()
+            self._offsets.store.clear()
+
+        return self._ops.run(now_ms, body)

@@ -93,6 +93,15 @@ class Membership:
             self.rebalance.cancel_all(existing)
         return existing
 
+    def unload_all(self) -> None:
+        """Stop owning every group: answer parked JoinGroup/SyncGroup requests NOT_COORDINATOR
+        (the client finds the new coordinator) and forget the groups and their timers."""
+        for group in list(self.groups.values()):
+            for member in group.members.values():
+                group.complete_join(member, JoinGroupResponseData(error_code=ErrorCode.not_coordinator))
+                group.complete_sync(member, SyncGroupResponseData(error_code=ErrorCode.not_coordinator))
+            self.unload_group(group.group_id)
+
     def start_sessions(self) -> None:
         """After loading: every loaded member must heartbeat within its session again."""
         for group in self.groups.values():

@@ -84,6 +84,12 @@ class OffsetStore:
         self._pending: dict[int, dict[str, dict[TopicPartitionKey, CommittedOffset]]] = {}
         self._open: dict[str, dict[TopicPartitionKey, set[int]]] = {}
 
+    def clear(self) -> None:
+        """Forget everything (the coordinator stopped owning its partitions)."""
+        self._committed.clear()
+        self._pending.clear()
+        self._open.clear()
+
     # -- replay ---------------------------------------------------------------------------------
 
     def replay(

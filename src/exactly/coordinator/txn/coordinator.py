@@ -400,6 +400,13 @@ class TransactionCoordinator(TransactionStateManager):
         """End loading (:meth:`end_load`): the markers owed by transactions left in Prepare*."""
         return CoordinatorResult(effects=self.end_load(now_ms))
 
+    def unload(self, now_ms: int) -> CoordinatorResult[Response]:
+        """Stop owning ``__transaction_state``: forget all state (as :meth:`begin_load` does, so
+        requests get COORDINATOR_LOAD_IN_PROGRESS until the next load). Writes still in flight
+        complete as stale and their requests are answered NOT_COORDINATOR."""
+        self.begin_load()
+        return CoordinatorResult()
+
     def poll(self, now_ms: int) -> CoordinatorResult[Response]:
         """No timers are kept (see :meth:`next_deadline`): nothing is ever due."""
         return CoordinatorResult()
