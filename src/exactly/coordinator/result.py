@@ -8,14 +8,15 @@ topic. Every operation, whether a client request, a timer or a load, returns one
 * ``writes``: record batches to append, each to one partition of the coordinator's topic. Each
   :class:`Write` carries its *completion*: the runtime appends the batch, waits until it is
   durable, and reports the :class:`AppendOutcome` to ``Write.complete``. The completion is the
-  only place the write's state change is applied (prepare -> persist -> complete), through the
-  same replay rules recovery uses, so recovery is replay. A completion returns another
-  ``CoordinatorResult`` (its response, further writes).
+  only place the write's state change is applied (prepare -> persist -> complete), and it applies
+  exactly what replaying the write's records at load time gives, so recovery is replay. A
+  completion returns another ``CoordinatorResult`` (its response, further writes).
 * ``response``: the answer to the request that ran the operation. When the operation has writes,
   the answer comes from their completions instead (it cannot be known before the append).
-* ``replies``: answers to *other*, earlier requests the coordinator had parked (a JoinGroup that
-  waits for the rebalance, a follower's SyncGroup that waits for the leader's assignment),
-  addressed by the token the runtime passed in with each request.
+* ``replies``: answers addressed by the token the runtime passed in with each request. A
+  coordinator that parks requests (a JoinGroup that waits for the rebalance, a follower's
+  SyncGroup that waits for the leader's assignment) answers every request this way, at once or
+  from a later operation; the transaction coordinator never parks and uses ``response``.
 * ``effects``: work outside the coordinator's own log that the runtime hands to the
   coordinator-specific side-effect handler (the transaction markers); that handler reports back
   with another ``CoordinatorResult``.
