@@ -198,10 +198,13 @@ class CoordinatorRuntime:
     def run(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
         """Like :meth:`call` for an operation answered before it returns (None if it was not)."""
         answers: list[R] = []
-        self._run(op, answers.append)
+        token = self._run(op, answers.append)
+        self._waiting.pop(token, None)  # not answered now: nobody would wait for it later
         return answers[0] if answers else None
 
-    def _run(self, op: Callable[[RequestToken], CoordinatorResult[R]], answer: Callable[[R], None]) -> None:
+    def _run(
+        self, op: Callable[[RequestToken], CoordinatorResult[R]], answer: Callable[[R], None]
+    ) -> RequestToken:
         token = next(self._tokens)
         self._waiting[token] = answer
         try:
@@ -212,6 +215,7 @@ class CoordinatorRuntime:
         if response is not None:
             self._deliver(token, response)
         self._maybe_wake()
+        return token
 
     def drive(self, result: CoordinatorResult[R]) -> R | None:
         """Carry out ``result`` (see the module docstring); returns the answer of the request that

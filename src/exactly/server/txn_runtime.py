@@ -95,9 +95,7 @@ class TxnRuntime:
         )
         coord = self.coordinator
         self.runtime.every(
-            "txn-timeouts",
-            self.config.abort_timed_out_interval_ms / 1000,
-            lambda: self.runtime.drive(coord.expire_timed_out(now_ms())),
+            "txn-timeouts", self.config.abort_timed_out_interval_ms / 1000, self._abort_timed_out
         )
         self.runtime.every(
             "txn-id-expiration",
@@ -171,6 +169,12 @@ class TxnRuntime:
             if written and tp.topic == OFFSETS_TOPIC:
                 self.broker.groups.on_marker(tp.partition, markers.producer_id, commit)
         return ok
+
+    def _abort_timed_out(self) -> None:
+        result = self.coordinator.expire_timed_out(now_ms())
+        for write in result.writes:
+            log.info("aborting timed-out transaction (%s)", write.describe)
+        self.runtime.drive(result)
 
     def _retry_markers(self) -> None:
         pending, self._pending_markers = self._pending_markers, []
