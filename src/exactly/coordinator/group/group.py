@@ -37,7 +37,13 @@ CONSUMER_PROTOCOL_TYPE = "consumer"
 
 
 class ClassicGroup:
-    """One classic group; see the module docstring for the invariants it keeps."""
+    """One classic group; see the module docstring for the invariants it keeps.
+
+    Owns its members, generation, protocol and leader. Lifecycle: created by a first JoinGroup, by
+    replay of its group record, or as a "simple" group by its first offset; lives in
+    ``Membership.groups`` until a tombstone (DeleteGroups, retention) or a newer group record
+    replaces it -- code holding a reference checks it is still the current object.
+    """
 
     def __init__(
         self,

@@ -26,7 +26,12 @@ SyncReply = Callable[[SyncGroupResponseData], None]
 
 
 class GroupMember:
-    """Mutable membership record; the group owns it and keeps the join-awaiting count in step."""
+    """Mutable membership record; the group owns it and keeps the join-awaiting count in step.
+
+    Owns the member's protocols, timeouts, assignment and its parked JoinGroup/SyncGroup replies.
+    Lifecycle: added by a join (or by replay of its group's record), removed when it leaves, its
+    session expires, it is fenced by a newer static instance, or its group goes.
+    """
 
     __slots__ = (
         "assignment",

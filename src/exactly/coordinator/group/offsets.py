@@ -74,7 +74,8 @@ class OffsetStore:
     """Committed offsets per group and pending transactional offsets per producer id.
 
     Invariant: ``_open[group][tp]`` is exactly the set of producer ids with a pending offset for
-    ``(group, tp)``; no map level is ever left empty.
+    ``(group, tp)``; no map level is ever left empty. Lifecycle: created empty with its
+    coordinator (owned by its ``OffsetManager``), filled by replay, emptied by :meth:`clear`.
     """
 
     __slots__ = ("_committed", "_open", "_pending")

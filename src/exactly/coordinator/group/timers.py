@@ -19,7 +19,11 @@ TimerAction = Callable[[], None]
 
 
 class DeadlineQueue:
-    """Keyed one-shot timers ordered by deadline, then by scheduling order."""
+    """Keyed one-shot timers ordered by deadline, then by scheduling order.
+
+    Owns the pending timers (key -> deadline, action); owned by the coordinator's ``Operations``
+    and lives as long as it does. A fired or cancelled timer is forgotten.
+    """
 
     __slots__ = ("_heap", "_live", "_seq")
 

@@ -86,7 +86,9 @@ class TransactionMetadata:
     :meth:`complete_transition` and :meth:`abort_pending`.
 
     ``txn_start_timestamp`` is -1 outside a transaction; ``producer_epoch`` is -1 only for a
-    freshly created id that never completed an InitProducerId.
+    freshly created id that never completed an InitProducerId. Lifecycle: created by a first
+    InitProducerId or by replay of its record; removed when its expiry tombstone is durable (or
+    when the creating request's first append failed).
     """
 
     transactional_id: str

@@ -65,6 +65,9 @@ class _Completion:
 class TransactionStateManager:
     """State, loading, persistence plumbing and admin views; see the module docstring.
 
+    Owns the metadata of every transactional.id, the one append in flight per id and the
+    transactions whose markers are being written; all three are dropped by :meth:`begin_load`.
+
     ``generate_producer_id`` is the producer-id block allocator (called only when a new id is
     needed). ``coordinator_epoch`` goes into every marker; the runtime should raise it on each
     (re)load so that markers from an older incarnation can be told apart.
