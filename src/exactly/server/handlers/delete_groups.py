@@ -26,7 +26,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         results = [DeleteGroupResult(g, runtime.load_error) for g in names]
     elif names:
         coordinator = runtime.coordinator
-        results = await runtime.call(lambda respond: coordinator.delete_groups(names, now_ms(), respond))
+        results = await runtime.call(lambda token: coordinator.delete_groups(names, now_ms(), token))
     else:
         results = []
     mod = ctx.api.response_module

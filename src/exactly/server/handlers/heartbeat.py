@@ -30,6 +30,6 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             group_instance_id=getattr(request, "group_instance_id", None),
         )
         coordinator = runtime.coordinator
-        response = await runtime.call(lambda respond: coordinator.heartbeat(data, now_ms(), respond))
+        response = await runtime.call(lambda token: coordinator.heartbeat(data, now_ms(), token))
     broker.metrics.error(API_KEY, response.error_code)
     return build(ctx.api.response_type, error_code=response.error_code)

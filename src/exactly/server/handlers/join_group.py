@@ -1,10 +1,11 @@
 """JoinGroup (11) v0-v9: join (or re-join) a classic group; answered when the join phase ends.
 
 The request long-polls: the coordinator parks it until every member re-joined or the rebalance
-timeout fired, then ``respond`` resolves the future this handler awaits. v0 has no rebalance
-timeout (the session timeout serves for both); v4+ dynamic members get MEMBER_ID_REQUIRED first
-(KIP-394); v9 lets a re-joining static leader skip the assignment (KIP-814). ``protocol_type`` and
-``protocol_name`` are nullable from v7; older versions answer "" (Kafka's ``NoProtocol``).
+timeout fired, then its reply (addressed by the request's token) resolves the future this handler
+awaits. v0 has no rebalance timeout (the session timeout serves for both); v4+ dynamic members get
+MEMBER_ID_REQUIRED first (KIP-394); v9 lets a re-joining static leader skip the assignment
+(KIP-814). ``protocol_type`` and ``protocol_name`` are nullable from v7; older versions answer ""
+(Kafka's ``NoProtocol``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             client_host=client_host(ctx.peer),
         )
         coordinator = runtime.coordinator
-        response = await runtime.call(lambda respond: coordinator.join_group(data, now_ms(), respond))
+        response = await runtime.call(lambda token: coordinator.join_group(data, now_ms(), token))
     broker.metrics.error(API_KEY, response.error_code)
     mod = ctx.api.response_module
     nullable = ctx.version >= 7

@@ -42,7 +42,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     else:
         data = LeaveGroupRequestData(group_id=request.group_id, members=members)
         coordinator = runtime.coordinator
-        response = await runtime.call(lambda respond: coordinator.leave_group(data, now_ms(), respond))
+        response = await runtime.call(lambda token: coordinator.leave_group(data, now_ms(), token))
     if ctx.version < BATCHED_VERSION:
         error = response.error_code
         if error is ErrorCode.none and response.members:

@@ -45,7 +45,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             assignments=tuple(SyncGroupAssignment(a.member_id, a.assignment) for a in request.assignments),
         )
         coordinator = runtime.coordinator
-        response = await runtime.call(lambda respond: coordinator.sync_group(data, now_ms(), respond))
+        response = await runtime.call(lambda token: coordinator.sync_group(data, now_ms(), token))
     broker.metrics.error(API_KEY, response.error_code)
     return build(
         ctx.api.response_type,

@@ -54,7 +54,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         )
         coordinator = runtime.coordinator
         response: OffsetCommitResponseData = await runtime.call(
-            lambda respond: coordinator.txn_offset_commit(data, now_ms(), respond)
+            lambda token: coordinator.txn_offset_commit(data, now_ms(), token)
         )
         errors = merge(response, errors)
     return build_response(broker, ctx, API_KEY, request.topics, errors)
