@@ -2,8 +2,9 @@
 fast mutator.
 
 ``InProcessBroker`` opens a Broker on a temp data dir (coordinators loaded, timers running) and
-feeds request payloads (frames without the size prefix) to ``connection.dispatch`` - the exact
-code a socket frame goes through. Long-poll waits are disabled so a Fetch never parks. Outcomes:
+feeds request payloads (frames without the size prefix) through the broker's framer
+(exactly.protocol.framing, one per InProcessBroker, as one per connection) to
+``dispatch.dispatch`` - the exact code a socket's bytes go through. Long-poll waits are disabled so a Fetch never parks. Outcomes:
 
 * ``response``  a response whose size prefix is right and whose correlation id is the request's
 * ``none``      no response (acks=0 produce)
@@ -37,12 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from exactly.protocol.apis import VERSION_RANGES, ApiKey, schema
+from exactly.protocol.framing import Framer, frame
 from exactly.records.batch import compute_crc
 from exactly.records.builder import Record, build_batch
 from exactly.server.broker import Broker, Endpoint
 from exactly.server.config import BrokerConfig
-from exactly.server.connection import CloseConnection, dispatch
+from exactly.server.dispatch import CloseConnection, dispatch
 from tests.fuzz.kio_guard import would_abort
+from tests.support.framer import feed_chunks
 from tests.support.wire import encode_request, produce_request
 
 TOPICS = {"fuzz-a": 3, "fuzz-b": 1}
@@ -97,6 +100,7 @@ class InProcessBroker:
         self.config = BrokerConfig.load(None, conf)
         self.data_dir = data_dir
         self.broker: Broker | None = None
+        self.framer: Framer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.timeout = 2.0
         self.guard = False  # True: skip (and count) inputs with overlong arrays (pre-guard brokers)
@@ -115,6 +119,7 @@ class InProcessBroker:
             if name not in b.logs.topics():
                 b.logs.create_topic(name, parts, {}, now_ms=now_ms())
         self.broker = b
+        self.framer = Framer(b.max_request_size)
         return self
 
     async def close(self) -> None:
@@ -153,7 +158,7 @@ class InProcessBroker:
         outcome = "?"
         chunks = None
         try:
-            chunks = await asyncio.wait_for(dispatch(b, bytearray(payload), "fuzz"), self.timeout)
+            chunks = await asyncio.wait_for(dispatch(b, self._framed(payload), "fuzz"), self.timeout)
         except CloseConnection:
             outcome = "close"
         except _Hang:
@@ -208,6 +213,13 @@ class InProcessBroker:
             stats.outcomes[outcome] += 1
             stats.by_api[key] += 1
         return outcome
+
+    def _framed(self, payload: bytes) -> bytearray:
+        """``payload`` as the broker's framer hands it to the dispatcher."""
+        framer = self.framer
+        assert framer is not None
+        feed_chunks(framer, [frame(payload)])
+        return framer.frames.popleft()
 
     async def healthy(self) -> bool:
         """Valid requests still work: ApiVersions, Metadata, an idempotent-less produce."""

@@ -1,4 +1,4 @@
-"""Bounded fuzzing for CI (the long run is tests/fuzz/run_fuzz.py): the frame decoder, the request
+"""Bounded fuzzing for CI (the long run is tests/fuzz/run_fuzz.py): the broker's framer, the request
 header, record-batch validation, and the dispatcher with random bytes, schema-valid requests of
 every API/version and mutations of valid requests. Nothing may raise anything but the documented
 errors; the dispatcher answers or closes, and stays healthy."""
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exactly.protocol.framing import FrameDecoder, FrameError
+from exactly.protocol.framing import FrameError, Framer
 from exactly.protocol.header import HeaderError, parse_request_header
 from exactly.records.batch import InvalidRecordError, compute_crc, iter_batches, validate_produce_records
 from exactly.records.builder import Record, build_batch
@@ -32,6 +32,7 @@ from tests.fuzz.harness import (
     produce_seeds,
 )
 from tests.fuzz.kio_guard import would_abort
+from tests.support.framer import feed_chunks
 from tests.support.wire import WireClient
 
 pytestmark = pytest.mark.timeout(240)
@@ -41,13 +42,11 @@ FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(Heal
 # ------------------------------------------------------------------ pure decoders
 @FAST
 @given(st.lists(st.binary(max_size=64), max_size=20), st.integers(0, 200))
-def test_frame_decoder_yields_whole_frames_or_refuses(chunks: list[bytes], limit: int) -> None:
-    dec = FrameDecoder(max_frame_size=limit)
+def test_framer_yields_whole_frames_or_refuses(chunks: list[bytes], limit: int) -> None:
+    framer = Framer(max_frame_size=limit)
     data = b"".join(chunks)
-    got: list[bytes] = []
     try:
-        for c in chunks:
-            got.extend(dec.feed(c))
+        feed_chunks(framer, chunks)
     except FrameError:
         return
     # reference split of the same bytes
@@ -59,8 +58,7 @@ def test_frame_decoder_yields_whole_frames_or_refuses(chunks: list[bytes], limit
             break
         want.append(data[pos + 4 : pos + 4 + size])
         pos += 4 + size
-    assert got == want
-    assert dec.buffered == len(data) - pos
+    assert [bytes(f) for f in framer.frames] == want
 
 
 @FAST

@@ -1,39 +1,137 @@
-"""Frame decoder: whole frames in order, however the bytes are split; oversized frames refused."""
+"""The framer the broker runs: whole frames in order however the bytes are split, large frames
+in buffers of their own that are reused once answered, oversized and negative sizes refused."""
 
 from __future__ import annotations
 
+import random
 import struct
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.support.framer import feed, feed_chunks
 
-from exactly.protocol.framing import FrameDecoder, FrameError, frame
+from exactly.protocol.framing import (
+    FREE_BUFFERS,
+    FREE_BYTES,
+    LARGE_FRAME,
+    SMALL_BUFFER,
+    FrameError,
+    Framer,
+    frame,
+)
 from exactly.protocol.header import HeaderError, parse_request_header, response_header, skip_tagged_fields
 
 
 @given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(1, 50), min_size=1, max_size=20))
 def test_frames_survive_any_split(payloads: list[bytes], cuts: list[int]) -> None:
     stream = b"".join(frame(p) for p in payloads)
-    dec = FrameDecoder(1000)
-    got: list[bytes] = []
-    pos = 0
-    i = 0
+    framer = Framer(1000)
+    chunks, pos, i = [], 0, 0
     while pos < len(stream):
-        step = cuts[i % len(cuts)]
-        got += dec.feed(stream[pos : pos + step])
-        pos += step
+        chunks.append(stream[pos : pos + cuts[i % len(cuts)]])
+        pos += cuts[i % len(cuts)]
         i += 1
-    assert got == payloads
-    assert dec.buffered == 0
+    feed_chunks(framer, chunks)
+    assert [bytes(f) for f in framer.frames] == payloads
+    assert not framer.receiving_large
 
 
-def test_oversized_and_negative_frames_raise() -> None:
+@pytest.mark.parametrize("seed", range(5))
+def test_small_and_large_frames_in_order_for_any_split(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes = [
+        rng.choice([0, 1, 50, 1000, LARGE_FRAME - 1, LARGE_FRAME, SMALL_BUFFER + 5, 1_200_000])
+        for _ in range(30)
+    ]
+    payloads = [bytes([i % 251]) * s for i, s in enumerate(sizes)]
+    framer = Framer(10 * 1024 * 1024)
+    feed(framer, b"".join(frame(p) for p in payloads), rng)
+    assert [bytes(f) for f in framer.frames] == payloads
+    assert all(isinstance(f, bytearray) for f in framer.frames)  # writable: produce patches in place
+
+
+def test_a_frame_shares_no_memory_with_the_read_buffer() -> None:
+    framer = Framer()
+    feed_chunks(framer, [frame(b"first") + frame(b"second")[:3]])
+    first = framer.frames.popleft()
+    feed_chunks(framer, [frame(b"second")[3:] + frame(b"third")])
+    assert first == b"first" and [bytes(f) for f in framer.frames] == [b"second", b"third"]
+
+
+def test_oversized_and_negative_sizes_raise_and_the_framer_stays_broken() -> None:
+    framer = Framer(100)
+    feed_chunks(framer, [frame(b"x" * 100)])  # the limit itself is allowed
+    assert len(framer.frames) == 1
+    with pytest.raises(FrameError, match="101"):
+        feed_chunks(framer, [struct.pack(">i", 101)])
     with pytest.raises(FrameError):
-        FrameDecoder(100).feed(struct.pack(">i", 101))
-    with pytest.raises(FrameError):
-        FrameDecoder(100).feed(struct.pack(">i", -1))
-    assert FrameDecoder(100).feed(struct.pack(">i", 100)) == []
+        feed_chunks(framer, [frame(b"ok")])
+    with pytest.raises(FrameError, match="-1"):
+        feed_chunks(Framer(100), [struct.pack(">i", -1)])
+
+
+def test_a_large_frame_is_received_into_its_own_buffer() -> None:
+    framer = Framer()
+    payload = bytes(range(256)) * 1000
+    stream = frame(payload)
+    feed_chunks(framer, [stream[:1000]])
+    assert framer.receiving_large and not framer.frames
+    view = framer.get_buffer(-1)
+    assert len(view) == len(stream) - 1000  # exactly the rest of this frame
+    feed_chunks(framer, [stream[1000:]])
+    assert not framer.receiving_large and bytes(framer.frames.popleft()) == payload
+
+
+def test_spare_buffer_is_resized_and_filled_whole() -> None:
+    """A released buffer is reused for the next large frame, resized: it must come out whole,
+    byte for byte, whatever the size sequence."""
+    rng = random.Random(3)
+    framer = Framer(10 * 1024 * 1024)
+    sizes = [1_000_000, 990_000, 1_050_000, LARGE_FRAME, 1_000_000, 3_000_000, 200_000]
+    reused = 0
+    previous: set[int] = set()
+    for i, size in enumerate(sizes):
+        payload = bytes([(i * 37 + j) % 251 for j in range(251)]) * (size // 251) + b"x" * (size % 251)
+        feed(framer, frame(payload), rng)
+        got = framer.frames.popleft()
+        assert isinstance(got, bytearray) and bytes(got) == payload
+        reused += id(got) in previous
+        previous = {id(b) for b in framer._free} | {id(got)}
+        framer.release(got)  # as the connection does once the request is answered and unreferenced
+        del got
+    assert reused >= 3
+
+
+def test_released_buffers_are_taken_back_resized() -> None:
+    framer = Framer()
+    bufs = [bytearray(1_000_000 - i * 1000) for i in range(3)]
+    ids = {id(b) for b in bufs}
+    for b in bufs:
+        framer.release(b)
+    del bufs, b
+    for size in (990_000, 999_000, 1_000_500):  # each taken from the free-list, resized
+        buf = framer._large_buffer(size)
+        assert len(buf) == size and id(buf) in ids
+    assert framer._free == [] and framer._free_bytes == 0
+
+
+def test_free_list_is_bounded() -> None:
+    framer = Framer()
+    for i in range(FREE_BUFFERS + 3):
+        framer.release(bytearray(LARGE_FRAME + i * 1000))
+    assert len(framer._free) == FREE_BUFFERS
+    # the largest ones are kept
+    assert sorted(len(b) for b in framer._free) == [
+        LARGE_FRAME + i * 1000 for i in range(3, FREE_BUFFERS + 3)
+    ]
+    big = 3 * 1024 * 1024
+    for _ in range(4):
+        framer.release(bytearray(big))
+    assert framer._free_bytes <= FREE_BYTES
+    assert framer._free_bytes == sum(b.__alloc__() for b in framer._free)
+    framer.release(bytearray(LARGE_FRAME - 1))  # small frames live in the shared read buffer
+    assert all(len(b) >= LARGE_FRAME for b in framer._free)
 
 
 def test_request_header_parse_and_tagged_fields() -> None:

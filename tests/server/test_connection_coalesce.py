@@ -1,7 +1,7 @@
 """KafkaConnection gathers the responses of pipelined requests into one ``writelines`` but must
 keep them in request order, send what is done before a request that may park (a long-polling
-Fetch), skip requests without a response (acks=0), and keep answered large-frame buffers in a
-bounded free-list that later frames reuse."""
+Fetch), skip requests without a response (acks=0), and hand answered large-frame buffers back to
+the framer's free-list only when nothing else references them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from exactly.protocol.apis import ApiKey
+from exactly.protocol.framing import LARGE_FRAME, frame
 from exactly.server import connection as conn_mod
-from exactly.server.connection import FREE_BUFFERS, FREE_BYTES, LARGE_FRAME, KafkaConnection
+from exactly.server.connection import KafkaConnection
 
 
 @dataclass
@@ -55,6 +56,13 @@ def _request(key: int, tag: int, size: int = 16) -> bytearray:
     return bytearray(body + bytes(max(size - len(body), 0)))
 
 
+def _arrive(conn: KafkaConnection, payload: bytearray) -> None:
+    """``payload`` arrives from the socket in one read."""
+    data = frame(payload)
+    conn.get_buffer(-1)[: len(data)] = data
+    conn.buffer_updated(len(data))
+
+
 def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = None) -> tuple[Any, Any, list]:
     """A connection whose dispatch answers ``b"r<tag>"``, nothing for tag < 0 (acks=0), and
     parks Fetch requests on ``park``; returns (connection, transport, log of dispatch starts)."""
@@ -82,7 +90,7 @@ def test_pipelined_responses_are_written_together_in_order(monkeypatch: pytest.M
         task = conn._task = asyncio.get_running_loop().create_task(conn._process())
         await asyncio.sleep(0.01)
         assert transport.writes == [[b"r1", b"r2", b"r4"]]
-        conn._push(_request(ApiKey.METADATA, 5))  # arrives alone: answered alone
+        _arrive(conn, _request(ApiKey.METADATA, 5))  # arrives alone: answered alone
         await asyncio.sleep(0.01)
         assert transport.writes == [[b"r1", b"r2", b"r4"], [b"r5"]]
         conn.abort()
@@ -150,11 +158,11 @@ def test_answered_large_buffers_are_reused(monkeypatch: pytest.MonkeyPatch) -> N
         await asyncio.sleep(0.01)
         # large frames take long to handle: their answers are not held back for the next one
         assert transport.writes == [[b"r0"], [b"r1"], [b"r2"]]
-        assert {id(b) for b in conn._free} == ids  # all three were answered and kept
+        assert {id(b) for b in conn.framer._free} == ids  # all three were answered and kept
         for size in (990_000, 999_000, 1_000_500):  # each taken from the free-list, resized
-            buf = conn._large_buffer(size)
+            buf = conn.framer._large_buffer(size)
             assert len(buf) == size and id(buf) in ids
-        assert conn._free == [] and conn._free_bytes == 0
+        assert conn.framer._free == [] and conn.framer._free_bytes == 0
         conn.abort()
         await task
 
@@ -176,24 +184,8 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
         conn._frames.append(_request(ApiKey.PRODUCE, 1, 200_000))
         task = conn._task = asyncio.get_running_loop().create_task(conn._process())
         await asyncio.sleep(0.01)
-        assert conn._free == []
+        assert conn.framer._free == []
         conn.abort()
         await task
 
     asyncio.run(main())
-
-
-def test_free_list_is_bounded() -> None:
-    conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
-    for i in range(FREE_BUFFERS + 3):
-        conn._release(bytearray(LARGE_FRAME + i * 1000))
-    assert len(conn._free) == FREE_BUFFERS
-    # the largest ones are kept
-    assert sorted(len(b) for b in conn._free) == [LARGE_FRAME + i * 1000 for i in range(3, FREE_BUFFERS + 3)]
-    big = 3 * 1024 * 1024
-    for _ in range(4):
-        conn._release(bytearray(big))
-    assert conn._free_bytes <= FREE_BYTES
-    assert conn._free_bytes == sum(b.__alloc__() for b in conn._free)
-    conn._release(bytearray(LARGE_FRAME - 1))  # small frames live in the shared read buffer
-    assert all(len(b) >= LARGE_FRAME for b in conn._free)

@@ -1,4 +1,4 @@
-"""``exactly pipeline generate|run|verify``: the orders example on Spark (issue #4).
+"""``exactly pipeline generate|run|verify``: the orders example on Spark.
 
 * ``generate`` writes order-completed events (transactional by default, some transactions aborted
   on purpose - they must never be counted), creating the topics if needed.

@@ -65,8 +65,9 @@ class ApiKey(enum.IntEnum):
     LIST_TRANSACTIONS = 66
 
 
-# (min, max) versions the broker accepts. Only APIs with a registered handler are advertised
-# (see server.dispatch); this table caps versions to what the handlers implement.
+# (min, max) versions the broker accepts and ApiVersions advertises, capped to what the handlers
+# implement. Every key here has a handler and every handler a key: the handler registry
+# (exactly.server.handlers) refuses to import otherwise.
 VERSION_RANGES: dict[int, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 11),
     ApiKey.FETCH: (4, 12),
@@ -99,6 +100,11 @@ VERSION_RANGES: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
 }
+
+
+def supported_apis() -> list[tuple[int, tuple[int, int]]]:
+    """(api key, (min, max)) of every API we speak, by key: what ApiVersions advertises."""
+    return [(int(k), VERSION_RANGES[k]) for k in sorted(VERSION_RANGES)]
 
 
 @dataclass(frozen=True, slots=True)

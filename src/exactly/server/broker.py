@@ -1,6 +1,6 @@
 """The broker: state shared by every connection, and the asyncio listener around it.
 
-Process model (design-sketch.md): one asyncio loop; storage, producer state and coordinators are
+Process model: one asyncio loop; storage, producer state and coordinators are
 plain synchronous objects called from it, so appends to one partition are serialised by
 construction. The loop only awaits socket I/O, long-poll waits and timers.
 
@@ -14,48 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
+from exactly.server.connection import KafkaConnection
+from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
+from exactly.server.prometheus import METRICS_HOST, start_metrics
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
+from exactly.topics import INTERNAL_TOPICS, topic_name_error
 from exactly.types import TopicPartition
 
-if TYPE_CHECKING:
-    from exactly.server.connection import KafkaConnection
-
 log = logging.getLogger("exactly.broker")
-
-LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-MAX_TOPIC_LENGTH = 249
-INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state")
-
-
-def topic_name_error(name: str) -> str | None:
-    """Kafka's Topic.validate: why ``name`` is not a legal topic name, or None."""
-    if not name:
-        return "Topic name is illegal, it can't be empty"
-    if name in (".", ".."):
-        return 'Topic name cannot be "." or ".."'
-    if len(name) > MAX_TOPIC_LENGTH:
-        return f"Topic name is illegal, it can't be longer than {MAX_TOPIC_LENGTH} characters"
-    if not LEGAL_TOPIC.match(name):
-        return (
-            f"Topic name {name!r} is illegal, it contains a character other than ASCII "
-            "alphanumerics, '.', '_' and '-'"
-        )
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,58 +53,20 @@ def parse_listener(value: str) -> Endpoint:
     return Endpoint(host.strip("[]"), int(port))
 
 
-class AppendWaiters:
-    """Long-polling fetches park here until one of their partitions gets data.
-
-    A parked fetch is a bare future plus one ``loop.call_at`` timer: ``asyncio.wait_for`` would
-    add a Task and a second future per wait, which showed up in the 1,000 msg/s latency profile
-    (every record wakes the consumer's parked Fetch). ``notify`` runs after every append, so it
-    returns before hashing anything when no fetch is parked (the usual case while producing)."""
-
-    def __init__(self) -> None:
-        self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
-
-    async def wait(self, tps: Iterable[TopicPartition], timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        keys = list(tps)
-        waiters = self._waiters
-        for tp in keys:
-            parked = waiters.get(tp)
-            if parked is None:
-                waiters[tp] = {fut}
-            else:
-                parked.add(fut)
-        timer = loop.call_at(loop.time() + timeout_s, _wake, fut)
-        try:
-            await fut
-        finally:
-            timer.cancel()
-            for tp in keys:
-                parked = waiters.get(tp)
-                if parked is not None:
-                    parked.discard(fut)
-                    if not parked:
-                        del waiters[tp]
-
-    def notify(self, tp: TopicPartition) -> None:
-        if not self._waiters:
-            return
-        parked = self._waiters.get(tp)
-        if not parked:
-            return
-        for fut in parked:
-            if not fut.done():
-                fut.set_result(None)
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    """Timer callback of a parked fetch: its max_wait is over."""
-    if not fut.done():
-        fut.set_result(None)
-
-
 class Broker:
+    """One broker process's shared state; handlers receive it with every request.
+
+    Owns: the LogManager (every partition's log and producer state), the metrics, the parked
+    fetches (``waiters``), the producer-id block manager, the internal-topic window and the two
+    coordinator runtimes (groups, transactions), the listening server, the set of open
+    connections, and the background tasks (maintenance, idle-connection reaper, metrics
+    endpoint, coordinator timers).
+
+    Lifecycle: ``open`` (recover the data directory; nothing listens yet) -> ``start`` (load the
+    coordinators from their internal topics, bind, start the tasks) -> ``shutdown`` (stop
+    accepting, abort connections, cancel the tasks, close the log manager). ``shutdown`` is
+    idempotent; a broker is not restarted, a new one is opened on the same directory."""
+
     def __init__(self, config: BrokerConfig, data_dir: Path, logs: LogManager) -> None:
         self.config = config
         self.data_dir = data_dir
@@ -185,9 +125,6 @@ class Broker:
 
     # ---- lifecycle --------------------------------------------------------------------------
     async def start(self) -> Endpoint:
-        from exactly.server.connection import KafkaConnection
-        from exactly.server.prometheus import METRICS_HOST, start_metrics
-
         self.groups.load()
         self.txn.load()
         loop = asyncio.get_running_loop()

@@ -5,15 +5,12 @@ sent), so pipelined requests (librdkafka keeps up to 5 in flight) are read ahead
 answered in order. A long-polling Fetch therefore delays later requests on the same connection,
 exactly as in Kafka; clients use separate connections where that matters.
 
-Receiving without copies: the connection is an ``asyncio.BufferedProtocol``. Small frames are
-read into a reusable buffer and copied out once; a large frame (a produce request) gets a
-bytearray of its exact size and the kernel writes its body straight into it. That bytearray is
-the request: the produce path patches offsets inside it and writes it to the segment. Once the
-request is answered and nothing references the bytearray any more, it goes to a small free-list
-(FREE_BUFFERS buffers, FREE_BYTES in all) that later large frames take from, resized within
-their allocation: no new zero-filled megabyte per produce request. A list rather than one spare
-because librdkafka pipelines up to 5 produce requests, so the next frame usually starts arriving
-before the previous one is answered.
+Receiving goes through the sans-IO framer (exactly.protocol.framing): this class is an
+``asyncio.BufferedProtocol`` whose ``get_buffer``/``buffer_updated`` hand the socket's bytes to
+it, so the kernel writes a large frame's body straight into the bytearray that becomes the
+request. Each request goes to the dispatcher (exactly.server.dispatch); once it is answered and
+nothing references a large frame's buffer any more, the buffer goes back to the framer's
+free-list for a later large frame.
 
 Sending: each response costs a ``send()``, and on loopback that syscall also runs the client's
 TCP input and wakes its thread. When small pipelined requests are already queued, their
@@ -26,85 +23,57 @@ in flight, measured as -15% MB/s with confluent-kafka) and before any request th
 delays an answer that is already done.
 
 What closes a connection (each with a log line, as Kafka does): a frame over
-socket.request.max.bytes (or a negative size), an unparseable header, an unknown API key, a
-non-ApiVersions request at a version we do not speak, a body the schema cannot parse. Everything
-else gets an error code in a response. A failure inside a handler is logged and the connection
+socket.request.max.bytes or with a negative size (the framer), and whatever the dispatcher
+raises CloseConnection for (see there). A failure inside a handler is logged and the connection
 closed; the broker and its other connections are unaffected.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import struct
 import sys
 import time
 import typing
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kio.schema.errors import ErrorCode
-
-from exactly.protocol.apis import VERSION_RANGES, ApiKey, ApiSchema, build, encode_response, schema
-from exactly.protocol.framing import frame
-from exactly.protocol.guard import overlong_array, without_unknown_tags
-from exactly.protocol.header import (
-    HeaderError,
-    RequestHeader,
-    parse_request_header,
-    response_header,
-    skip_tagged_fields,
-)
-from exactly.server.handlers import HANDLERS, PARSERS
+from exactly.protocol.apis import ApiKey
+from exactly.protocol.framing import LARGE_FRAME, FrameError, Framer
+from exactly.server.dispatch import CloseConnection, dispatch
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
 
 log = logging.getLogger("exactly.connection")
 
-SMALL_BUFFER = 256 * 1024
-LARGE_FRAME = 64 * 1024  # frames at least this big are received into their own buffer
-SPARE_MAX = 4 * 1024 * 1024  # largest answered frame buffer kept for reuse
-FREE_BUFFERS = 5  # answered large-frame buffers kept (librdkafka's max.in.flight)
-FREE_BYTES = 8 * 1024 * 1024  # and at most this many bytes of them
 PENDING_MAX_BYTES = 4 * 1024 * 1024  # gathered response bytes that force a write
 # APIs whose handlers never await (answered within the dispatch call): the only ones handled
 # while earlier responses are held back for a combined write
 NEVER_WAIT = frozenset({ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.API_VERSIONS})
 MAX_QUEUED_FRAMES = 32  # read-ahead before we stop reading the socket
 WRITE_HIGH_WATER = 8 * 1024 * 1024
-_SIZE = struct.Struct(">i")
-
-
-class CloseConnection(Exception):
-    """Raised by the dispatcher when Kafka would close the connection."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestContext:
-    header: RequestHeader
-    api: ApiSchema
-    peer: str
-
-    @property
-    def version(self) -> int:
-        return self.header.api_version
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
+    """One accepted socket, from ``connection_made`` to ``connection_lost``.
+
+    Owns: the transport, the framer (read buffers, queued whole frames, the free-list of
+    large-frame buffers), the task that handles the queued frames one at a time (``_process``),
+    the read-ahead and write back-pressure state, and the idle-tracking fields the broker's
+    reaper reads (``last_active``, ``in_request``).
+
+    Lifecycle: ``connection_made`` registers it in ``broker.connections`` and starts the task ->
+    requests are handled until the peer closes, a frame or request makes Kafka close it
+    (``_close``: log line, then ``transport.close()`` after the queued writes), it idles out
+    (``close_idle``) or the broker shuts down (``abort``: no flushing) -> ``connection_lost``
+    unregisters it and cancels the task. ``_closing`` only ever goes from False to True."""
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self._buf = bytearray(SMALL_BUFFER)
-        self._start = 0
-        self._end = 0
-        self._large: bytearray | None = None
-        self._large_filled = 0
-        self._free: list[bytearray] = []  # answered large frames' buffers, free for reuse
-        self._free_bytes = 0
-        self._frames: collections.deque[bytearray] = collections.deque()
+        self.framer = Framer(broker.max_request_size)
+        self._frames = self.framer.frames  # whole frames not yet handled, in arrival order
         self._wakeup: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -131,22 +100,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._task.cancel()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._large is not None:
-            return memoryview(self._large)[self._large_filled :]
-        if self._end == len(self._buf):
-            self._compact()
-        return memoryview(self._buf)[self._end :]
+        return self.framer.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_active = time.monotonic()
-        if self._large is not None:
-            self._large_filled += nbytes
-            if self._large_filled == len(self._large):
-                self._push(self._large)
-                self._large = None
+        frames = self._frames
+        queued = len(frames)
+        try:
+            self.framer.buffer_updated(nbytes)
+        except FrameError as exc:
+            self._close(str(exc))
             return
-        self._end += nbytes
-        self._split_frames()
+        if len(frames) == queued:
+            return
+        if len(frames) >= MAX_QUEUED_FRAMES and not self._paused_reading and self.transport is not None:
+            self.transport.pause_reading()
+            self._paused_reading = True
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
@@ -155,92 +126,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
-
-    # ---- framing ------------------------------------------------------------------------------
-    def _compact(self) -> None:
-        remaining = self._end - self._start
-        if self._start:
-            self._buf[0:remaining] = self._buf[self._start : self._end]
-        self._start, self._end = 0, remaining
-
-    def _split_frames(self) -> None:
-        buf = self._buf
-        max_size = self.broker.max_request_size
-        while self._end - self._start >= 4:
-            size = _SIZE.unpack_from(buf, self._start)[0]
-            if size < 0 or size > max_size:
-                self._close(f"frame size {size} outside [0, {max_size}] (socket.request.max.bytes)")
-                return
-            body = self._start + 4
-            available = self._end - body
-            if available >= size:
-                self._push(buf[body : body + size])
-                self._start = body + size
-                continue
-            if size >= LARGE_FRAME or size + 4 > len(buf):
-                large = self._large_buffer(size)
-                large[:available] = memoryview(buf)[body : self._end]
-                self._large, self._large_filled = large, available
-                self._start = self._end = 0
-                return
-            break
-        if self._start == self._end:
-            self._start = self._end = 0
-        elif self._start > len(buf) // 2:
-            self._compact()
-
-    def _large_buffer(self, size: int) -> bytearray:
-        """A bytearray of exactly ``size`` bytes for a large frame. A free buffer whose allocation
-        holds ``size`` at least half full is resized in place (CPython moves neither shrinking
-        nor growing within the allocation; the tightest such buffer is taken); else the largest
-        one grows when that stays within CPython's 1/8 over-allocation; else a new bytearray,
-        which costs a zero fill of ``size`` and, from fresh memory, a page fault per 4 KB."""
-        free = self._free
-        fit = grow = -1  # tightest buffer holding size; largest one short of it
-        for i, buf in enumerate(free):
-            cap = buf.__alloc__() - 1
-            if cap >= size:
-                if size >= cap // 2 and (fit < 0 or cap < free[fit].__alloc__() - 1):
-                    fit = i
-            elif grow < 0 or cap > free[grow].__alloc__() - 1:
-                grow = i
-        if fit < 0 and grow >= 0 and size - len(free[grow]) <= len(free[grow]) // 8:
-            fit = grow
-        if fit < 0:
-            return bytearray(size)
-        buf = free.pop(fit)
-        self._free_bytes -= buf.__alloc__()
-        n = len(buf)
-        if n >= size:
-            del buf[size:]
-        else:
-            buf.extend(bytes(size - n))
-        return buf
-
-    def _release(self, payload: bytearray) -> None:
-        """Offer an answered frame's buffer to the free-list (the caller has checked that nothing
-        else references it). When the list is full, a larger buffer replaces the smallest one:
-        big produce frames are the ones worth keeping."""
-        if len(payload) < LARGE_FRAME or len(payload) > SPARE_MAX:
-            return
-        free = self._free
-        n = payload.__alloc__()
-        while free and (len(free) >= FREE_BUFFERS or self._free_bytes + n > FREE_BYTES):
-            smallest = min(range(len(free)), key=lambda i: free[i].__alloc__())
-            if free[smallest].__alloc__() >= n:
-                return
-            self._free_bytes -= free.pop(smallest).__alloc__()
-        if self._free_bytes + n <= FREE_BYTES:
-            free.append(payload)
-            self._free_bytes += n
-
-    def _push(self, payload: bytearray) -> None:
-        self._frames.append(payload)
-        if len(self._frames) >= MAX_QUEUED_FRAMES and not self._paused_reading and self.transport is not None:
-            self.transport.pause_reading()
-            self._paused_reading = True
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
 
     def _close(self, reason: str, level: int = logging.WARNING) -> None:
         if not self._closing:
@@ -256,6 +141,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         transport = self.transport
         assert transport is not None
         frames = self._frames
+        release = self.framer.release
         pending: list[Any] = []  # responses held back for one combined write, in request order
         pending_bytes = 0
         try:
@@ -291,7 +177,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 # nothing but this frame's local holds the buffer (a memoryview into it would
                 # count): reuse it for a later large frame
                 if len(payload) >= LARGE_FRAME and sys.getrefcount(payload) == 2:
-                    self._release(payload)
+                    release(payload)
                 if chunks is None or self._closing:
                     continue
                 pending.extend(chunks)
@@ -312,7 +198,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def idle_for(self, now: float) -> float:
         """Seconds without a byte received or a request answered; 0 while a request is being
         handled or is queued (Kafka counts any channel activity; ours is request-granular)."""
-        if self.in_request or self._frames or self._large is not None:
+        if self.in_request or self._frames or self.framer.receiving_large:
             return 0.0
         return now - self.last_active
 
@@ -332,89 +218,3 @@ class KafkaConnection(asyncio.BufferedProtocol):
 def _api_key(payload: bytearray) -> int:
     """The API key of a request frame (-1 when too short: dispatch closes the connection)."""
     return (payload[0] << 8 | payload[1]) if len(payload) >= 2 else -1
-
-
-def _api_versions_unsupported(header: RequestHeader) -> list[bytes]:
-    """Kafka answers an ApiVersions request of an unknown version with a v0 response carrying
-    UNSUPPORTED_VERSION and the supported ranges, so the client can retry with one it knows."""
-    api = schema(ApiKey.API_VERSIONS, 0)
-    mod = api.response_module
-    body = build(
-        api.response_type,
-        error_code=ErrorCode.unsupported_version,
-        api_keys=tuple(
-            build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
-            for k, (lo, hi) in supported_apis()
-        ),
-    )
-    return [frame(response_header(header.correlation_id, False) + encode_response(api, body))]
-
-
-def supported_apis() -> list[tuple[int, tuple[int, int]]]:
-    return [(int(k), VERSION_RANGES[k]) for k in sorted(HANDLERS) if k in VERSION_RANGES]
-
-
-def _read_kio(api: Any, payload: bytearray, pos: int) -> Any:
-    """Parse a request body with kio, skipping tagged fields its schema does not know (Kafka
-    skips them; kio raises KeyError). kio's native reader refuses writable buffers, hence the
-    copy; these are the small, rare requests."""
-    try:
-        request, _size = api.read_request(bytes(payload), pos)
-    except KeyError:
-        stripped = without_unknown_tags(api.request_type, payload, pos)
-        if stripped is None:
-            raise
-        request, _size = api.read_request(stripped, 0)
-    return request
-
-
-async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] | None:
-    """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
-    response). Raises CloseConnection where Kafka closes the connection."""
-    try:
-        header, pos = parse_request_header(payload)
-    except HeaderError as exc:
-        raise CloseConnection(f"malformed request header: {exc}") from None
-    key = header.api_key
-    broker.metrics.requests[key] += 1
-    handler = HANDLERS.get(key)
-    if handler is None:
-        raise CloseConnection(f"unknown or unsupported API key {key}")
-    lo, hi = VERSION_RANGES[key]
-    if not lo <= header.api_version <= hi:
-        if key == ApiKey.API_VERSIONS:
-            broker.metrics.error(key, ErrorCode.unsupported_version)
-            return _api_versions_unsupported(header)
-        raise CloseConnection(
-            f"API {ApiKey(key).name} version {header.api_version} is not supported (supported {lo}-{hi})"
-        )
-    api = schema(key, header.api_version)
-    try:
-        if api.request_flexible:
-            pos = skip_tagged_fields(payload, pos)
-        parser = PARSERS.get(key)
-        request: Any
-        if parser is not None:
-            request = parser(payload, pos, header.api_version)
-        else:
-            overlong = overlong_array(api.request_type, payload, pos)
-            if overlong is not None:  # kio would reserve memory for it and abort the process
-                raise ValueError(f"malformed request: {overlong}")
-            request = _read_kio(api, payload, pos)
-    except Exception as exc:  # any decode failure of client bytes
-        raise CloseConnection(
-            f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
-        ) from None
-    ctx = RequestContext(header, api, peer)
-    response = await handler(broker, ctx, request)
-    if response is None:  # acks=0 produce
-        return None
-    flexible = api.response_flexible and key != ApiKey.API_VERSIONS
-    head = response_header(header.correlation_id, flexible)
-    if isinstance(response, list):  # hand-encoded chunks (fetch)
-        size = len(head) + sum(len(c) for c in response)
-        broker.metrics.bytes_out += size + 4
-        return [_SIZE.pack(size) + head, *response]
-    body = response if isinstance(response, bytes | bytearray) else encode_response(api, response)
-    broker.metrics.bytes_out += len(head) + len(body) + 4
-    return [_SIZE.pack(len(head) + len(body)) + head, body]

@@ -34,7 +34,7 @@ from exactly.coordinator.result import CoordinatorResult, RequestToken
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.coordinator_runtime import CoordinatorRuntime
-from exactly.server.internal_topics import OFFSETS_TOPIC
+from exactly.topics import CONSUMER_OFFSETS_TOPIC
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -74,7 +74,7 @@ class GroupRuntime:
         cfg = broker.config
         # Kafka maps groups onto the partitions the offsets topic really has; the config only
         # decides the count when the topic is created.
-        existing = broker.logs.topic(OFFSETS_TOPIC)
+        existing = broker.logs.topic(CONSUMER_OFFSETS_TOPIC)
         partitions = (
             existing.partitions if existing is not None else cfg.get_int("offsets.topic.num.partitions")
         )
@@ -89,7 +89,7 @@ class GroupRuntime:
             )
         )
         self.runtime = CoordinatorRuntime(
-            "groups", OFFSETS_TOPIC, broker.internal, self.coordinator, skip_bad_records=True
+            "groups", CONSUMER_OFFSETS_TOPIC, broker.internal, self.coordinator, skip_bad_records=True
         )
         self.runtime.every(
             "group-offset-expiration",
@@ -111,7 +111,7 @@ class GroupRuntime:
                 "loaded %d groups from %d records of %s",
                 len(self.coordinator.groups),
                 stats.records,
-                OFFSETS_TOPIC,
+                CONSUMER_OFFSETS_TOPIC,
             )
 
     def start_tasks(self) -> list[asyncio.Task[None]]:
@@ -150,6 +150,6 @@ class GroupRuntime:
             log.warning(
                 "offset expiration could not write to %d %s partitions; retrying next run",
                 stats.failed_appends,
-                OFFSETS_TOPIC,
+                CONSUMER_OFFSETS_TOPIC,
             )
         return stats

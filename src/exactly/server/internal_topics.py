@@ -30,6 +30,7 @@ from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.log_manager import TopicExistsError, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import AppendOrigin, ProducerStateError
+from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exactly.internal")
 
-OFFSETS_TOPIC = "__consumer_offsets"
-TRANSACTION_STATE_TOPIC = "__transaction_state"
 REPLAY_CHUNK = 4 * 1024 * 1024
 
 
@@ -75,7 +74,7 @@ class InternalTopics:
 
     # ---- topics -----------------------------------------------------------------------------
     def partitions_of(self, name: str) -> int:
-        if name == OFFSETS_TOPIC:
+        if name == CONSUMER_OFFSETS_TOPIC:
             return self.broker.config.get_int("offsets.topic.num.partitions")
         return self.broker.config.get_int("transaction.state.log.num.partitions")
 
@@ -84,7 +83,9 @@ class InternalTopics:
         if info is not None:
             return info
         segment_key = (
-            "offsets.topic.segment.bytes" if name == OFFSETS_TOPIC else "transaction.state.log.segment.bytes"
+            "offsets.topic.segment.bytes"
+            if name == CONSUMER_OFFSETS_TOPIC
+            else "transaction.state.log.segment.bytes"
         )
         overrides = {
             "cleanup.policy": "compact",

@@ -13,6 +13,8 @@ from collections import Counter
 
 from kio.schema.errors import ErrorCode
 
+from exactly.protocol.apis import ApiKey
+
 log = logging.getLogger("exactly.metrics")
 
 
@@ -62,8 +64,6 @@ class Metrics:
 
 def api_name(api_key: int) -> str:
     """Kafka's request name of an API key (``FindCoordinator``), or the number."""
-    from exactly.protocol.apis import ApiKey
-
     try:
         return ApiKey(api_key).name.title().replace("_", "")
     except ValueError:

@@ -48,7 +48,8 @@ from exactly.coordinator.txn.effects import WriteMarkers
 from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
 from exactly.server.coordinator_runtime import CoordinatorRuntime
-from exactly.server.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, AppendFailed
+from exactly.server.internal_topics import AppendFailed
+from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -166,7 +167,7 @@ class TxnRuntime:
                 log.error("marker for %s on %s failed, will retry: %s", markers.transactional_id, tp, exc)
                 ok = False
                 continue
-            if written and tp.topic == OFFSETS_TOPIC:
+            if written and tp.topic == CONSUMER_OFFSETS_TOPIC:
                 self.broker.groups.on_marker(tp.partition, markers.producer_id, commit)
         return ok
 

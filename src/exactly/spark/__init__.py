@@ -1,4 +1,4 @@
-"""PySpark connectors for Kafka-compatible brokers: the ``exactly`` format (issue #4).
+"""PySpark connectors for Kafka-compatible brokers: the ``exactly`` format.
 
 * ``datasource.py`` - the DataSource registered as ``format("exactly")``
 * ``options.py`` - option parsing (names as Spark's Kafka connector)

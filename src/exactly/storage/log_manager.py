@@ -60,6 +60,7 @@ from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import OffsetOutOfRangeError, PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from exactly.topics import topic_name_error
 from exactly.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 DELETE_RECORDS_HIGH_WATERMARK = -1  # DeleteRecords offset meaning "up to the high watermark"
 CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
 DEFAULT_CHECKPOINT_INTERVAL_MS = 60_000  # Kafka's log.flush.offset.checkpoint.interval.ms
-MAX_TOPIC_NAME_LENGTH = 249
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 
@@ -107,15 +106,10 @@ class TopicInfo:
 
 
 def validate_topic_name(name: str) -> None:
-    """Kafka's Topic.validate: 1..249 chars of [a-zA-Z0-9._-], not '.' or '..'."""
-    if not name or name in (".", ".."):
-        raise InvalidTopicError(f"Topic name {name!r} is illegal")
-    if len(name) > MAX_TOPIC_NAME_LENGTH:
-        raise InvalidTopicError(f"Topic name {name!r} is longer than {MAX_TOPIC_NAME_LENGTH} characters")
-    if not _LEGAL_TOPIC.match(name):
-        raise InvalidTopicError(
-            f"Topic name {name!r} contains characters other than ASCII alphanumerics, '.', '_', '-'"
-        )
+    """Kafka's Topic.validate (exactly.topics): 1..249 chars of [a-zA-Z0-9._-], not '.' or '..'."""
+    problem = topic_name_error(name)
+    if problem is not None:
+        raise InvalidTopicError(problem)
 
 
 def new_cluster_id() -> str:

@@ -42,10 +42,9 @@ from dataclasses import dataclass
 
 from exactly.coordinator.txn.metadata import TxnTransitMetadata
 from exactly.coordinator.txn.state import TransactionState
+from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from exactly.types import NO_PRODUCER_EPOCH, ProducerEpoch, ProducerId, TopicPartition
 
-TRANSACTION_STATE_TOPIC = "__transaction_state"
-CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 DEFAULT_NUM_PARTITIONS = 50
 
 KEY_VERSION = 0

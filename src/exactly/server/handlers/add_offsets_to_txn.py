@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.server.clock import now_ms
-from exactly.server.internal_topics import OFFSETS_TOPIC
+from exactly.topics import CONSUMER_OFFSETS_TOPIC
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.ADD_OFFSETS_TO_TXN
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    broker.internal.ensure(OFFSETS_TOPIC)
+    broker.internal.ensure(CONSUMER_OFFSETS_TOPIC)
     step = broker.txn.coordinator.add_offsets_to_txn(
         request.transactional_id,
         request.producer_id,

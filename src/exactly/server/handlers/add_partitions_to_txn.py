@@ -21,7 +21,7 @@ from exactly.types import TopicPartition
 if TYPE_CHECKING:
     from exactly.coordinator.txn.effects import AddPartitionsResult
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.ADD_PARTITIONS_TO_TXN
 

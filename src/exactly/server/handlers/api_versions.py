@@ -6,18 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from exactly.protocol.apis import ApiKey, build
+from exactly.protocol.apis import ApiKey, build, supported_apis
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.API_VERSIONS
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    from exactly.server.connection import supported_apis
-
     mod = ctx.api.response_module
     return build(
         ctx.api.response_type,

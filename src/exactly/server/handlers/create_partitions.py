@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import INTERNAL_TOPICS
+from exactly.topics import INTERNAL_TOPICS
 from exactly.server.clock import now_ms
 from exactly.storage.log_manager import InvalidPartitionsError, UnknownTopicError
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.CREATE_PARTITIONS
 

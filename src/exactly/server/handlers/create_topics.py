@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import topic_name_error
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.log_manager import TopicExistsError, TopicInfo
+from exactly.topics import topic_name_error
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.CREATE_TOPICS
 

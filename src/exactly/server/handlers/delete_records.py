@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import INTERNAL_TOPICS
+from exactly.topics import INTERNAL_TOPICS
 from exactly.storage.log_manager import PolicyViolationError, UnknownTopicError
 from exactly.storage.partition_log import OffsetOutOfRangeError
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 log = logging.getLogger(__name__)
 

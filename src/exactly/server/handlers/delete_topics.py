@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.broker import INTERNAL_TOPICS
 from exactly.storage.log_manager import UnknownTopicError
+from exactly.topics import INTERNAL_TOPICS
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.DELETE_TOPICS
 

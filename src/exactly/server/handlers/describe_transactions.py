@@ -10,7 +10,7 @@ from exactly.protocol.apis import ApiKey, build
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.DESCRIBE_TRANSACTIONS
 

@@ -27,7 +27,7 @@ from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.FETCH
 

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.internal_topics import OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, AppendFailed
+from exactly.server.internal_topics import AppendFailed
+from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.FIND_COORDINATOR
 MIN_BATCHED_VERSION = 4
-KEY_TYPE_TOPICS = {0: OFFSETS_TOPIC, 1: TRANSACTION_STATE_TOPIC}
+KEY_TYPE_TOPICS = {0: CONSUMER_OFFSETS_TOPIC, 1: TRANSACTION_STATE_TOPIC}
 INVALID_REQUEST_MESSAGE = (
     "This most likely occurs because of a request being malformed by the client library or the "
     "message was sent to an incompatible broker. See the broker logs for more details."

@@ -17,7 +17,7 @@ from exactly.records.builder import decode_batch
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
     from exactly.storage.partition_log import PartitionLog
 
 API_KEY = ApiKey.LIST_OFFSETS

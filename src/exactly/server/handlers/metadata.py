@@ -22,11 +22,11 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.protocol.header import read_uvarint, skip_tagged_fields
-from exactly.server.broker import INTERNAL_TOPICS, topic_name_error
+from exactly.topics import INTERNAL_TOPICS, topic_name_error
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.METADATA
 

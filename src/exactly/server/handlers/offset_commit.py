@@ -24,7 +24,7 @@ from exactly.server.group_runtime import millis
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.OFFSET_COMMIT
 

@@ -27,16 +27,16 @@ from exactly.protocol.fast import (
     parse_produce_request,
 )
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
-from exactly.server.broker import INTERNAL_TOPICS
 from exactly.server.clock import now_ms
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import AppendResult, PartitionLog
 from exactly.storage.producer_state import ProducerStateError
+from exactly.topics import INTERNAL_TOPICS
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.PRODUCE
 parse_request = parse_produce_request  # records stay memoryviews into the frame

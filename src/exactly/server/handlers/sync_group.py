@@ -21,7 +21,7 @@ from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.SYNC_GROUP
 

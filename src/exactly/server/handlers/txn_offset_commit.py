@@ -26,7 +26,7 @@ from exactly.server.handlers.offset_commit import (
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.TXN_OFFSET_COMMIT
 

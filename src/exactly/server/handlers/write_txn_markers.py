@@ -14,12 +14,13 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.records.control import ControlType
-from exactly.server.internal_topics import OFFSETS_TOPIC, AppendFailed
+from exactly.server.internal_topics import AppendFailed
+from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.connection import RequestContext
+    from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.WRITE_TXN_MARKERS
 
@@ -40,7 +41,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                         tp, result, marker.producer_id, marker.producer_epoch, marker.coordinator_epoch
                     ):
                         code = ErrorCode.unknown_topic_or_partition
-                    elif tp.topic == OFFSETS_TOPIC:
+                    elif tp.topic == CONSUMER_OFFSETS_TOPIC:
                         broker.groups.on_marker(p, marker.producer_id, result is ControlType.COMMIT)
                 except AppendFailed as exc:
                     code = exc.error_code

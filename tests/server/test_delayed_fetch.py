@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from exactly.server.broker import AppendWaiters
+from exactly.server.delayed_fetch import AppendWaiters
 from exactly.types import TopicPartition
 
 A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)

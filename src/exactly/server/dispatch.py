@@ -1,0 +1,149 @@
+"""Request dispatch: one request frame in, its response chunks out (or a reason to close).
+
+The connection (exactly.server.connection) hands every whole frame to ``dispatch``, one at a
+time in arrival order. Dispatch parses the request header, checks the API and version against
+the supported-API table (exactly.protocol.apis, the same table ApiVersions advertises), parses
+the body (a handler's own hand-written parser for the hot APIs, kio for the rest, behind the
+guard against array lengths that would make kio's native reader abort the process), calls the
+handler and frames its response. It holds no state of its own; what it touches is the broker's.
+
+What Kafka answers by closing the connection raises CloseConnection (the connection logs the
+reason and closes): an unparseable header, an unknown API key, a non-ApiVersions request at a
+version we do not speak, a body the schema cannot parse. An ApiVersions request of an unknown
+version is answered with a v0 response carrying UNSUPPORTED_VERSION and the supported ranges.
+Everything else gets an error code inside a response, chosen by the handler.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import (
+    VERSION_RANGES,
+    ApiKey,
+    ApiSchema,
+    build,
+    encode_response,
+    schema,
+    supported_apis,
+)
+from exactly.protocol.framing import frame
+from exactly.protocol.guard import overlong_array, without_unknown_tags
+from exactly.protocol.header import (
+    HeaderError,
+    RequestHeader,
+    parse_request_header,
+    response_header,
+    skip_tagged_fields,
+)
+from exactly.server.handlers import HANDLERS, PARSERS
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+
+_SIZE = struct.Struct(">i")
+
+
+class CloseConnection(Exception):
+    """Raised by the dispatcher when Kafka would close the connection; the message is the reason
+    the connection logs."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a handler knows about its request besides the body: the parsed header, the schema of
+    the request's (api, version), and the peer address (for log lines)."""
+
+    header: RequestHeader
+    api: ApiSchema
+    peer: str
+
+    @property
+    def version(self) -> int:
+        return self.header.api_version
+
+
+def _api_versions_unsupported(header: RequestHeader) -> list[bytes]:
+    """Kafka answers an ApiVersions request of an unknown version with a v0 response carrying
+    UNSUPPORTED_VERSION and the supported ranges, so the client can retry with one it knows."""
+    api = schema(ApiKey.API_VERSIONS, 0)
+    mod = api.response_module
+    body = build(
+        api.response_type,
+        error_code=ErrorCode.unsupported_version,
+        api_keys=tuple(
+            build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
+            for k, (lo, hi) in supported_apis()
+        ),
+    )
+    return [frame(response_header(header.correlation_id, False) + encode_response(api, body))]
+
+
+def _read_kio(api: Any, payload: bytearray, pos: int) -> Any:
+    """Parse a request body with kio, skipping tagged fields its schema does not know (Kafka
+    skips them; kio raises KeyError). kio's native reader refuses writable buffers, hence the
+    copy; these are the small, rare requests."""
+    try:
+        request, _size = api.read_request(bytes(payload), pos)
+    except KeyError:
+        stripped = without_unknown_tags(api.request_type, payload, pos)
+        if stripped is None:
+            raise
+        request, _size = api.read_request(stripped, 0)
+    return request
+
+
+async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] | None:
+    """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
+    response). Raises CloseConnection where Kafka closes the connection."""
+    try:
+        header, pos = parse_request_header(payload)
+    except HeaderError as exc:
+        raise CloseConnection(f"malformed request header: {exc}") from None
+    key = header.api_key
+    broker.metrics.requests[key] += 1
+    handler = HANDLERS.get(key)
+    if handler is None:
+        raise CloseConnection(f"unknown or unsupported API key {key}")
+    lo, hi = VERSION_RANGES[key]
+    if not lo <= header.api_version <= hi:
+        if key == ApiKey.API_VERSIONS:
+            broker.metrics.error(key, ErrorCode.unsupported_version)
+            return _api_versions_unsupported(header)
+        raise CloseConnection(
+            f"API {ApiKey(key).name} version {header.api_version} is not supported (supported {lo}-{hi})"
+        )
+    api = schema(key, header.api_version)
+    try:
+        if api.request_flexible:
+            pos = skip_tagged_fields(payload, pos)
+        parser = PARSERS.get(key)
+        request: Any
+        if parser is not None:
+            request = parser(payload, pos, header.api_version)
+        else:
+            overlong = overlong_array(api.request_type, payload, pos)
+            if overlong is not None:  # kio would reserve memory for it and abort the process
+                raise ValueError(f"malformed request: {overlong}")
+            request = _read_kio(api, payload, pos)
+    except Exception as exc:  # any decode failure of client bytes
+        raise CloseConnection(
+            f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
+        ) from None
+    ctx = RequestContext(header, api, peer)
+    response = await handler(broker, ctx, request)
+    if response is None:  # acks=0 produce
+        return None
+    flexible = api.response_flexible and key != ApiKey.API_VERSIONS
+    head = response_header(header.correlation_id, flexible)
+    if isinstance(response, list):  # hand-encoded chunks (fetch)
+        size = len(head) + sum(len(c) for c in response)
+        broker.metrics.bytes_out += size + 4
+        return [_SIZE.pack(size) + head, *response]
+    body = response if isinstance(response, bytes | bytearray) else encode_response(api, response)
+    broker.metrics.bytes_out += len(head) + len(body) + 4
+    return [_SIZE.pack(len(head) + len(body)) + head, body]
