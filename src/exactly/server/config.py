@@ -77,6 +77,14 @@ def parse_properties(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
+    """The broker's settings, immutable once loaded.
+
+    Owns ``values``: every known name mapped to its string value (Kafka's default unless the
+    properties file or an override gave one). Lifecycle: ``load`` (refuses unknown names and
+    values the log layer cannot parse) at start-up, then read-only for the process's life; the
+    typed getters parse on each call, so callers that are on a hot path read a value once and
+    keep it (the Broker does for the request size limit and topic defaults)."""
+
     values: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod

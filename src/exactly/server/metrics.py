@@ -19,6 +19,13 @@ log = logging.getLogger("exactly.metrics")
 
 
 class Metrics:
+    """The broker's counters: requests and errors by API, bytes in and out, records in,
+    duplicate batches, expired offsets and removed groups.
+
+    Owned by the Broker for its whole life; only ever incremented (never reset), from the event
+    loop, so there is no locking. Read by the periodic summary log line (``log_summary``) and
+    by the Prometheus collector at scrape time."""
+
     def __init__(self) -> None:
         self.requests: Counter[int] = Counter()
         self.errors: Counter[tuple[int, int]] = Counter()  # (api key, error code)

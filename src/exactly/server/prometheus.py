@@ -141,7 +141,10 @@ def make_registry(broker: Broker) -> CollectorRegistry:
 
 
 class MetricsServer:
-    """A minimal HTTP/1.1 server for ``GET /metrics`` (one request per connection)."""
+    """A minimal HTTP/1.1 server for ``GET /metrics`` (one request per connection).
+
+    Owns its listening ``asyncio.Server``. Lifecycle: ``start`` binds -> ``serve`` runs as one of
+    the broker's tasks until the broker cancels it at shutdown, which closes the server."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
