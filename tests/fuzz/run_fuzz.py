@@ -2,7 +2,7 @@
 
 Phase 1 (in-process, fast): mutated requests of every API/version, real-client-shaped produce
 requests with re-checksummed batch mutations and random bytes go through the broker's own
-dispatcher (tests/fuzz/harness.py), with a health check (valid ApiVersions/Metadata/Produce)
+framer and dispatcher (tests/fuzz/harness.py), with a health check (valid ApiVersions/Metadata/Produce)
 every 5000 inputs.
 
 Phase 2 (socket): the same kind of inputs over TCP to a live broker subprocess, several
