@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.topics import INTERNAL_TOPICS
 from exactly.server.clock import now_ms
 from exactly.storage.log_manager import InvalidPartitionsError, UnknownTopicError
+from exactly.topics import INTERNAL_TOPICS
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.topics import INTERNAL_TOPICS
 from exactly.storage.log_manager import PolicyViolationError, UnknownTopicError
 from exactly.storage.partition_log import OffsetOutOfRangeError
+from exactly.topics import INTERNAL_TOPICS
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
