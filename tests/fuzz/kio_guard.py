@@ -10,6 +10,7 @@ from __future__ import annotations
 from exactly.protocol.apis import VERSION_RANGES, schema
 from exactly.protocol.guard import overlong_array
 from exactly.protocol.header import HeaderError, parse_request_header, skip_tagged_fields
+from exactly.protocol.primitives import WireFormatError
 
 
 def would_abort(payload: bytes | bytearray) -> str | None:
@@ -30,6 +31,6 @@ def would_abort(payload: bytes | bytearray) -> str | None:
     try:
         if api.request_flexible:
             pos = skip_tagged_fields(payload, pos)
-    except HeaderError:
+    except WireFormatError:
         return None
     return overlong_array(api.request_type, payload, pos)

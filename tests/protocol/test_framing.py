@@ -21,6 +21,7 @@ from exactly.protocol.framing import (
     frame,
 )
 from exactly.protocol.header import HeaderError, parse_request_header, response_header, skip_tagged_fields
+from exactly.protocol.primitives import WireFormatError
 
 
 @given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(1, 50), min_size=1, max_size=20))
@@ -154,7 +155,7 @@ def test_null_client_id_and_truncation() -> None:
         parse_request_header(b"\x00\x01")
     with pytest.raises(HeaderError):
         parse_request_header(struct.pack(">hhih", 18, 0, 1, 50) + b"x")
-    with pytest.raises(HeaderError):
+    with pytest.raises(WireFormatError):
         skip_tagged_fields(b"\x01\x01\x09ab", 0)
 
 

@@ -12,13 +12,12 @@ from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, build_batch
 from exactly.records.control import ControlType, build_control_batch
 from exactly.storage import producer_snapshot as snap
+from exactly.storage.producer_entry import BatchMetadata, ProducerStateEntry
 from exactly.storage.producer_state import (
     AppendOrigin,
-    BatchMetadata,
     CompletedTxn,
     DuplicateBatch,
     ProducerAppendInfo,
-    ProducerStateEntry,
     ProducerStateManager,
 )
 

@@ -40,6 +40,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.protocol.primitives import Reader
 
 __all__ = [
     "ApiKey",
@@ -171,59 +172,6 @@ def decode_response(api_key: int, version: int, payload: bytes) -> tuple[int, An
 
 
 # ---------------------------------------------------------------------- hand-written readers
-class _Reader:
-    """Just enough of the flexible wire format for the hand-written readers below."""
-
-    def __init__(self, data: bytes, pos: int) -> None:
-        self.data = data
-        self.pos = pos
-
-    def _take(self, fmt: str) -> int:
-        st = struct.Struct(fmt)
-        (value,) = st.unpack_from(self.data, self.pos)
-        self.pos += st.size
-        return int(value)
-
-    def int16(self) -> int:
-        return self._take(">h")
-
-    def int32(self) -> int:
-        return self._take(">i")
-
-    def int64(self) -> int:
-        return self._take(">q")
-
-    def uvarint(self) -> int:
-        shift = value = 0
-        while True:
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-            if shift > 63:
-                raise ValueError("varint too long")
-
-    def compact_string(self) -> str | None:
-        n = self.uvarint() - 1
-        if n < 0:
-            return None
-        raw = self.data[self.pos : self.pos + n]
-        if len(raw) != n:
-            raise ValueError("string past the end of the frame")
-        self.pos += n
-        return raw.decode()
-
-    def compact_count(self) -> int:
-        return max(self.uvarint() - 1, 0)
-
-    def skip_tags(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()  # tag
-            self.pos += self.uvarint()  # size, then data
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class DescribedTopic:
     topic: str
@@ -252,30 +200,30 @@ class DescribeTransactionsResult:
 
 
 def _read_describe_transactions_v0(data: bytes, pos: int) -> DescribeTransactionsResult:
-    r = _Reader(data, pos)
+    r = Reader(data, pos)
     throttle = r.int32()
     states: list[DescribedTransactionState] = []
-    for _ in range(r.compact_count()):
+    for _ in range(max(r.array_length(True), 0)):
         error = r.int16()
-        tid = r.compact_string() or ""
-        state = r.compact_string() or ""
+        tid = r.nullable_string(True) or ""
+        state = r.nullable_string(True) or ""
         timeout_ms = r.int32()
         start_ms = r.int64()
         producer_id = r.int64()
         producer_epoch = r.int16()
         topics: list[DescribedTopic] = []
-        for _ in range(r.compact_count()):
-            topic = r.compact_string() or ""
-            partitions = tuple(r.int32() for _ in range(r.compact_count()))
-            r.skip_tags()
+        for _ in range(max(r.array_length(True), 0)):
+            topic = r.nullable_string(True) or ""
+            partitions = tuple(r.int32() for _ in range(max(r.array_length(True), 0)))
+            r.skip_tagged_fields()
             topics.append(DescribedTopic(topic, partitions))
-        r.skip_tags()
+        r.skip_tagged_fields()
         states.append(
             DescribedTransactionState(
                 error, tid, state, timeout_ms, start_ms, producer_id, producer_epoch, tuple(topics)
             )
         )
-    r.skip_tags()
+    r.skip_tagged_fields()
     return DescribeTransactionsResult(throttle, tuple(states))
 
 

@@ -21,7 +21,12 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exactly.protocol.header import read_uvarint, skip_tagged_fields, write_uvarint
+from exactly.protocol.primitives import (
+    WireFormatError,
+    read_uvarint,
+    skip_tagged_fields,
+    write_uvarint,
+)
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -33,7 +38,7 @@ _FETCH_PART_V5 = struct.Struct(">ihqqq")  # + log start offset
 _ABORTED = struct.Struct(">qq")
 
 
-class WireError(ValueError):
+class WireError(WireFormatError):
     """The request bytes do not follow the schema."""
 
 

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any
 
-from exactly.protocol.header import write_uvarint
+from exactly.protocol.primitives import WireFormatError, read_uvarint, write_uvarint
 
 _FIXED = {
     "int8": 1,
@@ -46,7 +46,7 @@ _Plan = tuple[tuple[str, str, Any, bool, bool], ...]
 
 
 class _Stop(Exception):
-    """Truncated or not understood: leave it to kio."""
+    """Truncated or not understood: leave it to kio (so is a WireFormatError from a varint)."""
 
 
 class _Overlong(Exception):
@@ -55,21 +55,6 @@ class _Overlong(Exception):
 
 class _Null(Exception):
     """A null length where the schema does not allow null: Kafka's parser rejects the request."""
-
-
-def _uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise _Stop
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 35:
-            raise _Stop
 
 
 _PLANS: dict[type[Any], _Plan] = {}
@@ -107,7 +92,7 @@ def _make_plan(cls: type[Any]) -> _Plan:
 
 def _length(buf: Buffer, pos: int, flexible: bool, legacy: struct.Struct) -> tuple[int, int]:
     if flexible:
-        n, pos = _uvarint(buf, pos)
+        n, pos = read_uvarint(buf, pos)
         return n - 1, pos
     if pos + legacy.size > len(buf):
         raise _Stop
@@ -174,15 +159,15 @@ def _entity(cls: type[Any], buf: Buffer, pos: int, path: str, edits: list[_Edit]
                 raise _Null(where) from None
     if flexible:
         start = pos
-        count, pos = _uvarint(buf, pos)
+        count, pos = read_uvarint(buf, pos)
         if count > len(buf) - pos:
             raise _Stop
         kept: list[tuple[int, int]] = []
         known = _known_tags(cls) if edits is not None else frozenset()
         for _ in range(count):
             field_start = pos
-            tag, pos = _uvarint(buf, pos)
-            size, pos = _uvarint(buf, pos)
+            tag, pos = read_uvarint(buf, pos)
+            size, pos = read_uvarint(buf, pos)
             if size > len(buf) - pos:
                 raise _Stop
             pos += size
@@ -204,7 +189,7 @@ def without_unknown_tags(request_cls: type[Any], buf: Buffer, pos: int) -> bytes
     edits: list[_Edit] = []
     try:
         _entity(request_cls, buf, pos, request_cls.__name__, edits)
-    except (_Stop, _Overlong, _Null, RecursionError):
+    except (_Stop, WireFormatError, _Overlong, _Null, RecursionError):
         return None
     if not edits:
         return None
@@ -228,6 +213,6 @@ def overlong_array(request_cls: type[Any], buf: Buffer, pos: int) -> str | None:
         return str(exc)
     except _Null as exc:
         return f"null {exc} is not nullable"
-    except (_Stop, RecursionError):
+    except (_Stop, WireFormatError, RecursionError):  # a bad varint: kio refuses it too
         return None
     return None

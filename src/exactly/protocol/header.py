@@ -8,6 +8,8 @@ Request header v1: api_key int16, api_version int16, correlation_id int32, clien
 string (int16 length). v2 (flexible requests) adds a tagged-field section, which Kafka skips
 whatever the tags are, and so do we. Response header v0: correlation_id; v1 adds an empty tag
 section. ApiVersions responses always use v0 (clients parse them before knowing versions).
+The v2 tagged-field section is skipped with ``skip_tagged_fields`` of the primitives codec,
+re-exported here beside the header parser that needs it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from exactly.protocol.primitives import WireFormatError, skip_tagged_fields
+
 _FIXED = struct.Struct(">hhih")
 _CORRELATION = struct.Struct(">i")
 
 
-class HeaderError(Exception):
+class HeaderError(WireFormatError):
     """The request header cannot be parsed; Kafka closes such connections."""
 
 
@@ -29,43 +33,6 @@ class RequestHeader:
     api_version: int
     correlation_id: int
     client_id: str | None
-
-
-def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise HeaderError("truncated unsigned varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise HeaderError("unsigned varint too long")
-
-
-def write_uvarint(value: int) -> bytes:
-    """The unsigned varint encoding of ``value`` (compact lengths, tag numbers and sizes)."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def skip_tagged_fields(buf: bytes | bytearray | memoryview, pos: int) -> int:
-    count, pos = read_uvarint(buf, pos)
-    for _ in range(count):
-        _tag, pos = read_uvarint(buf, pos)
-        size, pos = read_uvarint(buf, pos)
-        pos += size
-        if pos > len(buf):
-            raise HeaderError("truncated tagged field")
-    return pos
 
 
 def parse_request_header(frame: bytes | bytearray) -> tuple[RequestHeader, int]:
@@ -91,3 +58,12 @@ def response_header(correlation_id: int, flexible: bool) -> bytes:
     if flexible:
         return _CORRELATION.pack(correlation_id) + b"\x00"
     return _CORRELATION.pack(correlation_id)
+
+
+__all__ = [
+    "HeaderError",
+    "RequestHeader",
+    "parse_request_header",
+    "response_header",
+    "skip_tagged_fields",
+]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import crc32c
 
+from exactly.protocol.primitives import append_varint, append_varlong, read_varint, read_varlong
 from exactly.records.batch import (
     ATTRIBUTES_OFFSET,
     COMPRESSION_MASK,
@@ -42,35 +43,11 @@ class Record:
     offset: int = -1  # filled in by decode_batch
 
 
-def _varint(value: int, out: bytearray) -> None:
-    """Zig-zag varint (Kafka's ByteUtils.writeVarint / writeVarlong)."""
-    v = (value << 1) ^ (value >> 63)
-    while v & ~0x7F:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-
-
-def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = 0
-    result = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-    return (result >> 1) ^ -(result & 1), pos
-
-
 def _bytes_field(data: bytes | None, out: bytearray) -> None:
     if data is None:
-        _varint(-1, out)
+        append_varint(-1, out)
     else:
-        _varint(len(data), out)
+        append_varint(len(data), out)
         out += data
 
 
@@ -79,17 +56,17 @@ def encode_records(records: Sequence[Record], base_timestamp: int) -> bytes:
     for delta, record in enumerate(records):
         body = bytearray(b"\x00")  # record attributes (unused)
         ts = base_timestamp if record.timestamp is None else record.timestamp
-        _varint(ts - base_timestamp, body)
-        _varint(delta, body)
+        append_varlong(ts - base_timestamp, body)
+        append_varint(delta, body)
         _bytes_field(record.key, body)
         _bytes_field(record.value, body)
-        _varint(len(record.headers), body)
+        append_varint(len(record.headers), body)
         for name, hvalue in record.headers:
             encoded = name.encode()
-            _varint(len(encoded), body)
+            append_varint(len(encoded), body)
             body += encoded
             _bytes_field(hvalue, body)
-        _varint(len(body), out)
+        append_varint(len(body), out)
         out += body
     return bytes(out)
 
@@ -158,24 +135,24 @@ def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeade
     records: list[Record] = []
     pos = 0
     for _ in range(header.record_count):
-        length, pos = _read_varint(payload, pos)
+        length, pos = read_varint(payload, pos)
         rec_end = pos + length
         pos += 1  # attributes
-        ts_delta, pos = _read_varint(payload, pos)
-        off_delta, pos = _read_varint(payload, pos)
-        key_len, pos = _read_varint(payload, pos)
+        ts_delta, pos = read_varlong(payload, pos)
+        off_delta, pos = read_varint(payload, pos)
+        key_len, pos = read_varint(payload, pos)
         key = None if key_len < 0 else bytes(payload[pos : pos + key_len])
         pos += max(key_len, 0)
-        val_len, pos = _read_varint(payload, pos)
+        val_len, pos = read_varint(payload, pos)
         value = None if val_len < 0 else bytes(payload[pos : pos + val_len])
         pos += max(val_len, 0)
-        n_headers, pos = _read_varint(payload, pos)
+        n_headers, pos = read_varint(payload, pos)
         headers: list[tuple[str, bytes | None]] = []
         for _h in range(n_headers):
-            hk_len, pos = _read_varint(payload, pos)
+            hk_len, pos = read_varint(payload, pos)
             hk = bytes(payload[pos : pos + hk_len]).decode()
             pos += hk_len
-            hv_len, pos = _read_varint(payload, pos)
+            hv_len, pos = read_varint(payload, pos)
             hv = None if hv_len < 0 else bytes(payload[pos : pos + hv_len])
             pos += max(hv_len, 0)
             headers.append((hk, hv))

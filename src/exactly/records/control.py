@@ -12,8 +12,9 @@ import enum
 import struct
 from dataclasses import dataclass
 
+from exactly.protocol.primitives import read_varint, read_varlong
 from exactly.records.batch import HEADER_SIZE, BatchHeader
-from exactly.records.builder import Record, _read_varint, build_batch
+from exactly.records.builder import Record, build_batch
 
 _KEY = struct.Struct(">hh")
 _VALUE = struct.Struct(">hi")
@@ -56,15 +57,15 @@ def read_control_marker(buf: bytes | bytearray | memoryview, header: BatchHeader
     """Parse the single control record of a control batch without a full decode."""
     view = memoryview(buf)
     pos = header.position + HEADER_SIZE
-    _length, pos = _read_varint(view, pos)
+    _length, pos = read_varint(view, pos)
     pos += 1  # record attributes
-    _ts, pos = _read_varint(view, pos)
-    _off, pos = _read_varint(view, pos)
-    key_len, pos = _read_varint(view, pos)
+    _ts, pos = read_varlong(view, pos)
+    _off, pos = read_varint(view, pos)
+    key_len, pos = read_varint(view, pos)
     if key_len < 4:
         raise ValueError("control record key too short")
     _version, ctype = _KEY.unpack_from(view, pos)
     pos += key_len
-    val_len, pos = _read_varint(view, pos)
+    val_len, pos = read_varint(view, pos)
     coordinator_epoch = _VALUE.unpack_from(view, pos)[1] if val_len >= 6 else -1
     return ControlMarker(ControlType(ctype), coordinator_epoch)

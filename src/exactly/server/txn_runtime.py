@@ -49,6 +49,7 @@ from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
 from exactly.server.coordinator_runtime import CoordinatorRuntime
 from exactly.server.internal_topics import AppendFailed
+from exactly.storage.durable import write_durably
 from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
 if TYPE_CHECKING:
@@ -193,10 +194,5 @@ def _bump_epoch(path: Path) -> int:
         epoch = int(path.read_text().strip()) + 1
     except (FileNotFoundError, ValueError):
         epoch = 0
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(f"{epoch}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_durably(path, f"{epoch}\n".encode())  # the directory fsync keeps it from rolling back
     return epoch

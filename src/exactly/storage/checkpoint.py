@@ -1,9 +1,8 @@
-"""Small crash-safe files: atomic replace, and Kafka's offset checkpoint format.
+"""Kafka's offset checkpoint format (recovery points), written crash-safely.
 
-Every metadata file the storage layer rewrites (topics.json, recovery points, leader epochs) goes
-through ``atomic_write``: write a temporary file, fsync it, rename it over the old one, fsync the
-directory. After a crash a reader therefore sees either the old or the new content, never a mix;
-a stray ``*.tmp`` is garbage from an interrupted write and is ignored.
+A checkpoint is rewritten whole through ``write_durably`` (storage/durable.py): after a crash a
+reader sees either the old or the new content, never a mix; a stray ``*.tmp`` is garbage from an
+interrupted write and is ignored.
 
 Offset checkpoint files use Kafka's text layout (``OffsetCheckpointFile``)::
 
@@ -15,34 +14,13 @@ Offset checkpoint files use Kafka's text layout (``OffsetCheckpointFile``)::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from exactly.storage.durable import write_durably
 from exactly.types import TopicPartition
 
 CHECKPOINT_VERSION = 0
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_directory(path.parent)
 
 
 def write_offset_checkpoint(path: Path, offsets: Mapping[TopicPartition, int]) -> None:
@@ -51,7 +29,7 @@ def write_offset_checkpoint(path: Path, offsets: Mapping[TopicPartition, int]) -
         f"{tp.topic} {tp.partition} {offset}"
         for tp, offset in sorted(offsets.items(), key=lambda item: (item[0].topic, item[0].partition))
     )
-    atomic_write(path, ("\n".join(lines) + "\n").encode())
+    write_durably(path, ("\n".join(lines) + "\n").encode())
 
 
 def read_offset_checkpoint(path: Path) -> dict[TopicPartition, int] | None:

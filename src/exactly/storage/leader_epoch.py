@@ -22,7 +22,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactly.storage.checkpoint import atomic_write
+from exactly.storage.durable import write_durably
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 # The one broker leads every partition from creation on, in this epoch (replication will bump it).
@@ -61,7 +61,7 @@ class LeaderEpochCache:
     def _write(self) -> None:
         lines = [str(_VERSION), str(len(self.entries))]
         lines.extend(f"{e.epoch} {e.start_offset}" for e in self.entries)
-        atomic_write(self.path, ("\n".join(lines) + "\n").encode())
+        write_durably(self.path, ("\n".join(lines) + "\n").encode())
 
     @property
     def latest_epoch(self) -> int:

@@ -4,7 +4,7 @@ Layout of ``data_dir``::
 
     meta.properties                       broker/cluster id
     topics.json                           topic name -> id, partition count, config overrides
-                                          (written atomically: tmp + fsync + rename)
+                                          (rewritten via storage/durable.py, like every file here)
     recovery-point-offset-checkpoint      per partition recovery point
     log-start-offset-checkpoint           log start offsets above the first segment's base
     .clean_shutdown                       present only after a clean close
@@ -55,8 +55,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from exactly.storage.checkpoint import atomic_write, read_offset_checkpoint, write_offset_checkpoint
+from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.config import LogConfig
+from exactly.storage.durable import write_durably
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import OffsetOutOfRangeError, PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -170,7 +171,7 @@ class LogManager:
                 if sep and key.strip() == "cluster.id" and value.strip():
                     return value.strip()
         cluster_id = new_cluster_id()
-        atomic_write(path, f"version=0\nbroker.id=0\ncluster.id={cluster_id}\n".encode())
+        write_durably(path, f"version=0\nbroker.id=0\ncluster.id={cluster_id}\n".encode())
         return cluster_id
 
     def _load_topics(self) -> dict[str, TopicInfo]:
@@ -205,7 +206,7 @@ class LogManager:
                 for info in (self._topics if topics is None else topics).values()
             },
         }
-        atomic_write(self.data_dir / TOPICS_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
+        write_durably(self.data_dir / TOPICS_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
 
     def _partition_dir(self, tp: TopicPartition) -> Path:
         return self.data_dir / f"{tp.topic}-{tp.partition}"
@@ -417,5 +418,5 @@ class LogManager:
             partition_log.close()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
-        atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
+        write_durably(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
         self._closed = True

@@ -64,11 +64,11 @@ from exactly.records.control import ControlType, read_control_marker
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import LoadResult, load_log, new_segment
+from exactly.storage.producer_entry import ProducerStateEntry
 from exactly.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     AppendOrigin,
     DuplicateBatch,
-    ProducerStateEntry,
     ProducerStateManager,
 )
 from exactly.storage.retention import deletable_segments, segments_below_log_start

@@ -28,8 +28,8 @@ readable with Kafka's field meanings.
 
 Invariants
 ----------
-* A file is written to ``<name>.tmp``, fsynced, renamed over ``<name>`` and the directory
-  fsynced: a snapshot file is either complete or absent.
+* A file is written through ``write_durably`` (to ``<name>.tmp``, fsynced, renamed over
+  ``<name>``, the directory fsynced): a snapshot file is either complete or absent.
 * ``read_snapshot`` raises ``CorruptSnapshotError`` for anything it cannot fully verify (bad
   version, CRC, truncation, trailing bytes, inconsistent fields); the caller deletes the file.
 """
@@ -43,11 +43,11 @@ from pathlib import Path
 
 import crc32c
 
-import exactly.storage.producer_state as ps
+from exactly.storage.durable import TEMP_SUFFIX, write_durably
+from exactly.storage.producer_entry import NUM_BATCHES_TO_RETAIN, BatchMetadata, ProducerStateEntry
 
 SNAPSHOT_VERSION = 2
 SNAPSHOT_SUFFIX = ".snapshot"
-TEMP_SUFFIX = ".tmp"
 
 _PREAMBLE = struct.Struct(">hI")  # version, crc
 _COUNT = struct.Struct(">i")
@@ -84,7 +84,7 @@ def remove_temp_files(directory: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def encode_snapshot(entries: Iterable[ps.ProducerStateEntry]) -> bytes:
+def encode_snapshot(entries: Iterable[ProducerStateEntry]) -> bytes:
     body = bytearray(_COUNT.size)
     count = 0
     for entry in entries:
@@ -108,7 +108,7 @@ def encode_snapshot(entries: Iterable[ps.ProducerStateEntry]) -> bytes:
     return _PREAMBLE.pack(SNAPSHOT_VERSION, crc32c.crc32c(body)) + bytes(body)
 
 
-def decode_snapshot(data: bytes) -> list[ps.ProducerStateEntry]:
+def decode_snapshot(data: bytes) -> list[ProducerStateEntry]:
     """Parse and verify a snapshot's bytes; raises CorruptSnapshotError."""
     if len(data) < _PREAMBLE.size + _COUNT.size:
         raise CorruptSnapshotError(f"snapshot truncated: {len(data)} bytes")
@@ -123,28 +123,28 @@ def decode_snapshot(data: bytes) -> list[ps.ProducerStateEntry]:
         raise CorruptSnapshotError(f"snapshot truncated: {e}") from None
 
 
-def _decode_entries(data: bytes) -> list[ps.ProducerStateEntry]:
+def _decode_entries(data: bytes) -> list[ProducerStateEntry]:
     (count,) = _COUNT.unpack_from(data, _CRC_START)
     pos = _CRC_START + _COUNT.size
     if count < 0:
         raise CorruptSnapshotError(f"negative producer count {count}")
-    entries: list[ps.ProducerStateEntry] = []
+    entries: list[ProducerStateEntry] = []
     for _ in range(count):
         pid, epoch, last_seq, last_offset, offset_delta, ts, coord_epoch, txn_first, n = _ENTRY.unpack_from(
             data, pos
         )
         pos += _ENTRY.size
-        if not 0 <= n <= ps.NUM_BATCHES_TO_RETAIN:
+        if not 0 <= n <= NUM_BATCHES_TO_RETAIN:
             raise CorruptSnapshotError(f"producer {pid}: {n} batches")
         batches = []
         for _b in range(n):
-            batches.append(ps.BatchMetadata(*_BATCH.unpack_from(data, pos)))
+            batches.append(BatchMetadata(*_BATCH.unpack_from(data, pos)))
             pos += _BATCH.size
         last = (batches[-1].last_seq, batches[-1].last_offset, batches[-1].offset_delta) if batches else None
         if last != ((last_seq, last_offset, offset_delta) if last_offset >= 0 else None):
             raise CorruptSnapshotError(f"producer {pid}: last batch disagrees with the entry")
         entries.append(
-            ps.ProducerStateEntry(
+            ProducerStateEntry(
                 pid, epoch, tuple(batches), coord_epoch, ts, None if txn_first < 0 else txn_first
             )
         )
@@ -153,7 +153,7 @@ def _decode_entries(data: bytes) -> list[ps.ProducerStateEntry]:
     return entries
 
 
-def read_snapshot(path: Path) -> list[ps.ProducerStateEntry]:
+def read_snapshot(path: Path) -> list[ProducerStateEntry]:
     """Read and verify one snapshot file; raises CorruptSnapshotError (also if it vanished)."""
     try:
         data = path.read_bytes()
@@ -162,28 +162,10 @@ def read_snapshot(path: Path) -> list[ps.ProducerStateEntry]:
     return decode_snapshot(data)
 
 
-def write_snapshot(directory: Path, offset: int, entries: Iterable[ps.ProducerStateEntry]) -> Path:
-    """Write atomically (tmp + fsync + rename + directory fsync); returns the final path."""
+def write_snapshot(directory: Path, offset: int, entries: Iterable[ProducerStateEntry]) -> Path:
+    """Write durably (storage/durable.py: tmp + fsync + rename + directory fsync); returns the
+    final path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = snapshot_path(directory, offset)
-    tmp = path.with_name(path.name + TEMP_SUFFIX)
-    data = encode_snapshot(entries)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_directory(directory)
+    write_durably(path, encode_snapshot(entries))
     return path
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

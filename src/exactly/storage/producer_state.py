@@ -67,8 +67,8 @@ from kio.schema.errors import ErrorCode
 import exactly.storage.producer_snapshot as snap
 from exactly.records.batch import BatchHeader
 from exactly.records.control import ControlType
+from exactly.storage.producer_entry import NUM_BATCHES_TO_RETAIN, BatchMetadata, ProducerStateEntry
 
-NUM_BATCHES_TO_RETAIN = 5
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
 NO_PRODUCER_EPOCH = -1
 NO_COORDINATOR_EPOCH = -1
@@ -88,19 +88,6 @@ class ProducerStateError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class BatchMetadata:
-    first_seq: int
-    last_seq: int
-    last_offset: int
-    offset_delta: int
-    timestamp: int
-
-    @property
-    def first_offset(self) -> int:
-        return self.last_offset - self.offset_delta
-
-
-@dataclass(frozen=True, slots=True)
 class DuplicateBatch:
     """A resend of one of the last 5 batches: ack it with its original offsets."""
 
@@ -115,26 +102,6 @@ class CompletedTxn:
     first_offset: int
     last_offset: int  # offset of the marker
     is_aborted: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerStateEntry:
-    """Immutable snapshot of one producer's state (used by DescribeProducers and snapshots)."""
-
-    producer_id: int
-    producer_epoch: int
-    batches: tuple[BatchMetadata, ...]  # oldest first, at most NUM_BATCHES_TO_RETAIN
-    coordinator_epoch: int
-    last_timestamp: int
-    current_txn_first_offset: int | None
-
-    @property
-    def last_seq(self) -> int:
-        return self.batches[-1].last_seq if self.batches else -1
-
-    @property
-    def last_data_offset(self) -> int:
-        return self.batches[-1].last_offset if self.batches else -1
 
 
 @dataclass(frozen=True, slots=True)

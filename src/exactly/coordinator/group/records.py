@@ -24,8 +24,13 @@ Kafka itself writes so that Kafka's own tools can read our log. Unknown tagged f
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from exactly.protocol.primitives import Reader, WireFormatError, write_uvarint
 
 OFFSET_COMMIT_KEY_VERSION = 1
 GROUP_METADATA_KEY_VERSION = 2
@@ -37,6 +42,7 @@ DEFAULT_NUM_PARTITIONS = 50
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+_T = TypeVar("_T")
 
 
 class RecordDecodeError(ValueError):
@@ -123,93 +129,29 @@ def partition_for(group_id: str, num_partitions: int = DEFAULT_NUM_PARTITIONS) -
 # ---------------------------------------------------------------------------------------------
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _string(value: str | None, flexible: bool) -> bytes:
     if value is None:
         return b"\x00" if flexible else _I16.pack(-1)
     raw = value.encode("utf-8")
-    return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+    return (write_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
 
 
 def _bytes(value: bytes, flexible: bool) -> bytes:
-    return (_uvarint(len(value) + 1) if flexible else _I32.pack(len(value))) + value
+    return (write_uvarint(len(value) + 1) if flexible else _I32.pack(len(value))) + value
 
 
-class _Reader:
-    """Cursor over a record's bytes; every read checks bounds so truncation raises cleanly."""
+def _decoder(decode: Callable[[bytes], _T]) -> Callable[[bytes], _T]:
+    """The decoders raise RecordDecodeError only: a failure of the primitive reader (truncation,
+    an overlong varint, bad UTF-8) becomes one."""
 
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def _take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise RecordDecodeError("record truncated")
-        out = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def i16(self) -> int:
-        return int(_I16.unpack(self._take(2))[0])
-
-    def i32(self) -> int:
-        return int(_I32.unpack(self._take(4))[0])
-
-    def i64(self) -> int:
-        return int(_I64.unpack(self._take(8))[0])
-
-    def uvarint(self) -> int:
-        shift = 0
-        result = 0
-        while True:
-            byte = self._take(1)[0]
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-            if shift > 35:
-                raise RecordDecodeError("varint too long")
-
-    def string(self, flexible: bool) -> str | None:
-        n = self.uvarint() - 1 if flexible else self.i16()
-        if n < 0:
-            return None
+    @functools.wraps(decode)
+    def checked(data: bytes) -> _T:
         try:
-            return self._take(n).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RecordDecodeError("invalid utf-8 in string") from exc
+            return decode(data)
+        except WireFormatError as exc:
+            raise RecordDecodeError(str(exc)) from exc
 
-    def required_string(self, flexible: bool) -> str:
-        value = self.string(flexible)
-        if value is None:
-            raise RecordDecodeError("null in a non-nullable string")
-        return value
-
-    def bytes_(self, flexible: bool) -> bytes:
-        n = self.uvarint() - 1 if flexible else self.i32()
-        return b"" if n < 0 else self._take(n)
-
-    def array_len(self, flexible: bool) -> int:
-        n = self.uvarint() - 1 if flexible else self.i32()
-        return max(n, 0)
-
-    def skip_tagged_fields(self) -> None:
-        for _ in range(self.uvarint()):
-            self.uvarint()  # tag
-            self._take(self.uvarint())
-
-    def done(self) -> bool:
-        return self.pos == len(self.buf)
+    return checked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,14 +171,15 @@ def encode_key(key: RecordKey) -> bytes:
     return _I16.pack(GROUP_METADATA_KEY_VERSION) + _string(key.group, False)
 
 
+@_decoder
 def decode_key(data: bytes) -> RecordKey | None:
     """Decode a key; None for record types this coordinator does not own (e.g. KIP-848 ones)."""
-    r = _Reader(data)
-    version = r.i16()
+    r = Reader(data)
+    version = r.int16()
     if version in (0, 1):
-        return OffsetCommitKey(r.required_string(False), r.required_string(False), r.i32())
+        return OffsetCommitKey(r.string(False), r.string(False), r.int32())
     if version == 2:
-        return GroupMetadataKey(r.required_string(False))
+        return GroupMetadataKey(r.string(False))
     return None
 
 
@@ -272,17 +215,18 @@ def encode_offset_commit_value(value: OffsetCommitValue, version: int | None = N
     return b"".join(out)
 
 
+@_decoder
 def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
-    r = _Reader(data)
-    v = r.i16()
+    r = Reader(data)
+    v = r.int16()
     if not 0 <= v <= 4:
         raise RecordDecodeError(f"OffsetCommitValue version {v} not supported")
     flexible = v >= 4
-    offset = r.i64()
-    leader_epoch = r.i32() if v >= 3 else -1
-    metadata = r.string(flexible) or ""
-    commit_timestamp = r.i64()
-    expire_timestamp = r.i64() if v == 1 else -1
+    offset = r.int64()
+    leader_epoch = r.int32() if v >= 3 else -1
+    metadata = r.nullable_string(flexible) or ""
+    commit_timestamp = r.int64()
+    expire_timestamp = r.int64() if v == 1 else -1
     if flexible:
         r.skip_tagged_fields()
     return OffsetCommitValue(
@@ -316,7 +260,7 @@ def encode_group_metadata_value(
     ]
     if v >= 2:
         out.append(_I64.pack(value.current_state_timestamp))
-    out.append(_uvarint(len(value.members) + 1) if flexible else _I32.pack(len(value.members)))
+    out.append(write_uvarint(len(value.members) + 1) if flexible else _I32.pack(len(value.members)))
     for m in value.members:
         out.append(_string(m.member_id, flexible))
         if v >= 3:
@@ -335,27 +279,28 @@ def encode_group_metadata_value(
     return b"".join(out)
 
 
+@_decoder
 def decode_group_metadata_value(data: bytes) -> GroupMetadataValue:
-    r = _Reader(data)
-    v = r.i16()
+    r = Reader(data)
+    v = r.int16()
     if not 0 <= v <= 4:
         raise RecordDecodeError(f"GroupMetadataValue version {v} not supported")
     flexible = v >= 4
-    protocol_type = r.required_string(flexible)
-    generation = r.i32()
-    protocol = r.string(flexible)
-    leader = r.string(flexible)
-    timestamp = r.i64() if v >= 2 else -1
+    protocol_type = r.string(flexible)
+    generation = r.int32()
+    protocol = r.nullable_string(flexible)
+    leader = r.nullable_string(flexible)
+    timestamp = r.int64() if v >= 2 else -1
     members = []
-    for _ in range(r.array_len(flexible)):
-        member_id = r.required_string(flexible)
-        instance_id = r.string(flexible) if v >= 3 else None
-        client_id = r.required_string(flexible)
-        client_host = r.required_string(flexible)
-        rebalance_timeout = r.i32() if v >= 1 else -1
-        session_timeout = r.i32()
-        subscription = r.bytes_(flexible)
-        assignment = r.bytes_(flexible)
+    for _ in range(max(r.array_length(flexible), 0)):
+        member_id = r.string(flexible)
+        instance_id = r.nullable_string(flexible) if v >= 3 else None
+        client_id = r.string(flexible)
+        client_host = r.string(flexible)
+        rebalance_timeout = r.int32() if v >= 1 else -1
+        session_timeout = r.int32()
+        subscription = r.nullable_bytes(flexible) or b""
+        assignment = r.nullable_bytes(flexible) or b""
         if flexible:
             r.skip_tagged_fields()
         members.append(

@@ -9,7 +9,7 @@ would be rejected as out of order, or, worse, acknowledged as duplicates and sil
 How
 ---
 Ids are handed out from blocks of ``BLOCK_SIZE`` (1000, as Kafka). Before the first id of a block
-is returned, the end of the block is persisted (tmp file + fsync + rename + directory fsync), so
+is returned, the end of the block is persisted (storage/durable.py: tmp + fsync + rename + dir fsync), so
 the file always holds an upper bound of every id ever handed out. A restart starts a fresh block
 at that bound: the unused rest of the previous block is skipped, never reused.
 
@@ -27,12 +27,12 @@ ids are increasing and >= 0.
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import crc32c
 
+from exactly.storage.durable import write_durably
 from exactly.types import ProducerId
 
 BLOCK_SIZE = 1000
@@ -105,17 +105,4 @@ def _write_reserved_end(path: Path, reserved_end: int) -> None:
     body = _BODY.pack(FILE_VERSION, reserved_end)
     data = body + _CRC.pack(crc32c.crc32c(body))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        if os.write(fd, data) != len(data):
-            raise OSError(f"short write to {tmp}")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_durably(path, data)

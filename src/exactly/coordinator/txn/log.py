@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import struct
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exactly.coordinator.txn.metadata import TxnTransitMetadata
 from exactly.coordinator.txn.state import TransactionState
+from exactly.protocol.primitives import Reader, append_tagged_fields, append_uvarint
 from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from exactly.types import NO_PRODUCER_EPOCH, ProducerEpoch, ProducerId, TopicPartition
 
@@ -131,54 +131,15 @@ class UnknownVersionError(ValueError):
 # -- primitives --------------------------------------------------------------------------------
 
 
-def _uvarint(n: int, out: bytearray) -> None:
-    if n < 0:
-        raise ValueError("unsigned varint must be >= 0")
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-class _Reader:
-    """Bounds-checked cursor; every short read is a ValueError, never an IndexError."""
-
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
-        self.buf = memoryview(buf)
-        self.pos = 0
-
-    def take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise ValueError(f"truncated transaction log record at byte {self.pos}")
-        chunk = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
-
-    def unpack(self, st: struct.Struct) -> tuple[int, ...]:
-        return tuple(st.unpack(self.take(st.size)))
-
-    def uvarint(self) -> int:
-        result = shift = 0
-        while True:
-            b = self.take(1)[0]
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 35:
-                raise ValueError("unsigned varint too long")
-
-    def done(self) -> None:
-        if self.pos != len(self.buf):
-            raise ValueError(f"{len(self.buf) - self.pos} trailing bytes in transaction log record")
+def _expect_end(r: Reader) -> None:
+    if not r.done():
+        raise ValueError(f"{r.remaining()} trailing bytes in transaction log record")
 
 
 def _string(s: str, out: bytearray, *, compact: bool) -> None:
     data = s.encode("utf-8")
     if compact:
-        _uvarint(len(data) + 1, out)
+        append_uvarint(len(data) + 1, out)
     else:
         if len(data) > 0x7FFF:
             raise ValueError("string longer than 32767 bytes")
@@ -186,7 +147,7 @@ def _string(s: str, out: bytearray, *, compact: bool) -> None:
     out += data
 
 
-def _read_string(r: _Reader, *, compact: bool) -> str:
+def _read_string(r: Reader, *, compact: bool) -> str:
     n = r.uvarint() - 1 if compact else r.unpack(_I16)[0]
     if n < 0:
         raise ValueError("null string where a string is required")
@@ -195,28 +156,9 @@ def _read_string(r: _Reader, *, compact: bool) -> str:
 
 def _array_length(n: int, out: bytearray, *, compact: bool) -> None:
     if compact:
-        _uvarint(n + 1, out)
+        append_uvarint(n + 1, out)
     else:
         out += _I32.pack(n)
-
-
-def _write_tags(tags: Iterable[tuple[int, bytes]], out: bytearray) -> None:
-    ordered = sorted(tags)
-    _uvarint(len(ordered), out)
-    for tag, payload in ordered:
-        _uvarint(tag, out)
-        _uvarint(len(payload), out)
-        out += payload
-
-
-def _read_tags(r: _Reader) -> dict[int, bytes]:
-    tags: dict[int, bytes] = {}
-    for _ in range(r.uvarint()):
-        tag = r.uvarint()
-        if tag in tags:
-            raise ValueError(f"duplicate tagged field {tag}")
-        tags[tag] = bytes(r.take(r.uvarint()))
-    return tags
 
 
 # -- key ---------------------------------------------------------------------------------------
@@ -229,12 +171,12 @@ def encode_key(transactional_id: str) -> bytes:
 
 
 def decode_key(data: bytes | bytearray | memoryview) -> str:
-    r = _Reader(data)
+    r = Reader(data)
     (version,) = r.unpack(_I16)
     if version != KEY_VERSION:
         raise UnknownVersionError(f"unknown transaction log key version {version}")
     transactional_id = _read_string(r, compact=False)
-    r.done()
+    _expect_end(r)
     return transactional_id
 
 
@@ -272,12 +214,12 @@ def encode_value(value: TransactionLogValue, version: int = DEFAULT_VALUE_VERSIO
             tags.append((_TAG_CLIENT_TRANSACTION_VERSION, _I16.pack(value.client_transaction_version)))
         if value.next_producer_epoch != -1:
             tags.append((_TAG_NEXT_PRODUCER_EPOCH, _I16.pack(value.next_producer_epoch)))
-        _write_tags(tags, out)
+        append_tagged_fields(tags, out)
     return bytes(out)
 
 
 def decode_value(data: bytes | bytearray | memoryview) -> TransactionLogValue:
-    r = _Reader(data)
+    r = Reader(data)
     (version,) = r.unpack(_I16)
     if version not in VALUE_VERSIONS:
         raise UnknownVersionError(f"unknown transaction log value version {version}")
@@ -294,14 +236,14 @@ def decode_value(data: bytes | bytearray | memoryview) -> TransactionLogValue:
                 raise ValueError("null partition id array")
             ids = struct.unpack(f">{n}i", r.take(4 * n))
             if flexible:
-                _read_tags(r)  # no known tags in the nested struct
+                r.tagged_fields()  # no known tags in the nested struct
             groups.append((topic, tuple(ids)))
         partitions = tuple(groups)
     elif count != -1:
         raise ValueError(f"invalid partition array length {count}")
     last_update, start = r.unpack(_TIMES)
-    tags = _read_tags(r) if flexible else {}
-    r.done()
+    tags = r.tagged_fields() if flexible else {}
+    _expect_end(r)
 
     def tagged(tag: int, st: struct.Struct, default: int) -> int:
         payload = tags.pop(tag, None)

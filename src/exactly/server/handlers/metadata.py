@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
-from exactly.protocol.header import read_uvarint, skip_tagged_fields
+from exactly.protocol.primitives import read_uvarint, skip_tagged_fields
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
 
 if TYPE_CHECKING:
