@@ -47,7 +47,13 @@ def _strictly_increasing(values: array[int]) -> bool:
 
 class _IndexFile:
     """File handling both indexes share: an append-only file of fixed-size entries, opened lazily,
-    rewritten whole when entries are dropped."""
+    rewritten whole when entries are dropped.
+
+    Owns: the index file's append descriptor (opened on the first write, released by ``close``)
+    and, in the subclasses, the entries in memory. Lifecycle: created with the segment, loaded
+    (or reset/rebuilt) during recovery, appended to while the segment is active, fsynced by the
+    segment's ``flush``, closed with the segment.
+    """
 
     __slots__ = ("_fd", "_loaded", "base_offset", "max_entries", "path")
     ENTRY: struct.Struct

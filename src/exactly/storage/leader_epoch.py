@@ -37,6 +37,14 @@ class EpochEntry:
 
 
 class LeaderEpochCache:
+    """The leader-epoch history of one partition, mirrored by ``leader-epoch-checkpoint``.
+
+    Owns: ``entries`` and the checkpoint file, which every change rewrites durably (so the file is
+    always the whole history). Lifecycle: read at construction (a missing or malformed file is an
+    empty history, refilled by recovery), then ``assign`` on new epochs and truncation from either
+    end as the log is truncated. No open descriptor, so nothing to close.
+    """
+
     __slots__ = ("entries", "path")
 
     def __init__(self, directory: Path) -> None:

@@ -119,6 +119,21 @@ def new_cluster_id() -> str:
 
 
 class LogManager:
+    """The broker's data directory: every partition log, the topic registry and the broker-wide
+    metadata files.
+
+    Owns: the ``PartitionLog`` of every partition (opened and closed here, nowhere else), the
+    topic registry (``topics.json``), ``meta.properties`` (cluster id), the recovery-point
+    checkpoint and the ``.clean_shutdown`` marker.
+
+    Lifecycle: the constructor opens (and, after an unclean shutdown, recovers) every partition
+    and removes the clean-shutdown marker; from then on ``create_topic``/``delete_topic`` change
+    the registry and ``run_maintenance`` runs periodically (rolls, retention, flushes, producer
+    expiry, checkpoints); ``close`` flushes and closes every partition, writes the checkpoint and
+    the marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
+    broker's event loop is the only caller.
+    """
+
     def __init__(
         self,
         data_dir: Path,

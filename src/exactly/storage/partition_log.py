@@ -109,7 +109,18 @@ class ReadResult:
 
 
 class PartitionLog:
-    """See the module docstring. Create with ``open``."""
+    """One partition's log (see the module docstring for the append and read paths).
+
+    Owns: its directory, the segments (and through them every index file), the partition's
+    ``ProducerStateManager`` (and its snapshots), its ``LeaderEpochCache``, and the offsets
+    (log start, high watermark, LSO, recovery point).
+
+    Lifecycle: created by ``open``, which recovers the directory (``log_loader``) before the log
+    is usable; the ``LogManager`` then appends, reads, rolls, flushes and applies retention
+    through it; ``close`` makes it durable (flush + producer snapshot) and closes every file,
+    ``delete`` closes and removes the directory. Both end the object's use; ``close`` twice is a
+    no-op.
+    """
 
     tp: TopicPartition
     directory: Path

@@ -131,7 +131,18 @@ def _fail(origin: AppendOrigin, error_code: ErrorCode, message: str) -> None:
 
 
 class ProducerStateManager:
-    """Producer state of one partition plus its snapshot files (``<offset:020d>.snapshot``)."""
+    """Producer state of one partition plus its snapshot files (``<offset:020d>.snapshot``).
+
+    Owns: the entry of every producer id that wrote to the partition, the open transactions
+    (``_ongoing``), the map end offset (the offset up to which the log has been applied) and the
+    snapshot files in the partition directory.
+
+    Lifecycle: constructed empty by ``PartitionLog.open``; recovery loads the newest valid
+    snapshot at or below the recovery point and replays the log tail into it; then every append
+    goes through ``prepare_append`` -> log write -> ``complete_append`` (module docstring);
+    snapshots are taken at segment roll and at close, deleted with the segments they cover, and
+    expired producers are removed by the log manager's maintenance. No descriptor stays open.
+    """
 
     def __init__(
         self,

@@ -59,7 +59,17 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> 
 
 
 class LogSegment:
-    """A log file and its indexes; see the module docstring for the invariants."""
+    """A log file and its indexes; see the module docstring for the invariants.
+
+    Owns: the open file descriptor of ``<base>.log`` and its three indexes (offset, time,
+    transaction), plus what it knows about its batches (next offset, max timestamp, size).
+
+    Lifecycle: ``create`` (a new, empty active segment) or ``open`` (an existing one, unread
+    until ``recover``/``ensure_indexes``); appended to while active; ``on_become_inactive`` at
+    roll or close; ``flush`` fsyncs the log and indexes when there are unflushed appends;
+    ``close`` releases the descriptors, ``delete`` closes and removes the files. The owning
+    ``PartitionLog`` is the only caller.
+    """
 
     __slots__ = (
         "_bytes_since_index",

@@ -43,7 +43,15 @@ class AbortedTxnEntry:
 
 
 class TransactionIndex:
-    """In-memory list of aborted transactions, mirrored by an append-only file."""
+    """In-memory list of aborted transactions, mirrored by an append-only file.
+
+    Owns: ``entries`` (ordered by marker offset) and a lazily opened append descriptor of the
+    ``<base>.txnindex`` file. Lifecycle: ``load`` at segment recovery (a corrupt file is deleted
+    and rebuilt by the caller), ``append``/``truncate_to`` as the log changes, ``flush`` with the
+    segment, ``close`` with it. The file is not fsynced on append: like the log, it is made
+    durable by the segment's flush, and recovery rebuilds its entries by replaying the log from
+    the producer-state snapshot onwards.
+    """
 
     __slots__ = ("_fd", "base_offset", "entries", "path")
 
