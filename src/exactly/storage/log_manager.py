@@ -123,14 +123,15 @@ class LogManager:
     metadata files.
 
     Owns: the ``PartitionLog`` of every partition (opened and closed here, nowhere else), the
-    topic registry (``topics.json``), ``meta.properties`` (cluster id), the recovery-point
-    checkpoint and the ``.clean_shutdown`` marker.
+    topic registry (``topics.json``), ``meta.properties`` (cluster id), the recovery-point and
+    log-start-offset checkpoints and the ``.clean_shutdown`` marker.
 
     Lifecycle: the constructor opens (and, after an unclean shutdown, recovers) every partition
-    and removes the clean-shutdown marker; from then on ``create_topic``/``delete_topic`` change
-    the registry and ``run_maintenance`` runs periodically (rolls, retention, flushes, producer
-    expiry, checkpoints); ``close`` flushes and closes every partition, writes the checkpoint and
-    the marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
+    and removes the clean-shutdown marker; from then on ``create_topic``, ``add_partitions`` and
+    ``delete_topic`` change the registry, ``delete_records`` moves log start offsets, and
+    ``run_maintenance`` runs periodically (rolls, retention, flushes, producer expiry,
+    checkpoints); ``close`` flushes and closes every partition, writes the checkpoints and the
+    marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
     broker's event loop is the only caller.
     """
 
