@@ -143,15 +143,10 @@ def test_cycles_finds_a_circle() -> None:
     assert cycles(graph) == [["a", "b", "c"]]
 
 
-# The storage circle (producer state <-> its snapshot codec) is being split on another branch;
-# delete this allowance when that lands. Nothing may be added to it.
-BEING_REMOVED = [["exactly.storage.producer_snapshot", "exactly.storage.producer_state"]]
-
-
 def test_no_import_cycles_in_src() -> None:
     graph = import_graph()
     assert graph.get("exactly.server.broker")
-    found = [c for c in cycles(graph) if c not in BEING_REMOVED]
+    found = cycles(graph)
     assert found == [], "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
