@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# this checkout's package (the broker launcher), whatever the venv has installed
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 
 from benchlib import brokers, drivers, procstat
 from benchlib.brokers import BrokerProcess

@@ -28,7 +28,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,23 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from exactly.spark.orders import Topics, create_topics, generate, read_committed, verify  # noqa: E402
 from exactly.spark.pipeline import JobConfig, start  # noqa: E402
 from exactly.spark.session import build_session  # noqa: E402
-
-
-def start_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exactly", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=open(data_dir / "broker.log", "w"),  # noqa: SIM115
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("exactly listening on "):
-        proc.kill()
-        raise SystemExit(f"broker failed to start; see {data_dir / 'broker.log'}")
-    return proc, line.rsplit(" ", 1)[1]
+from exactly.testing.broker import Broker  # noqa: E402
 
 
 def _measure(query: Any, timeout: float) -> dict[str, float]:
@@ -146,7 +129,8 @@ def main() -> int:
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="exactly-bench-spark-"))
-    proc, bootstrap = start_broker(tmp / "data")
+    broker = Broker(tmp / "data", tmp / "broker.log", name="bench-broker", src=ROOT / "src", cwd=ROOT).start()
+    bootstrap = broker.bootstrap
     spark = None
     samples: list[dict[str, Any]] = []
     try:
@@ -209,11 +193,7 @@ def main() -> int:
     finally:
         if spark is not None:
             spark.stop()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        broker.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     report = render(samples, args)

@@ -18,15 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchlib import procstat
+from exactly.testing.broker import Broker, BrokerError
+from exactly.testing.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 PEER_VENV = BENCH / ".peer-venv"
-LISTEN_PREFIX = "exactly listening on "
-
-
-class BrokerError(RuntimeError):
-    pass
 
 
 def free_port() -> int:
@@ -36,14 +33,14 @@ def free_port() -> int:
 
 
 def wait_tcp(host: str, port: int, deadline: float) -> None:
-    for _ in range(100_000):
-        if time.monotonic() > deadline:
-            raise BrokerError(f"{host}:{port} did not accept connections in time")
+    def accepts() -> bool:
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return
+                return True
         except OSError:
-            time.sleep(0.02)
+            return False
+
+    wait_until(accepts, deadline - time.monotonic(), f"{host}:{port} accepting connections", interval=0.02)
 
 
 @dataclass
@@ -56,6 +53,7 @@ class BrokerProcess:
     ready_s: float
     data_dir: Path | None = None
     info: dict[str, str] = field(default_factory=dict)
+    launcher: Broker | None = None  # exactly's: the shared launcher that owns the process
 
     @property
     def pid(self) -> int:
@@ -78,6 +76,9 @@ class BrokerProcess:
         return "\n".join(lines[-n:])
 
     def stop(self, timeout: float = 30.0) -> int | None:
+        if self.launcher is not None:
+            self.launcher.close()
+            return self.proc.returncode
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -88,39 +89,12 @@ class BrokerProcess:
         return self.proc.returncode
 
     def kill9(self) -> None:
+        if self.launcher is not None:
+            self.launcher.kill()
+            return
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
-
-
-def _wait_for_line(proc: subprocess.Popen[bytes], log_path: Path, prefix: str, deadline: float) -> str:
-    """Poll ``log_path`` until a line starting with ``prefix`` appears; return the rest of that line."""
-    pos = 0
-    buf = b""
-    for _ in range(10_000_000):
-        if time.monotonic() > deadline:
-            raise BrokerError(f"no '{prefix.strip()}' line in time; log tail:\n{_tail(log_path)}")
-        with open(log_path, "rb") as f:
-            f.seek(pos)
-            chunk = f.read()
-        pos += len(chunk)
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            text = line.decode(errors="replace")
-            if text.startswith(prefix):
-                return text[len(prefix) :].strip()
-        if proc.poll() is not None:
-            raise BrokerError(f"broker exited with {proc.returncode}; log tail:\n{_tail(log_path)}")
-        time.sleep(0.002)
-    raise BrokerError("unreachable")
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except FileNotFoundError:
-        return ""
 
 
 def start_exactly(
@@ -130,33 +104,34 @@ def start_exactly(
     log_name: str = "broker.log",
     src: Path | None = None,
 ) -> BrokerProcess:
-    """Start ``python -m exactly serve`` on a free port; return once it printed its listening line.
+    """Start ``python -m exactly serve`` on a free port (with the shared launcher,
+    ``exactly.testing.broker``); return once it printed its listening line.
     ``src``: the package tree to run (default this checkout's ``src``; bench/ab.py passes another
     checkout's to compare two versions of the broker)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log_path = data_dir.parent / f"{data_dir.name}-{log_name}"
-    cmd = [sys.executable, "-m", "exactly", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)]
-    for opt in options or []:
-        cmd += ["-o", opt]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(src or REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child, closed on our side below
-    t0 = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, env=env
+    overrides = dict(opt.split("=", 1) for opt in options or [])
+    launcher = Broker(
+        data_dir,
+        data_dir.parent / f"{data_dir.name}-{log_name}",
+        overrides=overrides,
+        name="exactly",
+        src=src or REPO / "src",
+        cwd=REPO,
     )
-    log.close()
-    try:
-        addr = _wait_for_line(proc, log_path, LISTEN_PREFIX, t0 + timeout)
-    except BaseException:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        raise
-    ready = time.monotonic() - t0
-    info = {"cmd": " ".join(cmd), "src": str(src or REPO / "src")}
-    return BrokerProcess("exactly", proc, addr, log_path, t0, ready, data_dir, info)
+    launcher.start(timeout=timeout)
+    proc = launcher.process
+    assert proc is not None
+    info = {"cmd": " ".join(launcher.command()), "src": str(src or REPO / "src")}
+    return BrokerProcess(
+        "exactly",
+        proc,
+        launcher.bootstrap,
+        launcher.log_path,
+        launcher.started_at,
+        launcher.listening_s,
+        data_dir,
+        info,
+        launcher,
+    )
 
 
 # --------------------------------------------------------------------------------------------- tansu

@@ -16,29 +16,14 @@ Exit code 0 only if the verification passes.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from exactly.testing.broker import Broker
+
 CATEGORIES_NOTE = "sales per category (read_committed from category-sales / total-sales)"
-
-
-def start_broker(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exactly", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=open(data_dir / "broker.log", "w"),  # noqa: SIM115 - lives as long as the broker
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("exactly listening on "):
-        proc.kill()
-        raise SystemExit(f"broker failed to start; see {data_dir / 'broker.log'}")
-    return proc, line.rsplit(" ", 1)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="exactly-demo-") as tmp:
         root = Path(tmp)
-        proc, bootstrap = start_broker(root / "data")
+        broker = Broker(root / "data", root / "broker.log", name="demo-broker").start()
+        bootstrap = broker.bootstrap
         spark = None
         try:
             print(f"broker listening on {bootstrap} (data dir {root / 'data'})", flush=True)
@@ -98,11 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if spark is not None:
                 spark.stop()
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            broker.close()
 
 
 if __name__ == "__main__":

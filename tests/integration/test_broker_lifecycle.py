@@ -5,13 +5,12 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.broker import LISTEN_PREFIX, SRC_DIR, Broker
+from tests.support.broker import LISTEN_PREFIX, SRC_DIR, Broker, serve_command
 from tests.support.clients import admin, consume, create_topic, produce_values
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,16 +63,7 @@ def test_config_file_and_overrides(fresh_broker: Any, tmp_path: Path, topic: str
 def test_second_broker_on_same_data_dir_or_port_fails_cleanly(fresh_broker: Any) -> None:
     b: Broker = fresh_broker()
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exactly",
-            "serve",
-            "--listen",
-            f"127.0.0.1:{b.port}",
-            "--data-dir",
-            str(b.data_dir.parent / "other"),
-        ],
+        serve_command(b.data_dir.parent / "other", f"127.0.0.1:{b.port}"),
         capture_output=True,
         timeout=30,
         env={"PYTHONPATH": str(SRC_DIR), "PATH": "/usr/bin:/bin"},

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -15,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support.broker import SRC_DIR, Broker
+from tests.support.broker import Broker, broker_env, serve_command
 from tests.support.clients import create_topic, produce_values
 from tests.support.wire import WireClient, fetch_request, raw_request
 from tests.support.wire import create_topic as wire_create_topic
@@ -50,14 +47,6 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 def partition_labels(topic: str, partition: int = 0) -> dict[str, str]:
     return {"topic": topic, "partition": str(partition)}
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -189,23 +178,11 @@ def test_serve_metrics_port_flag(tmp_path: Path) -> None:
     ],
 )
 def test_bad_metrics_port_is_refused(tmp_path: Path, args: list[str], message: str) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exactly",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            str(tmp_path / "data"),
-            *args,
-        ],
+        serve_command(tmp_path / "data", extra_args=args),
         capture_output=True,
         timeout=30,
-        env=env,
+        env=broker_env(),
     )
     assert proc.returncode == 2, proc.stderr.decode()
     assert message in proc.stderr.decode()

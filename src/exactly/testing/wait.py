@@ -1,0 +1,51 @@
+"""Waiting for a condition instead of sleeping for a guessed time.
+
+``wait_until(cond, timeout, what)`` calls ``cond()`` until it returns something truthy and returns
+that value; if the deadline passes first it raises :class:`WaitTimeout` (an ``AssertionError``,
+so a test reports it as a failed expectation) naming ``what`` and, when given, the last value
+``describe()`` reports, so the failure says what state things were in rather than just "timeout".
+
+The condition is always evaluated once more after the deadline: a slow machine that gets the
+condition true just as time runs out does not fail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["WaitTimeout", "wait_until"]
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    """The awaited condition did not become true in time."""
+
+
+def wait_until(
+    cond: Callable[[], T],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    interval: float = 0.05,
+    describe: Callable[[], object] | None = None,
+) -> T:
+    """Poll ``cond()`` every ``interval`` seconds until it is truthy; return its value.
+
+    Raises :class:`WaitTimeout` after ``timeout`` seconds, with ``what`` (and ``describe()``'s
+    value, if given) in the message.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            value = cond()
+            if value:
+                return value
+            detail = f"; last state: {describe()}" if describe is not None else ""
+            raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
+        time.sleep(interval)
