@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import ConsumerGroupState, TopicPartition
 
 from exactly.protocol.apis import ApiKey, build, schema
+from exactly.testing.wait import wait_until
 from tests.conftest import BrokerFactory
 from tests.integration.test_groups_confluent import group_consumer
 from tests.server.test_prometheus import metrics_url, scrape, value
@@ -50,15 +51,6 @@ def listed_groups(bootstrap: str) -> dict[str, Any]:
 def described_state(bootstrap: str, group_id: str) -> Any:
     a = admin(bootstrap)
     return a.describe_consumer_groups([group_id], request_timeout=10)[group_id].result(10).state
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, step: float = 1.0) -> float:
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not reached within {timeout}s")
-        time.sleep(step)
-    return time.monotonic() - start
 
 
 def assert_gone_for_good(b: Broker, group_id: str, topic: str) -> None:
@@ -107,10 +99,17 @@ def test_commit_retention_time_expires_a_simple_group(
     assert committed(b.bootstrap, group_id, topic) == 7
     assert group_id in listed_groups(b.bootstrap)
 
-    wait_for(lambda: committed(b.bootstrap, group_id, topic) == OFFSET_INVALID, timeout=30, step=0.5)
+    wait_until(
+        lambda: committed(b.bootstrap, group_id, topic) == OFFSET_INVALID, 30, "offsets expired", interval=0.5
+    )
     samples = scrape(metrics_url(b))
     assert value(samples, "exactly_offsets_expired_total") == 1
-    wait_for(lambda: value(scrape(metrics_url(b)), "exactly_groups_removed_total") == 1, timeout=10, step=0.5)
+    wait_until(
+        lambda: value(scrape(metrics_url(b)), "exactly_groups_removed_total") == 1,
+        10,
+        "exactly_groups_removed_total == 1",
+        interval=0.5,
+    )
     assert_gone_for_good(b, group_id, topic)
 
 
@@ -141,8 +140,12 @@ def test_consumer_group_offsets_expire_after_the_group_is_empty(
     assert committed(b.bootstrap, group_id, topic) == 3
     assert listed_groups(b.bootstrap).get(group_id) == ConsumerGroupState.EMPTY
 
-    waited = wait_for(
-        lambda: committed(b.bootstrap, group_id, topic) == OFFSET_INVALID, timeout=150, step=2.0
+    wait_until(
+        lambda: committed(b.bootstrap, group_id, topic) == OFFSET_INVALID,
+        150,
+        "the empty group's offsets expired",
+        interval=2.0,
     )
-    assert time.monotonic() - empty_since >= 55, f"expired after only {waited:.0f}s"
+    waited = time.monotonic() - empty_since
+    assert waited >= 55, f"expired after only {waited:.0f}s"
     assert_gone_for_good(b, group_id, topic)

@@ -10,8 +10,12 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.describe_producers.v0 import request as dp
+from kio.schema.types import TopicName
+from kio.static.primitive import i32
 
 from exactly.records.builder import Record, build_batch
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.clients import admin, consume, create_topic, produce_values, producer, watermarks
 from tests.support.wire import (
@@ -34,15 +38,15 @@ def test_delete_then_recreate_starts_empty(broker: Broker, topic: str) -> None:
     produce_values(broker.bootstrap, topic, [b"old"] * 5)
     a = admin(broker.bootstrap)
     a.delete_topics([topic], request_timeout=15)[topic].result(15)
-    deadline = time.monotonic() + 15
-    while True:  # deletion may complete asynchronously (Kafka answers before the files are gone)
+
+    def recreated() -> bool:
         try:
             create_topic(broker.bootstrap, topic)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+        except Exception:  # deletion may complete asynchronously (Kafka answers before the files are gone)
+            return False
+        return True
+
+    wait_until(recreated, 15, f"{topic} created again after its deletion", interval=0.2)
     assert watermarks(broker.bootstrap, topic) == (0, 0)
     assert produce_values(broker.bootstrap, topic, [b"new"]) == [0]
     assert [g.value for g in consume(broker.bootstrap, topic, 1)] == [b"new"]
@@ -58,11 +62,13 @@ def test_time_retention_deletes_old_segments(fresh_broker: Any, topic: str) -> N
         if i % 10 == 9:
             p.flush(10)
     assert p.flush(10) == 0
-    deadline = time.monotonic() + 20
-    low, high = watermarks(b.bootstrap, topic)
-    while low == 0 and time.monotonic() < deadline:
-        time.sleep(0.3)
-        low, high = watermarks(b.bootstrap, topic)
+    low, high = wait_until(
+        lambda: (marks := watermarks(b.bootstrap, topic))[0] > 0 and marks,
+        20,
+        "retention advanced the log start offset",
+        interval=0.3,
+        describe=lambda: watermarks(b.bootstrap, topic),
+    )
     assert high == 100
     # (the active segment is never deleted, but it may be a fresh empty one: low == 100 is fine)
     assert 0 < low <= 100, f"retention did not advance the log start offset (low={low})"
@@ -127,10 +133,7 @@ def test_acks_zero_gets_no_response_and_pipelined_responses_keep_order(broker: B
         c.send(produce_request(topic, 0, simple_batch([b"fire-and-forget"]), acks=0), acks_zero=True)
         versions = c.send(ApiVersionsRequest(client_software_name="t", client_software_version="1"))
         assert versions.error_code == 0  # the next frame answers the next request, not the acks=0 one
-        deadline = time.monotonic() + 5
-        while list_offset(c, topic, 0, -1) != (0, 1) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert list_offset(c, topic, 0, -1) == (0, 1)
+        wait_until(lambda: list_offset(c, topic, 0, -1) == (0, 1), 5, "the acks=0 record appended")
 
         # a long-polling Fetch, then an ApiVersions on the same connection: Kafka answers in order
         from tests.support.wire import encode_request
@@ -170,7 +173,19 @@ def test_producer_state_expires(fresh_broker: Any, topic: str) -> None:
 
         assert send(0).error_code == 0
         assert send(5).error_code == 45  # still known: a gap
-        time.sleep(2.5)
+        assert active_producers(c, topic) == [pid]
+        wait_until(lambda: active_producers(c, topic) == [], 10, f"producer {pid} expired")
         part = send(5)
         assert part.error_code == 0, "expired producer should be accepted at any sequence"
         assert int(part.base_offset) == 1
+
+
+def active_producers(c: WireClient, topic: str, partition: int = 0) -> list[int]:
+    """The producer ids DescribeProducers (KIP-664) reports on the partition."""
+    request = dp.DescribeProducersRequest(
+        topics=(dp.TopicRequest(name=TopicName(topic), partition_indexes=(i32(partition),)),)
+    )
+    (t,) = c.send(request).topics
+    (p,) = t.partitions
+    assert p.error_code == 0, f"DescribeProducers error {p.error_code!r}"
+    return [int(state.producer_id) for state in p.active_producers]

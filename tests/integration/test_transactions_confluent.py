@@ -217,7 +217,9 @@ def test_offsets_for_times_under_read_committed_stop_at_the_lso(tb: Broker, topi
     lastFetchableOffset`` in Partition.fetchOffsetForTimestamp): read_committed gets -1 (no offset)."""
     create_topic(tb.bootstrap, topic, partitions=1)
     produce_values(tb.bootstrap, topic, [b"before"])  # offset 0
-    time.sleep(0.01)
+    # t_open must be later than "before"'s timestamp, which the client took before that flush
+    flushed_ms = int(time.time() * 1000)
+    wait_until(lambda: int(time.time() * 1000) > flushed_ms, 1, "the next millisecond", interval=0.001)
     t_open = int(time.time() * 1000)
     p = txn_producer(tb.bootstrap, tid)
     p.init_transactions(15)
@@ -468,6 +470,7 @@ def test_concurrent_read_committed_consumer_sees_only_committed_transactions(
     """Transactions commit and abort while a read_committed consumer reads along."""
     create_topic(tb.bootstrap, topic, partitions=2)
     seen: list[bytes] = []
+    positions: dict[int, int] = {}  # the reader's position per partition after its last poll
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -480,6 +483,8 @@ def test_concurrent_read_committed_consumer_sees_only_committed_transactions(
                     if m.error() is not None:
                         raise AssertionError(m.error())
                     seen.append(m.value())
+                for tp in c.position([TopicPartition(topic, part) for part in (0, 1)]):
+                    positions[tp.partition] = tp.offset
         except BaseException as exc:  # reported by the main thread
             failures.append(exc)
         finally:
@@ -499,8 +504,15 @@ def test_concurrent_read_committed_consumer_sees_only_committed_transactions(
         else:
             p.commit_transaction(15)
             expected += [v for _, _, v in items]
-    wait_until(lambda: len(seen) >= len(expected) or bool(failures), 10, "concurrent reader caught up")
-    time.sleep(0.3)
+    # every transaction is complete, so the LSO is the log end: a reader positioned there has
+    # been handed everything it will ever get (and anything it should not have seen)
+    ends = end_offsets(tb.bootstrap, topic, [0, 1], READ_COMMITTED)
+    wait_until(
+        lambda: all(positions.get(part, -1) >= end for part, end in ends.items()) or bool(failures),
+        10,
+        f"concurrent reader at the end offsets {ends}",
+        describe=lambda: positions,
+    )
     stop.set()
     th.join(10)
     assert not failures, failures

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from exactly.spark.orders import Topics, create_topics, generate, verify
+from exactly.testing.wait import wait_until
 from tests.support.broker import SRC_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -88,25 +89,27 @@ class Pipeline:
         return sum(1 for line in self.text().splitlines() if PROGRESS.match(line))
 
     def wait_until(self, check: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
+        """``check()`` within ``timeout``; fails at once if the pipeline exits first."""
+
+        def done() -> bool:
+            if check():
+                return True
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"pipeline exited ({self.proc.returncode}) before {what}:\n{self.text()[-4000:]}"
                 )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout}s:\n{self.text()[-4000:]}")
-            time.sleep(0.05)
+            return False
+
+        wait_until(done, timeout, what, describe=lambda: self.text()[-4000:])
 
     def kill_jvm(self) -> int:
         """SIGKILL the driver JVM, then everything else the pipeline started. Returns the JVM pid."""
-        deadline = time.monotonic() + 30
-        while not (javas := [pid for pid in _descendants(self.proc.pid) if _comm(pid) == "java"]):
-            assert self.proc.poll() is None, (
-                f"pipeline exited ({self.proc.returncode}):\n{self.text()[-4000:]}"
-            )
-            assert time.monotonic() < deadline, f"no java process under pipeline pid {self.proc.pid}"
-            time.sleep(0.05)
+        javas = wait_until(
+            lambda: [pid for pid in _descendants(self.proc.pid) if _comm(pid) == "java"],
+            30,
+            f"a java process under pipeline pid {self.proc.pid}",
+            describe=lambda: f"pipeline exit code {self.proc.poll()}:\n{self.text()[-4000:]}",
+        )
         for pid in javas:
             os.kill(pid, signal.SIGKILL)
         self.kill_all()

@@ -24,6 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, build_batch, decode_batch
 from exactly.records.control import ControlType, read_control_marker
+from exactly.testing.wait import wait_until as wait_until  # re-exported: tests import it from here
 from tests.support.broker import Broker
 from tests.support.clients import QUIET, Got
 from tests.support.reporting import note_broker
@@ -433,13 +434,3 @@ def wire_offset_fetch(
     if int(r.error_code) != 0:
         out = {p: (int(r.error_code), -1) for p in out}
     return out
-
-
-def wait_until(cond: Any, timeout: float, what: str, interval: float = 0.05) -> float:
-    """Poll ``cond()`` until true; -> seconds taken. Raises AssertionError naming ``what``."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"{what}: not reached within {timeout}s")
-        time.sleep(interval)
-    return time.monotonic() - start
