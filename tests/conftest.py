@@ -1,6 +1,8 @@
 """Shared fixtures: real broker subprocesses, a fault proxy, unique topic names, kcat.
 
 * ``broker`` - one broker for the whole session (cheap tests; never kill or restart it).
+* ``module_broker`` - one broker per test module with the settings of the module's
+  ``module_broker_config`` fixture (default: none), restarted if an earlier test stopped it.
 * ``fresh_broker`` - a factory for private brokers (``fresh_broker(**{"log.segment.bytes": "1024"})``)
   that a test may stop, kill -9 and restart; all are shut down after the test.
 * ``proxied_broker`` - a factory for a private broker behind a ``FaultProxy``; clients bootstrap to
@@ -69,6 +71,42 @@ def broker(_session_broker: Broker, request: pytest.FixtureRequest) -> Broker:
         _session_broker.restart()
     note_broker(request, _session_broker)
     return _session_broker
+
+
+@pytest.fixture(scope="module")
+def module_broker_config() -> dict[str, str]:
+    """Settings (``-o key=value``) of the requesting module's ``module_broker``.
+
+    The parameter of ``module_broker``: a test module (or a conftest) configures its broker by
+    defining a fixture of this name, e.g.
+    ``@pytest.fixture(scope="module") def module_broker_config(): return {"num.partitions": "3"}``."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def _module_broker(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_broker_config: Mapping[str, str],
+) -> Iterator[Broker]:
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    base = tmp_path_factory.mktemp(name)
+    b = Broker(base / "data", base / "broker.log", overrides=module_broker_config, name=f"{name}-broker")
+    try:
+        b.start()
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def module_broker(_module_broker: Broker, request: pytest.FixtureRequest) -> Broker:
+    """One broker per test module, configured by ``module_broker_config``. Tests may stop, kill
+    or restart it: the next test gets it running again (on the same data dir)."""
+    if not _module_broker.running:
+        _module_broker.restart()
+    note_broker(request, _module_broker)
+    return _module_broker
 
 
 BrokerFactory = Callable[..., Broker]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
 
 import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsV0
@@ -14,7 +13,6 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersions
 from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
 
 from tests.support.broker import Broker
-from tests.support.reporting import note_broker
 from tests.support.wire import (
     WireClient,
     create_topic,
@@ -34,26 +32,13 @@ API_VERSIONS, API_CREATE_TOPICS, API_INIT_PRODUCER_ID = 18, 19, 22
 
 
 @pytest.fixture(scope="module")
-def _small_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    base = tmp_path_factory.mktemp("bad-input")
-    b = Broker(
-        base / "data",
-        base / "broker.log",
-        overrides={"socket.request.max.bytes": str(MAX_REQUEST)},
-        name="bad-input-broker",
-    )
-    try:
-        b.start()
-        yield b
-    finally:
-        b.close()
+def module_broker_config() -> dict[str, str]:
+    return {"socket.request.max.bytes": str(MAX_REQUEST)}
 
 
 @pytest.fixture
-def sb(_small_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    if not _small_broker.running:
-        _small_broker.restart()
-    return note_broker(request, _small_broker)
+def sb(module_broker: Broker) -> Broker:
+    return module_broker
 
 
 def assert_still_serving(broker: Broker) -> None:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from exactly.testing.wait import next_millisecond
 from tests.support.broker import Broker
 from tests.support.clients import consume, create_topic, produce_values
 
@@ -104,7 +105,7 @@ def test_kcat_query_offset_by_timestamp(kcat: str, broker: Broker, topic: str) -
             f"enable.idempotence={'true' if i else 'false'}",
             stdin=lines.splitlines(keepends=True)[i],
         )
-        time.sleep(0.01)
+        next_millisecond()
     got = consume(broker.bootstrap, topic, 5)
     ts = [g.timestamp for g in got]
     assert ts == sorted(ts) and ts[0] > base

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,8 +21,7 @@ from tests.support.txn_helpers import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
     log_entries,
-    module_broker,
-    use_broker,
+    txn_broker_config,
     wire_offset_fetch,
 )
 from tests.support.wire import WireClient
@@ -34,15 +33,13 @@ FENCED = (aerr.ProducerFenced, aerr.InvalidProducerEpoch)
 
 
 @pytest.fixture(scope="module")
-def _aio_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    yield from module_broker(
-        tmp_path_factory, "txn-aiokafka", **{"transaction.max.timeout.ms": str(MAX_TXN_TIMEOUT_MS)}
-    )
+def module_broker_config() -> dict[str, str]:
+    return txn_broker_config(**{"transaction.max.timeout.ms": str(MAX_TXN_TIMEOUT_MS)})
 
 
 @pytest.fixture
-def ab(_aio_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    return use_broker(_aio_broker, request)
+def ab(module_broker: Broker) -> Broker:
+    return module_broker
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from exactly.testing.wait import next_millisecond
 from tests.support.broker import Broker
 from tests.support.clients import QUIET, create_topic, produce_values
 from tests.support.txn_helpers import (
@@ -28,12 +29,11 @@ from tests.support.txn_helpers import (
     end_offsets,
     kafka_error,
     log_entries,
-    module_broker,
     plain_consumer,
     produce_flush,
     read_to_end,
+    txn_broker_config,
     txn_producer,
-    use_broker,
     values,
     wait_until,
     wire_fetch,
@@ -48,15 +48,13 @@ MAX_TXN_TIMEOUT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
-def _txn_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    yield from module_broker(
-        tmp_path_factory, "txn-confluent", **{"transaction.max.timeout.ms": str(MAX_TXN_TIMEOUT_MS)}
-    )
+def module_broker_config() -> dict[str, str]:
+    return txn_broker_config(**{"transaction.max.timeout.ms": str(MAX_TXN_TIMEOUT_MS)})
 
 
 @pytest.fixture
-def tb(_txn_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    return use_broker(_txn_broker, request)
+def tb(module_broker: Broker) -> Broker:
+    return module_broker
 
 
 @pytest.fixture
@@ -217,10 +215,7 @@ def test_offsets_for_times_under_read_committed_stop_at_the_lso(tb: Broker, topi
     lastFetchableOffset`` in Partition.fetchOffsetForTimestamp): read_committed gets -1 (no offset)."""
     create_topic(tb.bootstrap, topic, partitions=1)
     produce_values(tb.bootstrap, topic, [b"before"])  # offset 0
-    # t_open must be later than "before"'s timestamp, which the client took before that flush
-    flushed_ms = int(time.time() * 1000)
-    wait_until(lambda: int(time.time() * 1000) > flushed_ms, 1, "the next millisecond", interval=0.001)
-    t_open = int(time.time() * 1000)
+    t_open = next_millisecond()  # later than "before"'s timestamp, taken before that flush
     p = txn_producer(tb.bootstrap, tid)
     p.init_transactions(15)
     p.begin_transaction()

@@ -4,11 +4,11 @@ transaction.max.timeout.ms on InitProducerId."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.txn_helpers import (
     CONCURRENT_TRANSACTIONS,
@@ -17,9 +17,8 @@ from tests.support.txn_helpers import (
     INVALID_TXN_STATE,
     PRODUCER_FENCED,
     log_entries,
-    module_broker,
     txn_batch,
-    use_broker,
+    txn_broker_config,
     wire_add_partitions,
     wire_end_txn,
     wire_fetch,
@@ -35,15 +34,13 @@ MAX_TXN_TIMEOUT_MS = 60_000
 
 
 @pytest.fixture(scope="module")
-def _wire_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    yield from module_broker(
-        tmp_path_factory, "txn-wire", **{"transaction.max.timeout.ms": str(MAX_TXN_TIMEOUT_MS)}
-    )
+def module_broker_config() -> dict[str, str]:
+    return txn_broker_config(**{"transaction.max.timeout.ms": str(MAX_TXN_TIMEOUT_MS)})
 
 
 @pytest.fixture
-def wb(_wire_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    return use_broker(_wire_broker, request)
+def wb(module_broker: Broker) -> Broker:
+    return module_broker
 
 
 @pytest.fixture
@@ -54,12 +51,13 @@ def tid(unique_name: Callable[[str], str]) -> str:
 def _init(wc: WireClient, tid: str, timeout_ms: int = 30_000) -> tuple[int, int]:
     """InitProducerId, retried on CONCURRENT_TRANSACTIONS as clients do: with an ongoing transaction
     of the previous instance Kafka first answers 51 while it aborts that transaction."""
-    deadline = time.monotonic() + 10
-    while True:
-        error, pid, epoch = wire_init_producer_id(wc, tid, timeout_ms)
-        if error != CONCURRENT_TRANSACTIONS or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    error, pid, epoch = wait_until(
+        lambda: (
+            (answer := wire_init_producer_id(wc, tid, timeout_ms))[0] != CONCURRENT_TRANSACTIONS and answer
+        ),
+        10,
+        f"InitProducerId({tid}) past CONCURRENT_TRANSACTIONS",
+    )
     assert error == 0, f"InitProducerId({tid}) error {error}"
     return pid, epoch
 

@@ -55,11 +55,17 @@ PRODUCER_FENCED = 90
 
 
 # ------------------------------------------------------------------ broker fixtures
+def txn_broker_config(**overrides: str) -> dict[str, str]:
+    """``TXN_BROKER_CONFIG`` plus ``overrides`` (``_`` may stand for ``.`` in the keys): the usual
+    value of a transactional test module's ``module_broker_config`` fixture."""
+    return {**TXN_BROKER_CONFIG, **{k.replace("_", "."): str(v) for k, v in overrides.items()}}
+
+
 def module_broker(tmp_path_factory: pytest.TempPathFactory, name: str, **overrides: str) -> Iterator[Broker]:
-    """Body of a module-scoped broker fixture (``yield from module_broker(...)``)."""
+    """Body of a module-scoped broker fixture (``yield from module_broker(...)``). The
+    ``module_broker`` fixture with ``module_broker_config = txn_broker_config(...)`` does the same."""
     base = tmp_path_factory.mktemp(name)
-    conf = {**TXN_BROKER_CONFIG, **{k.replace("_", "."): str(v) for k, v in overrides.items()}}
-    b = Broker(base / "data", base / "broker.log", overrides=conf, name=name)
+    b = Broker(base / "data", base / "broker.log", overrides=txn_broker_config(**overrides), name=name)
     try:
         b.start()
         yield b

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["WaitTimeout", "wait_until"]
+__all__ = ["WaitTimeout", "next_millisecond", "wait_until"]
 
 T = TypeVar("T")
 
@@ -49,3 +49,17 @@ def wait_until(
             detail = f"; last state: {describe()}" if describe is not None else ""
             raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
         time.sleep(interval)
+
+
+def next_millisecond() -> int:
+    """Wait for the wall clock to enter a later millisecond than now; return that (epoch ms).
+
+    For a test that needs a timestamp strictly later than every one taken before the call (record
+    timestamps are epoch milliseconds, so two taken within one millisecond are equal)."""
+    now = time.time_ns() // 1_000_000
+    return wait_until(
+        lambda: (later := time.time_ns() // 1_000_000) > now and later,
+        1.0,
+        "the wall clock's next millisecond",
+        interval=0.0005,
+    )
