@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from exactly.testing.wait import wait_until
 from tests.support.broker import SRC_DIR, Broker
 from tests.support.clients import consume, create_topic, produce_values
 
@@ -81,10 +82,7 @@ def test_topics_create_list_describe_delete(broker: Broker, topic: str) -> None:
     assert f"Topic: {topic}\t" in ok("topics", "describe", *bs)  # all topics
 
     ok("topics", "delete", topic, *bs)
-    deadline = time.monotonic() + 10
-    while topic in ok("topics", "list", *bs).splitlines() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert topic not in ok("topics", "list", *bs).splitlines()
+    wait_until(lambda: topic not in ok("topics", "list", *bs).splitlines(), 10, f"{topic} gone", interval=0.2)
 
 
 def test_topics_create_with_broker_default_partitions(broker: Broker, topic: str) -> None:
@@ -276,7 +274,7 @@ def test_consume_default_starts_at_end(broker: Broker, topic: str) -> None:
         while proc.poll() is None and i < 100:
             produce_values(broker.bootstrap, topic, [f"new-{i}".encode()])
             i += 1
-            time.sleep(0.3)
+            time.sleep(0.3)  # a record every 0.3 s: the pace, not a synchronisation
         out, err = proc.communicate(timeout=40)
     finally:
         if proc.poll() is None:

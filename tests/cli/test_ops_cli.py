@@ -143,7 +143,6 @@ def test_txn_list_describe_and_find_hanging_show_an_open_transaction(broker: Bro
     assert [r["TransactionalId"] for r in by_pid] == [t]
     assert t not in {r["TransactionalId"] for r in table(ok("txn", "list", "--duration-ms", "600000", *bs))}
 
-    time.sleep(0.2)
     (desc,) = table(ok("txn", "describe", t, *bs))
     assert desc["TransactionState"] == "Ongoing"
     assert desc["ProducerId"] == producer_id

@@ -199,7 +199,7 @@ def test_copiers_under_bounces_copy_exactly_once(
                     b.restart(same_port=True, clean=what == "clean")
                 bounces.append(what)
                 next_fault = time.monotonic() + rng.uniform(2, 4)
-            time.sleep(0.2)
+            time.sleep(0.2)  # the supervisor's pace
     finally:
         stop.set()
         reader.join(15)

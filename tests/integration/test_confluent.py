@@ -13,6 +13,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.clients import (
     admin,
@@ -65,10 +66,7 @@ def test_create_list_describe_delete(broker: Broker, topic: str) -> None:
     assert configs["cleanup.policy"].value == "delete"
 
     assert a.delete_topics([topic], request_timeout=15)[topic].result(15) is None
-    deadline = time.monotonic() + 10
-    while topic in a.list_topics(timeout=10).topics and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert topic not in a.list_topics(timeout=10).topics
+    wait_until(lambda: topic not in a.list_topics(timeout=10).topics, 10, f"{topic} gone from Metadata")
 
 
 def test_describe_cluster(broker: Broker) -> None:

@@ -33,7 +33,7 @@ def test_idle_connection_is_closed_and_busy_ones_are_not(fresh_broker: BrokerFac
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             _ask(busy)  # a request every 100 ms keeps this one active
-            time.sleep(0.1)
+            time.sleep(0.1)  # the traffic pattern under test, not a synchronisation
         assert idle.is_closed(wait=2.0)
         _ask(busy)
         assert parked.recv_frame()  # the parked Fetch was answered, not cut off
@@ -41,5 +41,5 @@ def test_idle_connection_is_closed_and_busy_ones_are_not(fresh_broker: BrokerFac
     b2 = fresh_broker(**{"connections.max.idle.ms": "-1"})
     with WireClient(b2.bootstrap) as c:
         _ask(c)
-        time.sleep(1.0)
+        time.sleep(1.0)  # longer than a 600 ms limit would allow: nothing to await, the close must not come
         _ask(c)

@@ -9,6 +9,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.clients import consume, create_topic
 from tests.support.wire import WireClient, fetch_batches
@@ -32,10 +33,7 @@ def test_admin_create_list_describe_delete(broker: Broker, topic: str) -> None:
             a.create_topics({topic: {"num_partitions": 1, "replication_factor": 1}})
 
         a.delete_topics([topic])
-        deadline = time.monotonic() + 10
-        while topic in a.list_topics() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert topic not in a.list_topics()
+        wait_until(lambda: topic not in a.list_topics(), 10, f"{topic} gone from the topic list")
         with pytest.raises(UnknownTopicOrPartitionError):
             a.delete_topics([topic])
     finally:

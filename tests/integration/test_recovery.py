@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from exactly.records.builder import Record, build_batch
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.clients import consume, consumer, create_topic, produce_values, producer, watermarks
 from tests.support.wire import (
@@ -68,9 +69,7 @@ def test_kill9_during_long_produce_keeps_every_acked_record(fresh_broker: Any, t
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    deadline = time.monotonic() + 30
-    while len(acked) < 20_000 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(acked) >= 20_000, 30, "20000 records acknowledged before the kill")
     b.kill()  # mid-stream: batches are in flight
     stop.set()
     t.join(10)

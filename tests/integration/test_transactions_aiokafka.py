@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as aerr
 from aiokafka.structs import OffsetAndMetadata
 
+from exactly.testing.wait import wait_until_async
 from tests.support.broker import Broker
 from tests.support.clients import create_topic, produce_values
 from tests.support.txn_helpers import (
@@ -323,10 +324,13 @@ def test_timed_out_transaction_is_aborted_and_the_late_commit_fails(ab: Broker, 
             await p.begin_transaction()
             await send_all(p, [(topic, 0, b"slow-0"), (topic, 0, b"slow-1")])
             assert await end_offsets(ab.bootstrap, topic, (0,), READ_COMMITTED) == {0: 0}
-            deadline = time.monotonic() + 10
-            while kinds() != ["data", "data", "ABORT"]:
-                assert time.monotonic() < deadline, f"no coordinator abort: {kinds()}"
-                await asyncio.sleep(0.1)
+            await wait_until_async(
+                lambda: kinds() == ["data", "data", "ABORT"],
+                10,
+                "the coordinator's abort of the timed-out transaction",
+                interval=0.1,
+                describe=kinds,
+            )
             assert await end_offsets(ab.bootstrap, topic, (0,), READ_COMMITTED) == {0: 3}
             assert await read_to_end(ab.bootstrap, topic, (0,), READ_COMMITTED) == []
             ru = await read_to_end(ab.bootstrap, topic, (0,), READ_UNCOMMITTED)

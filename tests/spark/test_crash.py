@@ -172,7 +172,7 @@ def test_driver_sigkill_after_partial_sink_commit_and_at_random_points(
         "--sink-option", f"testing.hookDir={hooks}", "--sink-option", "testing.hangBatch=1",
     )  # fmt: skip
     run.wait_until(lambda: any(hooks.glob("committed-1-*")), 240, "a committed task in batch 1")
-    time.sleep(rng.uniform(0.0, 1.0))
+    time.sleep(rng.uniform(0.0, 1.0))  # a random kill point (the fault), not a synchronisation
     run.kill_jvm()
     assert not (ckpt / "commits" / "1").exists(), "Spark committed batch 1 although a task never returned"
     committed = sorted(p.name for p in hooks.glob("committed-1-*"))
@@ -183,7 +183,7 @@ def test_driver_sigkill_after_partial_sink_commit_and_at_random_points(
         log, bootstrap, topics, ckpt, "--trigger", "processingTime:1s", "--max-offsets-per-trigger", "700"
     )
     run.wait_until(lambda: run.batches_seen() >= 1, 240, "a micro-batch after the restart")
-    time.sleep(rng.uniform(0.0, 2.5))
+    time.sleep(rng.uniform(0.0, 2.5))  # a random kill point (the fault)
     run.kill_jvm()
 
     # 3. restart and catch up
@@ -205,9 +205,9 @@ def test_broker_kill9_mid_run(fresh_broker: Any, tmp_path: Path) -> None:
         "--until-caught-up", "--timeout", "240",
     )  # fmt: skip
     run.wait_until(lambda: run.batches_seen() >= 2, 240, "two micro-batches")
-    time.sleep(random.uniform(0.0, 1.0))
+    time.sleep(random.uniform(0.0, 1.0))  # a random kill point (the fault)
     broker.kill()
-    time.sleep(1.0)
+    time.sleep(1.0)  # the outage the pipeline has to ride out
     broker.restart(same_port=True)
     assert broker.bootstrap == bootstrap
     code = run.finish(300)

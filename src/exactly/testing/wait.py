@@ -1,6 +1,6 @@
 """Waiting for a condition instead of sleeping for a guessed time.
 
-``wait_until(cond, timeout, what)`` calls ``cond()`` until it returns something truthy and returns
+``wait_until(cond, timeout, what)`` (``wait_until_async`` on an event loop) calls ``cond()`` until it returns something truthy and returns
 that value; if the deadline passes first it raises :class:`WaitTimeout` (an ``AssertionError``,
 so a test reports it as a failed expectation) naming ``what`` and, when given, the last value
 ``describe()`` reports, so the failure says what state things were in rather than just "timeout".
@@ -11,11 +11,12 @@ condition true just as time runs out does not fail.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["WaitTimeout", "next_millisecond", "wait_until"]
+__all__ = ["WaitTimeout", "next_millisecond", "wait_until", "wait_until_async"]
 
 T = TypeVar("T")
 
@@ -49,6 +50,29 @@ def wait_until(
             detail = f"; last state: {describe()}" if describe is not None else ""
             raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
         time.sleep(interval)
+
+
+async def wait_until_async(
+    cond: Callable[[], T],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    interval: float = 0.05,
+    describe: Callable[[], object] | None = None,
+) -> T:
+    """:func:`wait_until` for code on an event loop: the loop keeps running between the polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            value = cond()
+            if value:
+                return value
+            detail = f"; last state: {describe()}" if describe is not None else ""
+            raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
+        await asyncio.sleep(interval)
 
 
 def next_millisecond() -> int:
