@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from exactly.testing.wait import wait_until
 from tests.spark.helpers import read_all
 from tests.support.clients import create_topic, produce_values
 
@@ -98,10 +98,13 @@ def test_output_invisible_until_each_task_commits(
 
     thread = threading.Thread(target=write, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
-    while not ((hooks / "paused-0").exists() and (hooks / "paused-1").exists()):
-        assert time.monotonic() < deadline and not errors, errors
-        time.sleep(0.1)
+    wait_until(
+        lambda: errors or ((hooks / "paused-0").exists() and (hooks / "paused-1").exists()),
+        120,
+        "both write tasks paused before their commit",
+        interval=0.1,
+    )
+    assert not errors, errors
     both = range(2)
     assert read_all(bootstrap, topic, both) == []
     assert Counter(g.value for g in read_all(bootstrap, topic, both, committed=False)) == {
@@ -109,10 +112,7 @@ def test_output_invisible_until_each_task_commits(
         b"p1": 20,
     }
     (hooks / "resume-0").touch()
-    deadline = time.monotonic() + 60
-    while not read_all(bootstrap, topic, both):
-        assert time.monotonic() < deadline, "task 0 committed but its records never became visible"
-        time.sleep(0.5)
+    wait_until(lambda: read_all(bootstrap, topic, both), 60, "task 0's records visible after its commit")
     assert Counter(g.value for g in read_all(bootstrap, topic, both)) == {b"p0": 20}
     (hooks / "resume-1").touch()
     thread.join(120)
@@ -196,17 +196,70 @@ def test_replayed_batch_is_skipped(
         assert sum(values.values()) == 100 + 20 and max(values.values()) == 2  # last batch: 100 - 2*40
 
 
-def test_driver_commit_twice_is_harmless(spark: Any, bootstrap: str, topic: str) -> None:
-    from pyspark.sql.types import StringType, StructField, StructType
+def test_driver_commit_and_abort_leave_what_readers_see_to_the_tasks(
+    bootstrap: str, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks commit their own transactions; the driver's ``commit`` (which Spark may call twice)
+    and ``abort`` only report. So a read_committed reader sees a committed task's records once,
+    before and after the driver's abort and commits, never a failed attempt's records; and Spark's
+    replay of the batch skips the committed task and rewrites the failed one.
 
+    Two write tasks of micro-batch 5 run here in the test process, as an executor would run them:
+    task 0 writes Kafka partition 0 and commits; task 1 writes Kafka partition 1 and dies before
+    its commit (``testing.failOnce``), leaving its transaction open."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from exactly.spark import sink
+    from exactly.spark.faults import InjectedFault
     from exactly.spark.options import parse_sink_options
-    from exactly.spark.sink import ExactlyStreamWriter, SinkCommitMessage
 
-    schema = StructType([StructField("value", StringType())])
-    writer = ExactlyStreamWriter(
-        parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": topic}), schema
+    create_topic(bootstrap, topic, partitions=2)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "failed-before-commit-5-0").touch()  # task 0 has had its failure: it commits
+    options = parse_sink_options(
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": topic,
+            "testing.hookDir": str(hooks),
+            "testing.failOnce": "before-commit",
+        }
     )
-    messages: list[Any] = [SinkCommitMessage(0, 0, 5, 10, transactional_id="t"), None]
-    writer.commit(messages, 5)
-    writer.commit(messages, 5)
-    writer.abort(messages, 5)
+    schema = StructType([StructField("value", StringType()), StructField("partition", IntegerType())])
+    writer = sink.ExactlyStreamWriter(options, schema)  # on the driver: creates the progress topic
+    write_id, batch = f"q-{topic}", 5
+    attempts = Counter[int]()
+
+    def run_task(partition: int) -> sink.SinkCommitMessage:
+        attempt = attempts[partition]
+        attempts[partition] += 1
+        monkeypatch.setattr(sink, "_task", lambda: (partition, attempt, write_id, batch))
+        rows = iter([(topic, None, b"p%d-%d" % (partition, i), partition, None) for i in range(10)])
+        return sink.write_exactly_once(options, writer.progress_partitions, write_id, batch, rows)
+
+    def visible() -> dict[int, list[bytes]]:
+        got = read_all(bootstrap, topic, range(2))
+        return {p: [g.value for g in got if g.partition == p] for p in range(2)}
+
+    task0 = run_task(0)
+    assert (task0.records, task0.skipped) == (10, False)
+    with pytest.raises(InjectedFault):
+        run_task(1)
+    only_task0 = {0: [b"p0-%d" % i for i in range(10)], 1: []}
+    assert visible() == only_task0
+    assert len(read_all(bootstrap, topic, [1], committed=False)) == 10  # flushed, not committed
+
+    writer.abort([task0, None], batch)  # the job failed: task 0's records stay, task 1's stay out
+    assert visible() == only_task0
+
+    retried = run_task(1)  # Spark's replay of batch 5: fences task 1's open transaction, rewrites
+    replayed = run_task(0)  # ... and finds task 0's progress marker
+    assert (retried.records, retried.skipped) == (10, False)
+    assert (replayed.records, replayed.skipped) == (0, True)
+    both = {0: [b"p0-%d" % i for i in range(10)], 1: [b"p1-%d" % i for i in range(10)]}
+    assert visible() == both
+    writer.commit([replayed, retried], batch)
+    writer.commit([replayed, retried], batch)  # Spark may repeat the commit of a batch
+    assert visible() == both
+    # the aborted first attempt of task 1 is in the log, for read_uncommitted readers only
+    assert len(read_all(bootstrap, topic, [1], committed=False)) == 20
