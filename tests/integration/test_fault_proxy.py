@@ -77,7 +77,7 @@ def test_drop_next_responses_of_one_api_keeps_connection(proxy: FaultProxy) -> N
         c.send_frame(raw_request(0, 0, 2))
         c.send_frame(raw_request(0, 0, 3))
         c.send_frame(raw_request(0, 0, 4))
-        c._corr = 4
+        c._correlation = 4
         (got,) = struct.unpack_from(">i", c.recv_frame())
         assert got == 4  # 2 and 3 were swallowed, the connection lives on
     assert proxy.stats.dropped_by_api == {0: 2}

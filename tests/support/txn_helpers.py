@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from exactly.protocol.apis import build
 from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, build_batch, decode_batch
 from exactly.records.control import ControlType, read_control_marker
@@ -28,7 +29,7 @@ from exactly.testing.wait import wait_until as wait_until  # re-exported: tests 
 from tests.support.broker import Broker
 from tests.support.clients import QUIET, Got
 from tests.support.reporting import note_broker
-from tests.support.wire import WireClient, _build, fetch_request, produce_request
+from tests.support.wire import WireClient, fetch_request, produce_request
 
 # Fast timers: timed-out transactions are checked every 0.5 s, groups form at once and sessions may
 # be short (the zombie tests let a frozen member's 3 s session expire).
@@ -212,7 +213,7 @@ def wire_init_producer_id(
     from kio.static.primitive import i16
 
     mod = _mod("init_producer_id", version)
-    req = _build(
+    req = build(
         mod.InitProducerIdRequest,
         transactional_id=None if transactional_id is None else TransactionalId(transactional_id),
         transaction_timeout=datetime.timedelta(milliseconds=timeout_ms),
@@ -317,7 +318,7 @@ def wire_list_offset(
     from kio.static.primitive import i8, i32, i64
 
     mod = _mod("list_offsets", version)
-    part = _build(
+    part = build(
         mod.ListOffsetsPartition,
         partition_index=i32(partition),
         timestamp=i64(timestamp),

@@ -1,52 +1,53 @@
-"""A minimal blocking Kafka wire client for socket-level tests, built on kio.
+"""The wire client of socket-level tests: the production client (``exactly.client.wire``) plus
+what only tests need.
 
-``WireClient.send(request)`` frames a kio request entity with the right request header (v1 for
-non-flexible versions, v2 for flexible ones), sends it, reads one response frame and parses it
-with the matching kio response class (response header v0, or v1 for flexible versions; ApiVersions
-responses always use header v0). ``send_raw``/``recv_frame`` give byte-level control for
-malformed-input tests, and ``is_closed`` tells whether the broker hung up.
+``WireClient(bootstrap)`` is the production :class:`exactly.client.wire.WireClient` on a fresh
+connection *without* the ApiVersions exchange (tests decide what goes on the wire first).
+``send(request)`` frames a kio request entity, awaits and parses its response exactly as the
+command line tools do. On top of that, for malformed-input and fault tests:
+
+* ``send_raw`` / ``send_frame`` / ``recv_frame`` - bytes, a size-prefixed frame, one response frame;
+* ``send(request, acks_zero=True)`` - a request that gets no response (acks=0 produce);
+* ``is_closed`` - whether the broker hangs up; a closed connection raises :class:`ConnectionClosed`;
+* ``encode_request`` (no size prefix), ``raw_request`` (a hand-made header for odd keys and
+  versions) and ``parse_response`` (a response frame read with ``recv_frame``).
 """
 
 from __future__ import annotations
 
-import io
+import datetime
 import socket
 import struct
 import time
 from typing import Any
 
-from kio.index import load_response_schema
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.create_topics.v4 import request as ct
+from kio.schema.list_offsets.v1 import request as lo
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i16, i32, i32Timedelta
+from kio.schema.types import BrokerId, ProducerId, TopicName
+from kio.serial import entity_reader
+from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
-from exactly.records.builder import Record, build_batch
+from exactly.client import wire as production
+from exactly.client.wire import WireError, parse_bootstrap
+from exactly.protocol.apis import ApiKey, build, schema
+from exactly.records.batch import BatchHeader
+from exactly.records.builder import Record, build_batch, decode_batch
 
-API_VERSIONS_KEY = 18
 _SIZE = struct.Struct(">i")
+# kio entities from the fields the entity's version has (the others: defaults, zeros); kept under
+# its old name for helpers that import it from here
+_build = build
 
 
-class ConnectionClosed(ConnectionError):
+class ConnectionClosed(WireError):
     """The broker closed the connection instead of answering."""
 
 
 def encode_request(request: Any, correlation_id: int, client_id: str | None = "wire-test") -> bytes:
-    """Request header + body (no size prefix)."""
-    flexible = bool(request.__flexible__)
-    header_cls: Any = RequestHeaderV2 if flexible else RequestHeaderV1
-    header = header_cls(
-        request_api_key=i16(request.__api_key__),
-        request_api_version=i16(request.__version__),
-        correlation_id=i32(correlation_id),
-        client_id=client_id,
-    )
-    buf = io.BytesIO()
-    entity_writer(header_cls)(buf, header)
-    entity_writer(type(request))(buf, request)
-    return buf.getvalue()
+    """Request header + body (no size prefix): the production encoding, for ``send_frame``."""
+    return production.encode_request(request, correlation_id, client_id)[_SIZE.size :]
 
 
 def raw_request(
@@ -77,31 +78,18 @@ def parse_response(response_cls: Any, payload: bytes, *, header_v1: bool) -> tup
     return int(header.correlation_id), body
 
 
-class WireClient:
-    """One blocking TCP connection to a broker."""
+class WireClient(production.WireClient):
+    """One blocking TCP connection to a broker, not yet past ApiVersions."""
 
     def __init__(self, bootstrap: str, timeout: float = 10.0, client_id: str | None = "wire-test") -> None:
-        host, _, port = bootstrap.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.client_id = client_id
-        self._corr = 0
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> WireClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        ((host, port),) = parse_bootstrap(bootstrap)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().__init__(sock, bootstrap, client_id)
 
     def next_correlation_id(self) -> int:
-        self._corr += 1
-        return self._corr
+        self._correlation += 1
+        return self._correlation
 
     # ------------------------------------------------------------ bytes
     def send_raw(self, data: bytes) -> None:
@@ -109,6 +97,9 @@ class WireClient:
 
     def send_frame(self, payload: bytes) -> None:
         self.sock.sendall(_SIZE.pack(len(payload)) + payload)
+
+    def recv_frame(self) -> bytes:
+        return self._recv_frame()
 
     def _recv_exact(self, n: int) -> bytes:
         chunks = bytearray()
@@ -121,12 +112,6 @@ class WireClient:
                 raise ConnectionClosed(f"connection closed after {len(chunks)}/{n} bytes")
             chunks += chunk
         return bytes(chunks)
-
-    def recv_frame(self) -> bytes:
-        (size,) = _SIZE.unpack(self._recv_exact(4))
-        if size < 0:
-            raise ValueError(f"negative response size {size}")
-        return self._recv_exact(size)
 
     def is_closed(self, wait: float = 5.0) -> bool:
         """True if the broker closes the connection within ``wait`` seconds (data is discarded)."""
@@ -151,19 +136,12 @@ class WireClient:
 
     # ------------------------------------------------------------ entities
     def send(self, request: Any, *, acks_zero: bool = False) -> Any:
-        """Send a kio request entity and return the parsed response entity."""
-        corr = self.next_correlation_id()
-        self.send_frame(encode_request(request, corr, self.client_id))
-        if acks_zero:
-            return None
-        payload = self.recv_frame()
-        api_key = int(request.__api_key__)
-        response_cls: Any = load_response_schema(api_key, int(request.__version__))
-        header_v1 = bool(response_cls.__flexible__) and api_key != API_VERSIONS_KEY
-        got_corr, body = parse_response(response_cls, payload, header_v1=header_v1)
-        if got_corr != corr:
-            raise AssertionError(f"correlation id {got_corr} in response, expected {corr}")
-        return body
+        """Send a kio request entity and return the parsed response entity (None for
+        ``acks_zero``: the broker sends nothing back)."""
+        if not acks_zero:
+            return super().send(request)
+        self.send_frame(encode_request(request, self.next_correlation_id(), self.client_id))
+        return None
 
 
 # ---------------------------------------------------------------- helpers for common requests
@@ -178,13 +156,7 @@ def produce_request(
     transactional_id: str | None = None,
 ) -> Any:
     """A ProduceRequest (v3-v8: non-flexible) for one partition."""
-    import datetime
-    import importlib
-
-    from kio.schema.types import TopicName
-    from kio.static.primitive import Records
-
-    mod: Any = importlib.import_module(f"kio.schema.produce.v{version}.request")
+    mod: Any = schema(ApiKey.PRODUCE, version).request_module
     return mod.ProduceRequest(
         transactional_id=transactional_id,
         acks=i16(acks),
@@ -227,11 +199,6 @@ def create_topic(
     client: WireClient, name: str, partitions: int = 1, configs: dict[str, str] | None = None
 ) -> Any:
     """CreateTopics v4; returns the topic's result entry (error_code 0 on success)."""
-    import datetime
-
-    from kio.schema.create_topics.v4 import request as ct
-    from kio.schema.types import TopicName
-
     req = ct.CreateTopicsRequest(
         topics=(
             ct.CreatableTopic(
@@ -250,27 +217,20 @@ def create_topic(
 
 def init_producer_id(client: WireClient, version: int = 0) -> tuple[int, int]:
     """Non-transactional InitProducerId -> (producer id, epoch); asserts no error."""
-    import datetime
-    import importlib
-
-    mod: Any = importlib.import_module(f"kio.schema.init_producer_id.v{version}.request")
-    kwargs: dict[str, Any] = {"transactional_id": None, "transaction_timeout": datetime.timedelta(seconds=60)}
-    if version >= 3:
-        from kio.schema.types import ProducerId
-
-        kwargs["producer_id"] = ProducerId(-1)
-        kwargs["producer_epoch"] = i16(-1)
-    response = client.send(mod.InitProducerIdRequest(**kwargs))
+    response = client.call(
+        ApiKey.INIT_PRODUCER_ID,
+        version,
+        transactional_id=None,
+        transaction_timeout=datetime.timedelta(seconds=60),
+        producer_id=ProducerId(-1),
+        producer_epoch=i16(-1),
+    )
     assert response.error_code == 0, f"InitProducerId failed: {response.error_code!r}"
     return int(response.producer_id), int(response.producer_epoch)
 
 
 def list_offset(client: WireClient, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
     """ListOffsets v1 -> (error code, offset); timestamp -1 = latest (log end), -2 = earliest."""
-    from kio.schema.list_offsets.v1 import request as lo
-    from kio.schema.types import BrokerId, TopicName
-    from kio.static.primitive import i64
-
     req = lo.ListOffsetsRequest(
         replica_id=BrokerId(-1),
         topics=(
@@ -293,14 +253,6 @@ def log_end_offset(client: WireClient, topic: str, partition: int = 0) -> int:
     return offset
 
 
-def _build(cls: Any, **candidates: Any) -> Any:
-    """Instantiate a kio entity with those of ``candidates`` that this version has."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in candidates.items() if k in names})
-
-
 def fetch_request(
     topic: str,
     partition: int,
@@ -313,20 +265,14 @@ def fetch_request(
     partition_max_bytes: int = 4 * 1024 * 1024,
 ) -> Any:
     """A one-partition FetchRequest (v4-v12: sessionless, by topic name)."""
-    import datetime
-    import importlib
-
-    from kio.schema.types import BrokerId, TopicName
-    from kio.static.primitive import i8, i64
-
-    fr: Any = importlib.import_module(f"kio.schema.fetch.v{version}.request")
-    part = _build(
+    fr: Any = schema(ApiKey.FETCH, version).request_module
+    part = build(
         fr.FetchPartition,
         partition=i32(partition),
         fetch_offset=i64(offset),
         partition_max_bytes=i32(partition_max_bytes),
     )
-    return _build(
+    return build(
         fr.FetchRequest,
         replica_id=BrokerId(-1),
         max_wait=datetime.timedelta(milliseconds=max_wait_ms),
@@ -352,9 +298,6 @@ def fetch_batches(
 
     With ``decode=False`` the record lists are empty (for codecs the builder cannot decode).
     """
-    from exactly.records.batch import BatchHeader
-    from exactly.records.builder import decode_batch
-
     out: list[tuple[Any, list[Record]]] = []
     position = offset
     while True:
