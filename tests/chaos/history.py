@@ -84,9 +84,3 @@ def load_history(directory: Path) -> list[Event]:
     for path in sorted(directory.glob("hist-*.jsonl")):
         events.extend(iter_file(path))
     return events
-
-
-def write_history(path: Path, events: list[Event]) -> None:
-    with path.open("w") as f:
-        for e in events:
-            f.write(json.dumps(e, separators=(",", ":")) + "\n")

@@ -243,9 +243,6 @@ class FaultProxy:
         assert loop is not None
         loop.call_soon_threadsafe(loop.call_later, duration + 0.01, self._end_blackhole)
 
-    def connection_count(self) -> int:
-        return self._call(lambda: len(self._conns))
-
     # ------------------------------------------------------------ internals
     def _call(self, fn: object) -> int:
         loop = self._loop

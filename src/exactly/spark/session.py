@@ -8,7 +8,6 @@ workers use this interpreter); on a cluster the package is zipped and shipped wi
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import tempfile
@@ -112,7 +111,3 @@ def register(spark: Any) -> None:
     from exactly.spark.datasource import ExactlyDataSource
 
     spark.dataSource.register(ExactlyDataSource)
-
-
-def quiet_py4j() -> None:
-    logging.getLogger("py4j").setLevel(logging.WARNING)
