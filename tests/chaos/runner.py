@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import shutil
 import signal
@@ -39,7 +38,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tests.chaos.checker import Report, check
 from tests.chaos.history import HistoryWriter, load_history
-from tests.support.broker import Broker
+from tests.support.broker import Broker, child_env
 from tests.support.clients import create_topic
 from tests.support.proxy import FaultProxy, ProxiedBroker
 
@@ -135,8 +134,7 @@ class Client:
             str(self.cfg.seed),
             *self.extra,
         ]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
+        env = child_env(paths=[REPO])
         with (wd / f"{self.base}.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 cmd,

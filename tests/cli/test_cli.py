@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from exactly.testing.wait import wait_until
-from tests.support.broker import SRC_DIR, Broker
+from tests.support.broker import Broker, child_env
 from tests.support.clients import consume, create_topic, produce_values
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,8 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 def exactly(
     *args: str, stdin: bytes | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[bytes]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p)
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, "-m", "exactly", *args],
         input=stdin if stdin is not None else b"",
@@ -248,7 +246,7 @@ def test_produce_non_idempotent_acks_1(broker: Broker, topic: str) -> None:
 def test_consume_default_starts_at_end(broker: Broker, topic: str) -> None:
     create_topic(broker.bootstrap, topic)
     produce_values(broker.bootstrap, topic, [b"old-1", b"old-2"])
-    env = dict(os.environ, PYTHONPATH=str(SRC_DIR))
+    env = child_env()
     proc = subprocess.Popen(
         [
             sys.executable,

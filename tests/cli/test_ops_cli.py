@@ -3,7 +3,6 @@ transactional producers and consumer groups (confluent-kafka)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 
 from exactly.client.wire import ApiKey, WireClient
-from tests.support.broker import SRC_DIR, Broker
+from tests.support.broker import Broker, child_env
 from tests.support.clients import consume, create_topic, produce_values
 
 pytestmark = pytest.mark.timeout(180)
@@ -23,8 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 # ---------------------------------------------------------------------------- helpers
 def exactly(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p)
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, "-m", "exactly", *args],
         input=b"",

@@ -29,7 +29,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from tests.conftest import BrokerFactory
-from tests.support.broker import SRC_DIR, Broker
+from tests.support.broker import SRC_DIR, Broker, child_env
 from tests.support.clients import create_topic, produce_values
 from tests.support.txn_helpers import READ_COMMITTED, fresh_config, plain_consumer, read_to_end
 
@@ -58,8 +58,7 @@ class Copiers:
     def start(self, name: str) -> None:
         self.starts[name] += 1
         self.started_at[name] = time.time()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(SRC_DIR), str(REPO), env.get("PYTHONPATH", "")])
+        env = child_env(paths=[REPO])
         cmd = [
             sys.executable,
             "-m",

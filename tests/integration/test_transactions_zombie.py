@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BrokerFactory
+from tests.support.broker import child_env
 from tests.support.clients import create_topic, produce_values
 from tests.support.txn_helpers import (
     READ_COMMITTED,
@@ -55,10 +56,7 @@ class CopierProcess:
     """A txn_copier subprocess and the JSON events it prints."""
 
     def __init__(self, name: str, args: list[str]) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO), str(REPO / "src"), env.get("PYTHONPATH", "")) if p
-        )
+        env = child_env(paths=[REPO])
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.txn_copier", "--name", name, *args],

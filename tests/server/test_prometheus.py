@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support.broker import Broker, broker_env, serve_command
+from tests.support.broker import Broker, child_env, serve_command
 from tests.support.clients import create_topic, produce_values
 from tests.support.wire import WireClient, fetch_request, raw_request
 from tests.support.wire import create_topic as wire_create_topic
@@ -182,7 +182,7 @@ def test_bad_metrics_port_is_refused(tmp_path: Path, args: list[str], message: s
         serve_command(tmp_path / "data", extra_args=args),
         capture_output=True,
         timeout=30,
-        env=broker_env(),
+        env=child_env(),
     )
     assert proc.returncode == 2, proc.stderr.decode()
     assert message in proc.stderr.decode()

@@ -25,7 +25,7 @@ import pytest
 
 from exactly.spark.orders import Topics, create_topics, generate, verify
 from exactly.testing.wait import wait_until
-from tests.support.broker import SRC_DIR
+from tests.support.broker import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -67,9 +67,7 @@ class Pipeline:
         Pipeline.runs += 1
         logs.mkdir(parents=True, exist_ok=True)
         self.log = log = logs / f"run-{Pipeline.runs}.log"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
+        env = child_env()
         prefix = topics.orders[: -len("order-completed")]
         cmd = [
             sys.executable, "-m", "exactly", "pipeline", "run", "--bootstrap-server", bootstrap,

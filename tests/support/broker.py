@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from exactly.testing.broker import LISTEN_PREFIX, SRC_DIR, Broker, BrokerError, broker_env, serve_command
+from exactly.testing.broker import LISTEN_PREFIX, SRC_DIR, Broker, BrokerError, child_env, serve_command
 
-__all__ = ["LISTEN_PREFIX", "SRC_DIR", "Broker", "BrokerError", "broker_env", "serve_command"]
+__all__ = ["LISTEN_PREFIX", "SRC_DIR", "Broker", "BrokerError", "child_env", "serve_command"]

@@ -39,7 +39,7 @@ __all__ = [
     "SRC_DIR",
     "Broker",
     "BrokerError",
-    "broker_env",
+    "child_env",
     "serve_command",
 ]
 
@@ -61,11 +61,15 @@ class BrokerError(RuntimeError):
     """The broker did not start or did not stop as it should."""
 
 
-def broker_env(src: Path | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with ``src`` (default :data:`SRC_DIR`) first on PYTHONPATH,
-    unbuffered output and the fault handler on, plus ``extra``."""
+def child_env(
+    src: Path | None = None, extra: Mapping[str, str] | None = None, *, paths: Sequence[Path] = ()
+) -> dict[str, str]:
+    """The environment of a child ``python -m exactly ...`` (a broker, a CLI command, a test
+    client): this process's, with ``src`` (default :data:`SRC_DIR`) and then ``paths`` first on
+    PYTHONPATH, unbuffered output and the fault handler on, plus ``extra``."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src or SRC_DIR), env.get("PYTHONPATH", "")) if p)
+    entries = [str(src or SRC_DIR), *map(str, paths), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in entries if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("PYTHONFAULTHANDLER", "1")
     env.update(extra or {})
@@ -210,7 +214,7 @@ class Broker:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
-                env=broker_env(self.src, self.env),
+                env=child_env(self.src, self.env),
                 cwd=self.cwd,
                 start_new_session=True,  # a Ctrl-C on the parent must not kill it before cleanup
             )
