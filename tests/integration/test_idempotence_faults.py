@@ -59,7 +59,7 @@ class Numbers:
                     self.producer.poll(0.05)
             self.producer.poll(0)
             if pace and i % 100 == 99:
-                time.sleep(pace)
+                time.sleep(pace)  # a production rate the faults can land between, not a synchronisation
 
     def finish(self, timeout: float = 150) -> None:
         left = self.producer.flush(timeout)
