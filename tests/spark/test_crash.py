@@ -102,12 +102,14 @@ class Pipeline:
 
     def kill_jvm(self) -> int:
         """SIGKILL the driver JVM, then everything else the pipeline started. Returns the JVM pid."""
-        javas = wait_until(
-            lambda: [pid for pid in _descendants(self.proc.pid) if _comm(pid) == "java"],
-            30,
-            f"a java process under pipeline pid {self.proc.pid}",
-            describe=lambda: f"pipeline exit code {self.proc.poll()}:\n{self.text()[-4000:]}",
-        )
+
+        def jvms() -> list[int]:
+            found = [pid for pid in _descendants(self.proc.pid) if _comm(pid) == "java"]
+            if not found and self.proc.poll() is not None:
+                raise AssertionError(f"pipeline exited ({self.proc.returncode}):\n{self.text()[-4000:]}")
+            return found
+
+        javas = wait_until(jvms, 30, f"a java process under pipeline pid {self.proc.pid}")
         for pid in javas:
             os.kill(pid, signal.SIGKILL)
         self.kill_all()
