@@ -74,13 +74,16 @@ def broker(_session_broker: Broker, request: pytest.FixtureRequest) -> Broker:
 
 
 @pytest.fixture(scope="module")
-def module_broker_config() -> dict[str, str]:
+def module_broker_config(request: pytest.FixtureRequest) -> dict[str, str]:
     """Settings (``-o key=value``) of the requesting module's ``module_broker``.
 
     The parameter of ``module_broker``: a test module (or a conftest) configures its broker by
     defining a fixture of this name, e.g.
-    ``@pytest.fixture(scope="module") def module_broker_config(): return {"num.partitions": "3"}``."""
-    return {}
+    ``@pytest.fixture(scope="module") def module_broker_config(): return {"num.partitions": "3"}``,
+    or runs its tests against several configurations with
+    ``@pytest.mark.parametrize("module_broker_config", [{...}, {...}], indirect=True)`` (one
+    broker per configuration)."""
+    return dict(getattr(request, "param", {}))
 
 
 @pytest.fixture(scope="module")

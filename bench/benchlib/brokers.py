@@ -77,8 +77,10 @@ class BrokerProcess:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.launcher is not None:
-            self.launcher.close()
-            return self.proc.returncode
+            try:
+                return self.launcher.stop(timeout)
+            except BrokerError:  # it hung on SIGTERM and was killed
+                return self.proc.returncode
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

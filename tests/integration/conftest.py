@@ -15,8 +15,8 @@ FAST_GROUPS = {"group.initial.rebalance.delay.ms": "0"}
 
 
 @pytest.fixture(scope="module")
-def module_broker_config() -> dict[str, str]:
-    return dict(FAST_GROUPS)
+def module_broker_config(request: pytest.FixtureRequest) -> dict[str, str]:
+    return {**FAST_GROUPS, **getattr(request, "param", {})}
 
 
 @pytest.fixture
