@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
 
 from exactly.cluster.zk import ClusterZk
+from exactly.testing.wait import wait_until
 
 TEST_SESSION_TIMEOUT_MS = 2_000
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """``exactly.testing.wait.wait_until`` at a ZooKeeper pace (20 ms)."""
+    wait_until(condition, timeout, what, interval=0.02)
 
 
 def expire_session(zk: ClusterZk) -> None:

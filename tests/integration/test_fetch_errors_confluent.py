@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.clients import QUIET, admin, create_topic, produce_values, producer, watermarks
 from tests.support.metrics import RequestCount
-from tests.support.reporting import note_broker
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -32,37 +31,23 @@ DEADLINE_S = 20.0
 
 
 @pytest.fixture(scope="module")
-def _metrics_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    base: Path = tmp_path_factory.mktemp("fetch-errors")
-    b = Broker(
-        base / "data",
-        base / "broker.log",
-        overrides={
-            "metrics.port": "0",
-            "group.initial.rebalance.delay.ms": "0",
-            "log.retention.check.interval.ms": "200",
-        },
-        name="fetch-errors-broker",
-    )
-    try:
-        b.start()
-        yield b
-    finally:
-        b.close()
+def module_broker_config() -> dict[str, str]:
+    return {
+        "metrics.port": "0",
+        "group.initial.rebalance.delay.ms": "0",
+        "log.retention.check.interval.ms": "200",
+    }
 
 
 @pytest.fixture
-def mb(_metrics_broker: Broker, request: pytest.FixtureRequest) -> Broker:
-    if not _metrics_broker.running:
-        _metrics_broker.restart()
-    note_broker(request, _metrics_broker)
-    return _metrics_broker
+def mb(module_broker: Broker) -> Broker:
+    return module_broker
 
 
 @pytest.fixture(scope="module")
-def trimmed(_metrics_broker: Broker) -> str:
+def trimmed(_module_broker: Broker) -> str:
     """A topic whose log start offset retention moved above 0, with 3 fresh records after it."""
-    bs = _metrics_broker.bootstrap
+    bs = _module_broker.bootstrap
     name = f"trimmed-{uuid.uuid4().hex[:8]}"
     create_topic(bs, name, config={"segment.bytes": "2048", "retention.ms": "60000"})
     old = int(time.time() * 1000) - 3_600_000
@@ -72,10 +57,9 @@ def trimmed(_metrics_broker: Broker) -> str:
         if i % 10 == 9:
             p.flush(10)
     assert p.flush(10) == 0
-    deadline = time.monotonic() + DEADLINE_S
-    while watermarks(bs, name)[0] == 0:
-        assert time.monotonic() < deadline, "retention did not move the log start offset"
-        time.sleep(0.2)
+    wait_until(
+        lambda: watermarks(bs, name)[0] > 0, DEADLINE_S, "retention moved the log start offset", interval=0.2
+    )
     produce_values(bs, name, [b"fresh-1", b"fresh-2", b"fresh-3"])
     return name
 
@@ -297,14 +281,15 @@ def test_topic_deleted_while_assigned_then_recreated_resets(mb: Broker, five: st
             m = c.poll(0.2)
             assert m is None or m.error() is not None, _describe(m)
         fetches.assert_no_storm()
-        deadline = time.monotonic() + DEADLINE_S
-        while True:  # deletion may finish after the admin call returns, as on Kafka
+
+        def recreated() -> bool:
             try:
                 create_topic(mb.bootstrap, five)
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            except Exception:  # deletion may finish after the admin call returns, as on Kafka
+                return False
+            return True
+
+        wait_until(recreated, DEADLINE_S, f"{five} created again", interval=0.2)
         produce_values(mb.bootstrap, five, [b"new"])
         seen = _poll_until(c, lambda m: m.error() is None, "the recreated topic's record")
         assert _records(seen) == [0] and seen[-1].value() == b"new"
