@@ -15,12 +15,9 @@ Offset = NewType("Offset", int)
 
 NO_PRODUCER_ID = ProducerId(-1)
 NO_PRODUCER_EPOCH = ProducerEpoch(-1)
-NO_SEQUENCE = -1
-NO_PARTITION_LEADER_EPOCH = -1
 
 # Epochs are int16 on the wire; the coordinator hands out a new producer id when this is reached.
 MAX_PRODUCER_EPOCH = 32767
-MAX_SEQUENCE = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

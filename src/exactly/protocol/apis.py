@@ -239,7 +239,3 @@ def build(cls: type[Any], **values: Any) -> Any:
         else:
             kwargs[name] = factory()
     return cls(**kwargs)
-
-
-def has_field(cls: type[Any], name: str) -> bool:
-    return any(n == name for n, _ in _field_plan(cls))

@@ -53,8 +53,6 @@ TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
 DELETE_HORIZON_FLAG = 0x40
 
-NO_TIMESTAMP = -1
-
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
@@ -145,10 +143,6 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_FLAG)
-
-    @property
-    def has_producer_id(self) -> bool:
-        return self.producer_id >= 0
 
     @property
     def last_sequence(self) -> int:

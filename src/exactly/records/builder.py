@@ -17,7 +17,6 @@ import crc32c
 
 from exactly.protocol.primitives import append_varint, append_varlong, read_varint, read_varlong
 from exactly.records.batch import (
-    ATTRIBUTES_OFFSET,
     COMPRESSION_MASK,
     CONTROL_FLAG,
     HEADER_SIZE,
@@ -167,8 +166,3 @@ def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeade
             )
         )
     return header, records
-
-
-def crc_region(batch: bytes) -> bytes:
-    """The bytes a batch's CRC covers (attributes..end); handy for corrupting in tests."""
-    return batch[ATTRIBUTES_OFFSET:]

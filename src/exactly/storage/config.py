@@ -48,10 +48,6 @@ class LogConfig:
     message_timestamp_type: str = "CreateTime"
     min_insync_replicas: int = 1
 
-    @staticmethod
-    def known_names() -> tuple[str, ...]:
-        return tuple(_KAFKA_NAMES)
-
     def with_overrides(self, overrides: Mapping[str, str | None]) -> LogConfig:
         """Apply Kafka-named overrides; raises InvalidConfigError for unknown names or values."""
         changes: dict[str, object] = {}

@@ -228,10 +228,6 @@ class PartitionLog:
         """Oldest first; the last one is the active segment."""
         return tuple(self._segments)
 
-    @property
-    def size_in_bytes(self) -> int:
-        return sum(s.size for s in self._segments)
-
     # --- writes ---------------------------------------------------------------------------
     def append(
         self,

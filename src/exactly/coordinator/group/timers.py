@@ -40,10 +40,6 @@ class DeadlineQueue:
     def cancel(self, key: Hashable) -> None:
         self._live.pop(key, None)
 
-    def deadline_of(self, key: Hashable) -> int | None:
-        entry = self._live.get(key)
-        return None if entry is None else entry[0]
-
     def _prune(self) -> None:
         while self._heap:
             _, seq, key = self._heap[0]
