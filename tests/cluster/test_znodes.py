@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -15,6 +16,8 @@ from exactly.cluster.znodes import (
     ProducerIdBlock,
     TopicAssignment,
     ZnodeFormatError,
+    decode_topic_id,
+    encode_topic_id,
 )
 
 
@@ -138,3 +141,12 @@ def test_topic_config_and_paths() -> None:
     assert zn.partition_state_path("t", 3) == "/brokers/topics/t/partitions/3/state"
     assert zn.broker_path(5) == "/brokers/ids/5"
     assert zn.LATEST_PRODUCER_ID_BLOCK in zn.PERSISTENT_PATHS
+
+
+def test_topic_ids_use_kafkas_base64url_form() -> None:
+    topic_id = uuid.UUID("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")
+    text = encode_topic_id(topic_id)
+    assert "=" not in text and len(text) == 22
+    assert decode_topic_id(text) == topic_id
+    with pytest.raises(ZnodeFormatError):
+        decode_topic_id("short")

@@ -40,3 +40,31 @@ def test_unknown_names_and_bad_values_are_refused() -> None:
         parse_properties("just-a-word\n")
     with pytest.raises(ConfigError, match="true or false"):
         BrokerConfig.load(None, {"auto.create.topics.enable": "yes"}).get_bool("auto.create.topics.enable")
+
+
+def test_cluster_mode_is_off_without_zookeeper_connect() -> None:
+    cfg = BrokerConfig.load(None, {})
+    assert cfg.cluster_mode is False
+    assert cfg.node_id == 0
+
+
+def test_cluster_mode_takes_broker_id() -> None:
+    cfg = BrokerConfig.load(None, {"zookeeper.connect": "127.0.0.1:2181/kafka", "broker.id": "3"})
+    assert cfg.cluster_mode is True
+    assert cfg.node_id == 3
+    assert cfg.get_int("zookeeper.session.timeout.ms") == 18_000  # Kafka's default
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"broker.id": "1", "node.id": "2"}, "broker.id and node.id differ"),
+        ({"zookeeper.connect": "h:1", "broker.id": "-1"}, "broker.id must be >= 0"),
+        ({"zookeeper.connect": "h:1", "zookeeper.session.timeout.ms": "0"}, "session.timeout"),
+        ({"zookeeper.connect": "h:1", "unclean.leader.election.enable": "maybe"}, "true or false"),
+        ({"default.replication.factor": "3"}, "needs zookeeper.connect"),
+    ],
+)
+def test_refused_cluster_combinations(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        BrokerConfig.load(None, overrides)

@@ -309,6 +309,14 @@ class ClusterZk:
     def topics(self) -> list[str]:
         return sorted(self.client.get_children(zn.BROKER_TOPICS))
 
+    def topic_config(self, topic: str) -> dict[str, str]:
+        """The overrides in ``/config/topics/<t>`` ({} when missing)."""
+        try:
+            data, _stat = self.client.get(zn.topic_config_path(topic))
+        except NoNodeError:
+            return {}
+        return zn.decode_topic_config(data)
+
     def topic_assignment(self, topic: str) -> TopicAssignment | None:
         try:
             data, _stat = self.client.get(zn.topic_path(topic))
@@ -329,18 +337,18 @@ class ClusterZk:
         )
 
     def watch_partition_state(
-        self, tp: TopicPartition, callback: Callable[[ObservedState | None], None]
+        self, tp: TopicPartition, callback: Callable[[ObservedState | None], bool | None]
     ) -> None:
         """``callback`` now and after every change of the state znode (None while it does not
         exist), on a kazoo thread. A one-shot watch re-armed by kazoo: changes in between may merge,
-        which the role decisions tolerate because they compare epochs."""
+        which the role decisions tolerate because they compare epochs. The watch ends when the
+        callback returns False (the topic was deleted and is no longer of interest)."""
 
-        def on_change(data: bytes | None, stat: Any) -> None:
+        def on_change(data: bytes | None, stat: Any) -> bool | None:
             if data is None or stat is None:
-                callback(None)
-                return
+                return callback(None)
             state = PartitionState(LeaderAndIsr.decode(data, f"{tp} state"), int(stat.version))
-            callback(ObservedState(state, int(stat.mzxid)))
+            return callback(ObservedState(state, int(stat.mzxid)))
 
         self.client.DataWatch(zn.partition_state_path(tp.topic, tp.partition), on_change)
 

@@ -14,7 +14,10 @@ Everything here is pure: bytes in, frozen values out (or the reverse). A malform
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -435,3 +438,18 @@ def decode_topic_config(data: bytes | None) -> dict[str, str]:
     if not isinstance(config, dict):
         raise ZnodeFormatError("topic config: config is not an object")
     return {str(k): str(v) for k, v in config.items()}
+
+
+def encode_topic_id(topic_id: uuid.UUID) -> str:
+    """Kafka's ``Uuid.toString``: the 16 bytes in URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(topic_id.bytes).decode().rstrip("=")
+
+
+def decode_topic_id(text: str) -> uuid.UUID:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise ZnodeFormatError(f"topic id {text!r} is not base64url") from exc
+    if len(raw) != 16:
+        raise ZnodeFormatError(f"topic id {text!r} is not 16 bytes")
+    return uuid.UUID(bytes=raw)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
@@ -27,6 +28,7 @@ from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
 from exactly.server.prometheus import METRICS_HOST, start_metrics
+from exactly.server.replica_manager import ReplicaManager
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
@@ -75,7 +77,13 @@ class Broker:
         self.default_log_config = config.log_config()
         self.metrics = Metrics()
         self.waiters = AppendWaiters()
-        self.producer_ids = ProducerIdManager(data_dir / "producer-id-block")
+        # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
+        self.replicas: ReplicaManager | None = ReplicaManager(self) if config.cluster_mode else None
+        self.producer_ids: ProducerIdManager | ZkProducerIdManager = (
+            self.replicas.producer_ids
+            if self.replicas is not None
+            else ProducerIdManager(data_dir / "producer-id-block")
+        )
         self.listen = parse_listener(config.get("listeners"))
         self.advertised: Endpoint | None = None
         self.max_request_size = config.get_int("socket.request.max.bytes")
@@ -114,12 +122,19 @@ class Broker:
             return None
         if name in INTERNAL_TOPICS:
             return None
+        if self.replicas is not None:
+            self.replicas.request_auto_create(name, self.num_partitions)
+            return None  # answered LEADER_NOT_AVAILABLE until the controller elected leaders
         info = self.logs.create_topic(name, self.num_partitions, {}, now_ms=now_ms())
         log.info("auto-created topic %s with %d partitions", name, self.num_partitions)
         return info
 
     def after_append(self, plog: PartitionLog) -> None:
-        """Single broker: the high watermark follows the log end offset at once."""
+        """Single broker: the high watermark follows the log end offset at once. A cluster
+        partition's leader moves it by its replication rules."""
+        if self.replicas is not None and self.replicas.manages(plog.tp):
+            self.replicas.after_leader_append(plog)
+            return
         plog.update_high_watermark(plog.log_end_offset)
         self.waiters.notify(plog.tp)
 
@@ -142,6 +157,8 @@ class Broker:
         if metrics is not None:
             metrics_address.write_text(f"{METRICS_HOST}:{metrics[0]}\n")
             self._tasks.append(metrics[1])
+        if self.replicas is not None:
+            await self.replicas.start(self.advertised.host, self.advertised.port)
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))
         self._tasks.append(asyncio.create_task(self._idle_connections_loop(), name="idle-connections"))
@@ -199,6 +216,11 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+        if self.replicas is not None:
+            try:
+                await self.replicas.stop()
+            except Exception:  # the session is going away anyway; the logs must still close
+                log.exception("leaving the cluster failed")
         self.logs.close()
         self.metrics.log_summary(force=True)
         log.info("shutdown complete")

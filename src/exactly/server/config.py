@@ -15,6 +15,12 @@ from exactly.storage.config import LogConfig
 
 _DEFAULTS: dict[str, str] = {
     "node.id": "0",
+    "broker.id": "",
+    "zookeeper.connect": "",
+    "zookeeper.session.timeout.ms": "18000",
+    "zookeeper.connection.timeout.ms": "",
+    "replica.lag.time.max.ms": "30000",
+    "unclean.leader.election.enable": "false",
     "listeners": "PLAINTEXT://127.0.0.1:9092",
     "advertised.listeners": "",
     "log.dirs": "./data",
@@ -100,6 +106,7 @@ class BrokerConfig:
         values.update(given)
         config = cls(values)
         config.log_config()  # validate numbers early
+        config.validate_cluster()
         return config
 
     def get(self, name: str) -> str:
@@ -120,7 +127,36 @@ class BrokerConfig:
 
     @property
     def node_id(self) -> int:
+        """``broker.id`` (ZooKeeper mode's name) when given, else ``node.id``."""
+        if self.values["broker.id"]:
+            return self.get_int("broker.id")
         return self.get_int("node.id")
+
+    @property
+    def cluster_mode(self) -> bool:
+        """A replicated cluster coordinated by ZooKeeper: ``zookeeper.connect`` is set."""
+        return bool(self.values["zookeeper.connect"].strip())
+
+    def validate_cluster(self) -> None:
+        """Refuse combinations Kafka refuses: two different ids, a negative id in cluster mode
+        (no broker.id generation here), a non-positive session timeout, a replication factor
+        above 1 without a cluster."""
+        if (
+            self.values["broker.id"]
+            and self.values["node.id"] != _DEFAULTS["node.id"]
+            and self.get_int("broker.id") != self.get_int("node.id")
+        ):
+            raise ConfigError("broker.id and node.id differ; set one of them")
+        if self.cluster_mode:
+            if self.node_id < 0:
+                raise ConfigError("broker.id must be >= 0 with zookeeper.connect")
+            if self.get_int("zookeeper.session.timeout.ms") <= 0:
+                raise ConfigError("zookeeper.session.timeout.ms must be positive")
+            if self.get_int("replica.lag.time.max.ms") <= 0:
+                raise ConfigError("replica.lag.time.max.ms must be positive")
+            self.get_bool("unclean.leader.election.enable")
+        elif self.get_int("default.replication.factor") != 1:
+            raise ConfigError("default.replication.factor above 1 needs zookeeper.connect (a cluster)")
 
     def retention_ms(self) -> int:
         if self.values["log.retention.ms"]:

@@ -257,10 +257,18 @@ class LogManager:
         return None
 
     def create_topic(
-        self, name: str, partitions: int, overrides: Mapping[str, str], *, now_ms: int, internal: bool = False
+        self,
+        name: str,
+        partitions: int,
+        overrides: Mapping[str, str],
+        *,
+        now_ms: int,
+        internal: bool = False,
+        topic_id: uuid.UUID | None = None,
     ) -> TopicInfo:
         """Raises TopicExistsError, InvalidConfigError (bad overrides), InvalidTopicError,
-        InvalidPartitionsError."""
+        InvalidPartitionsError. ``topic_id``: the cluster's id for the topic (every replica
+        uses the one in ZooKeeper); a new random one when None."""
         if name in self._topics:
             raise TopicExistsError(f"Topic '{name}' already exists.")
         validate_topic_name(name)
@@ -270,7 +278,7 @@ class LogManager:
         config = self.default_config.with_overrides(clean)
         info = TopicInfo(
             name=name,
-            topic_id=uuid.uuid4(),
+            topic_id=topic_id if topic_id is not None else uuid.uuid4(),
             partitions=partitions,
             overrides=MappingProxyType(clean),
             config=config,

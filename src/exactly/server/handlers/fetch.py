@@ -70,6 +70,19 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
         parts: list[FetchPartitionResult] = []
         for p in topic.partitions:
             plog = broker.partition(topic.topic, p.partition)
+            replicas = broker.replicas
+            if replicas is not None:
+                tp = TopicPartition(topic.topic, p.partition)
+                code = (
+                    replicas.check_read(tp, getattr(p, "current_leader_epoch", -1))
+                    if replicas.manages(tp)
+                    else ErrorCode.none
+                )
+                if code != ErrorCode.none:
+                    errors = True
+                    broker.metrics.error(ApiKey.FETCH, code)
+                    parts.append(_error_partition(p.partition, code))
+                    continue
             if plog is None:
                 errors = True
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_topic_or_partition)

@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.records.builder import decode_batch
+from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -35,13 +36,23 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         parts = []
         for p in topic.partitions:
             plog = broker.partition(topic.name, p.partition_index)
-            if plog is None:
-                broker.metrics.error(ApiKey.LIST_OFFSETS, ErrorCode.unknown_topic_or_partition)
+            code = ErrorCode.none if plog is not None else ErrorCode.unknown_topic_or_partition
+            leader_epoch = 0
+            replicas = broker.replicas
+            tp = TopicPartition(topic.name, p.partition_index)
+            if replicas is not None and replicas.manages(tp):
+                # Cluster: only the leader answers, at the epoch the client believes (KIP-320).
+                code = replicas.check_read(tp, getattr(p, "current_leader_epoch", -1))
+                leader = replicas.leaders.get(tp)
+                leader_epoch = leader.leader_epoch if leader is not None else -1
+            if plog is None or code != ErrorCode.none:
+                code = code if code != ErrorCode.none else ErrorCode.unknown_topic_or_partition
+                broker.metrics.error(ApiKey.LIST_OFFSETS, code)
                 parts.append(
                     build(
                         mod.ListOffsetsPartitionResponse,
                         partition_index=p.partition_index,
-                        error_code=ErrorCode.unknown_topic_or_partition,
+                        error_code=code,
                         timestamp=-1,
                         offset=-1,
                         leader_epoch=-1,
@@ -56,7 +67,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                     error_code=ErrorCode.none,
                     timestamp=ts,
                     offset=offset,
-                    leader_epoch=0,
+                    leader_epoch=leader_epoch,
                 )
             )
         topics.append(build(mod.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))

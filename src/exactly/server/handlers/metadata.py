@@ -9,6 +9,12 @@ Auto-creation: a named, unknown topic is created with num.partitions when the re
 (v4+: allow_auto_topic_creation; before v4 always) and auto.create.topics.enable is true. Kafka
 answers such a topic with LEADER_NOT_AVAILABLE until its leader is elected; ours is ready at
 once, so we answer with its partitions.
+
+Cluster mode: everything comes from the metadata cache the replica manager fills from ZooKeeper
+watches: every live broker, the controller, per partition the leader (-1 and
+LEADER_NOT_AVAILABLE while there is none), leader epoch, replicas, ISR and offline replicas.
+Auto-creation writes the topic to ZooKeeper in the background and answers LEADER_NOT_AVAILABLE,
+as Kafka does.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.cluster.znodes import ZnodeFormatError, decode_topic_id
 from exactly.protocol.apis import ApiKey, build
 from exactly.protocol.primitives import read_uvarint, skip_tagged_fields
+from exactly.server.metadata_cache import CachedTopic
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
 
 if TYPE_CHECKING:
@@ -95,6 +103,8 @@ def parse_request(buf: bytes | bytearray, pos: int, version: int) -> MetadataReq
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestData) -> Any:
+    if broker.replicas is not None:
+        return _handle_cluster(broker, ctx, request)
     mod = ctx.api.response_module
     adv = broker.advertised
     assert adv is not None
@@ -182,3 +192,97 @@ def _error_topic(mod: Any, name: str, code: ErrorCode) -> Any:
         partitions=(),
         topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
     )
+
+
+def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataRequestData) -> Any:
+    replicas = broker.replicas
+    assert replicas is not None
+    cache = replicas.cache
+    mod = ctx.api.response_module
+    topic_results = []
+    names: list[tuple[str | None, uuid.UUID | None]]
+    if request.topics is None:
+        names = [(name, None) for name in cache.topic_names()]
+    else:
+        names = list(request.topics)
+    for name, topic_id in names:
+        if name is None:  # by topic id: only topics with a known id
+            found = next(
+                (
+                    t
+                    for t in cache.topic_names()
+                    if topic_id is not None and _topic_uuid(cache.topic(t)) == topic_id
+                ),
+                None,
+            )
+            if found is None:
+                topic_results.append(
+                    build(
+                        mod.MetadataResponseTopic,
+                        error_code=ErrorCode.unknown_topic_id,
+                        name=None,
+                        topic_id=topic_id or uuid.UUID(int=0),
+                    )
+                )
+                broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_id)
+                continue
+            name = found
+        cached = cache.topic(name)
+        if cached is None:
+            code = ErrorCode.unknown_topic_or_partition
+            if topic_name_error(name) is not None:
+                code = ErrorCode.invalid_topic_exception
+            elif (
+                request.allow_auto_topic_creation
+                and broker.auto_create_topics
+                and name not in INTERNAL_TOPICS
+            ):
+                broker.auto_create(name)
+                code = ErrorCode.leader_not_available
+            topic_results.append(_error_topic(mod, name, code))
+            broker.metrics.error(ApiKey.METADATA, code)
+            continue
+        partitions = tuple(
+            build(
+                mod.MetadataResponsePartition,
+                error_code=ErrorCode.none if p.leader >= 0 else ErrorCode.leader_not_available,
+                partition_index=p.partition,
+                leader_id=p.leader,
+                leader_epoch=p.leader_epoch,
+                replica_nodes=p.replicas,
+                isr_nodes=p.isr,
+                offline_replicas=p.offline_replicas,
+            )
+            for p in cache.partitions(name)
+        )
+        topic_results.append(
+            build(
+                mod.MetadataResponseTopic,
+                error_code=ErrorCode.none,
+                name=name,
+                topic_id=_topic_uuid(cached) or uuid.UUID(int=0),
+                is_internal=name in INTERNAL_TOPICS,
+                partitions=partitions,
+                topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            )
+        )
+    return build(
+        ctx.api.response_type,
+        brokers=tuple(
+            build(mod.MetadataResponseBroker, node_id=b.broker_id, host=b.host, port=b.port, rack=None)
+            for _id, b in sorted(cache.brokers.items())
+        ),
+        cluster_id=broker.logs.cluster_id,
+        controller_id=cache.controller_id if cache.controller_id is not None else -1,
+        topics=tuple(topic_results),
+        cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+    )
+
+
+def _topic_uuid(cached: CachedTopic | None) -> uuid.UUID | None:
+    if cached is None or cached.assignment.topic_id is None:
+        return None
+    try:
+        return decode_topic_id(cached.assignment.topic_id)
+    except ZnodeFormatError:
+        return None

@@ -81,19 +81,34 @@ def _append(
     now: int,
 ) -> tuple[ErrorCode, str | None, AppendResult | None]:
     plog = broker.partition(topic, partition)
-    if plog is None:
+    replicas = broker.replicas
+    tp = TopicPartition(topic, partition)
+    if plog is None and (replicas is None or not replicas.manages(tp)):
         return ErrorCode.unknown_topic_or_partition, None, None
     if topic in INTERNAL_TOPICS:
         return ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {topic}", None
     if records is None:
         return ErrorCode.invalid_record, "produce request has no records", None
+    leader_epoch = INITIAL_LEADER_EPOCH
+    if replicas is not None and replicas.manages(tp):
+        # Cluster: only the leader appends, stamping its epoch; acks=all is refused before the
+        # append when the committed ISR is below min.insync.replicas (Kafka's order).
+        code, leader = replicas.leader_for_write(tp)
+        if leader is None or plog is None:
+            return code, None, None
+        code = leader.check_before_append(request.acks, plog.config.min_insync_replicas)
+        if code != ErrorCode.none:
+            return code, f"The size of the current ISR {list(leader.isr)} is insufficient", None
+        leader_epoch = leader.leader_epoch
+    if plog is None:
+        return ErrorCode.unknown_topic_or_partition, None, None
     try:
         header = validate_produce_records(records)
         if header.is_transactional:
             problem = _verify_transactional(broker, plog, topic, partition, header, request.transactional_id)
             if problem is not None:
                 return problem[0], problem[1], None
-        result = plog.append(records, header, leader_epoch=INITIAL_LEADER_EPOCH, now_ms=now)
+        result = plog.append(records, header, leader_epoch=leader_epoch, now_ms=now)
     except InvalidRecordError as exc:
         log.info("rejected batch for %s-%d: %s", topic, partition, exc)
         return exc.error_code, str(exc), None

@@ -1,0 +1,432 @@
+"""Cluster mode (``zookeeper.connect`` set): this broker's membership in a ZooKeeper-coordinated
+cluster, and its role for every partition it hosts (Kafka's ``ReplicaManager`` driven by
+observed ZooKeeper state instead of LeaderAndIsr requests; ``exactly/cluster/README.md`` says why).
+
+Threads: kazoo delivers watches on its own threads. Those callbacks only *read* ZooKeeper (the
+registration of a broker, a topic's assignment and config) and then hand plain values to the
+event loop with ``loop.call_soon_threadsafe``; broker state (logs, roles, leaders, the metadata
+cache) is touched on the loop only. Blocking ZooKeeper calls made for the loop (start-up, topic
+creation) run in the default executor.
+
+Decisions are the sans-IO ones: ``PartitionRoles.on_state`` says become leader / follower /
+update ISR / stop; ``LeaderPartition`` owns the leader's HW and ISR; ``fetch_checks`` the epoch
+rules of reads. This module applies them to the local logs.
+
+Lifecycle: ``start`` (connect, register with the advertised endpoint, start the watches and the
+controller role) -> serve -> ``stop`` (stop the controller, close the session: the registration
+and any ``/controller`` disappear at once, so the controller elects new leaders).
+
+Not built yet (see the package README's next steps): follower fetching, so a follower's log does
+not grow and acks=all waits only on ISR members that are caught up by the leader's rules; ISR
+writes; partitions added to an existing topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from kio.schema.errors import ErrorCode
+
+from exactly.cluster.controller_runtime import ControllerRuntime
+from exactly.cluster.producer_ids import ZkProducerIdManager
+from exactly.cluster.zk import (
+    BrokerIdInUseError,
+    ClusterZk,
+    ObservedState,
+)
+from exactly.cluster.zk import (
+    TopicExistsError as ZkTopicExistsError,
+)
+from exactly.cluster.znodes import (
+    BrokerRegistration,
+    Endpoint,
+    TopicAssignment,
+    ZnodeFormatError,
+    decode_topic_id,
+    encode_topic_id,
+)
+from exactly.controller.assignment import InvalidReplicationFactorError, assign_replicas
+from exactly.replication.fetch_checks import check_partition_read
+from exactly.replication.leader import LeaderPartition
+from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
+from exactly.server.clock import now_ms
+from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
+from exactly.storage.config import InvalidConfigError
+from exactly.storage.log_manager import TopicExistsError
+from exactly.storage.partition_log import PartitionLog
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+
+log = logging.getLogger("exactly.replica_manager")
+
+REGISTRATION_POLL_S = 0.2
+
+
+class ReplicaManager:
+    def __init__(self, broker: Broker) -> None:
+        config = broker.config
+        self.broker = broker
+        self.broker_id = config.node_id
+        self.zk = ClusterZk(
+            config.get("zookeeper.connect"),
+            session_timeout_ms=config.get_int("zookeeper.session.timeout.ms"),
+        )
+        unclean = config.get_bool("unclean.leader.election.enable")
+        self.controller = ControllerRuntime(self.zk, self.broker_id, unclean_election=lambda _topic: unclean)
+        self.producer_ids = ZkProducerIdManager(self.zk.client, self.broker_id)
+        self.cache = MetadataCache()
+        self.roles = PartitionRoles(self.broker_id, broker_epoch=0)
+        self.leaders: dict[TopicPartition, LeaderPartition] = {}
+        self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched_topics: set[str] = set()  # touched on kazoo threads only
+        self._cache_changed: asyncio.Event | None = None
+        self._stopped = False
+        self._auto_creating: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, advertised_host: str, advertised_port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._cache_changed = asyncio.Event()
+        registration = BrokerRegistration(
+            self.broker_id,
+            (Endpoint("PLAINTEXT", advertised_host, advertised_port),),
+            timestamp_ms=int(time.time() * 1000),
+        )
+        epoch = await loop.run_in_executor(None, self._connect_and_register, registration)
+        self.roles.on_registered(epoch)
+        self.zk.on_registered = lambda e: self._hop(self.roles.on_registered, e)
+        await loop.run_in_executor(None, self._start_watches)
+        log.info(
+            "broker %d joined the cluster at %s (broker epoch %d)", self.broker_id, self.zk.connect, epoch
+        )
+
+    def _connect_and_register(self, registration: BrokerRegistration) -> int:
+        """Runs in the executor. A broker restarted after kill -9 finds its previous session's
+        registration until that session expires: wait for it, as Kafka's tests do."""
+        self.zk.start()
+        deadline = time.monotonic() + 2 * self.zk.session_timeout_ms / 1000 + 5
+        while True:
+            try:
+                return self.zk.register_broker(registration)
+            except BrokerIdInUseError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(REGISTRATION_POLL_S)
+
+    def _start_watches(self) -> None:
+        self.zk.watch_brokers(self._on_brokers)
+        self.zk.watch_controller(lambda controller: self._hop(self._set_controller, controller))
+        self.zk.watch_topics(self._on_topics)
+        self.controller.start()
+        self.producer_ids.prefetch()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._stop_blocking)
+
+    def _stop_blocking(self) -> None:
+        try:
+            self.controller.stop()
+        finally:
+            self.zk.stop()
+
+    # --- kazoo threads: read, then hop -----------------------------------------------------------
+
+    def _hop(self, fn: object, *args: object) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed() or self._stopped:
+            return
+        loop.call_soon_threadsafe(fn, *args)  # type: ignore[arg-type]
+
+    def _on_brokers(self, live: Mapping[int, int]) -> None:
+        endpoints: dict[int, BrokerEndpoint] = {}
+        for broker_id in live:
+            try:
+                registration = self.zk.broker_registration(broker_id)
+            except ZnodeFormatError as exc:
+                log.warning("broker %d registration unreadable: %s", broker_id, exc)
+                continue
+            if registration is None or not registration.endpoints:
+                continue
+            endpoint = registration.endpoints[0]
+            endpoints[broker_id] = BrokerEndpoint(broker_id, endpoint.host, endpoint.port)
+        self._hop(self._set_brokers, endpoints)
+
+    def _on_topics(self, topics: list[str]) -> None:
+        names = set(topics)
+        for gone in self._watched_topics - names:
+            self._hop(self._topic_gone, gone)
+        self._watched_topics &= names
+        for name in sorted(names - self._watched_topics):
+            try:
+                assignment = self.zk.topic_assignment(name)
+                config = self.zk.topic_config(name)
+            except ZnodeFormatError as exc:
+                log.warning("topic %s unreadable in ZooKeeper: %s", name, exc)
+                continue
+            if assignment is None:
+                continue
+            self._watched_topics.add(name)
+            self._hop(self._set_topic, CachedTopic(name, assignment, config))
+            for partition in sorted(assignment.partitions):
+                tp = TopicPartition(name, partition)
+                self.zk.watch_partition_state(tp, self._state_watcher(tp))
+
+    def _state_watcher(self, tp: TopicPartition):  # type: ignore[no-untyped-def]
+        def on_state(observed: ObservedState | None) -> bool:
+            if tp.topic not in self._watched_topics or self._stopped:
+                return False  # the topic is gone: end this watch
+            self._hop(self._on_state, tp, observed)
+            return True
+
+        return on_state
+
+    # --- event loop ------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        if self._cache_changed is not None:
+            self._cache_changed.set()
+
+    def _set_brokers(self, endpoints: dict[int, BrokerEndpoint]) -> None:
+        self.cache.set_brokers(endpoints)
+        self._changed()
+
+    def _set_controller(self, controller: int | None) -> None:
+        self.cache.set_controller(controller)
+        self._changed()
+
+    def _set_topic(self, topic: CachedTopic) -> None:
+        self.cache.set_topic(topic)
+        self._changed()
+
+    def _topic_gone(self, name: str) -> None:
+        for partition in list(self.cache.partitions(name)):
+            self._on_state(TopicPartition(name, partition.partition), None)
+        self.cache.remove_topic(name)
+        info = self.broker.logs.topic(name)
+        if info is not None:
+            self.broker.logs.delete_topic(name)
+            log.info("deleted local replicas of topic %s", name)
+        self._changed()
+
+    def _on_state(self, tp: TopicPartition, observed: ObservedState | None) -> None:
+        state = observed.state if observed is not None else None
+        self.cache.set_state(tp, state)
+        self._changed()
+        if state is None or observed is None:
+            decision = self.roles.on_state(tp, self.cache.replicas(tp), None, -1, 0)
+        else:
+            decision = self.roles.on_state(
+                tp, self.cache.replicas(tp), state.leader_and_isr, state.zk_version, observed.modified_zxid
+            )
+        try:
+            self._apply(tp, decision)
+        except Exception:  # one partition's failure must not stop the others
+            log.exception("%s: %s failed", tp, decision.action.value)
+
+    def _apply(self, tp: TopicPartition, decision: RoleDecision) -> None:
+        action = decision.action
+        if action is RoleAction.BECOME_LEADER:
+            self._become_leader(tp, decision)
+        elif action is RoleAction.BECOME_FOLLOWER:
+            self._ensure_local(tp)
+            self.leaders.pop(tp, None)
+            self.broker.waiters.notify(tp)  # parked reads re-check and get NOT_LEADER_OR_FOLLOWER
+            log.info("%s: follower of %d at leader epoch %d", tp, decision.leader, decision.leader_epoch)
+        elif action is RoleAction.UPDATE_ISR:
+            leader = self.leaders.get(tp)
+            state = self.cache.state(tp)
+            if (
+                leader is not None
+                and state is not None
+                and leader.on_state_observed(state.leader_and_isr, state.zk_version, now_ms())
+            ):
+                self._publish_high_watermark(tp, leader)
+        elif action is RoleAction.STOP_REPLICA:
+            self.leaders.pop(tp, None)
+            self.broker.waiters.notify(tp)
+            log.info("%s: replica stopped", tp)
+
+    def _become_leader(self, tp: TopicPartition, decision: RoleDecision) -> None:
+        plog = self._ensure_local(tp)
+        state = self.cache.state(tp)
+        if plog is None or state is None:
+            return
+        # KAFKA-7415: the new epoch starts at the current log end, recorded before any append.
+        plog.leader_epochs.assign(decision.leader_epoch, plog.log_end_offset)
+        leader = LeaderPartition(
+            local_broker=self.broker_id,
+            state=state.leader_and_isr,
+            zk_version=state.zk_version,
+            replicas=self.cache.replicas(tp),
+            leader_log_end_offset=plog.log_end_offset,
+            high_watermark=plog.high_watermark,
+            now_ms=now_ms(),
+            max_lag_ms=self.max_lag_ms,
+            isr_eligible=lambda broker: broker in self.cache.brokers,
+        )
+        self.leaders[tp] = leader
+        leader.on_leader_append(plog.log_end_offset, now_ms())
+        self._publish_high_watermark(tp, leader)
+        log.info("%s: leader at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr))
+
+    def _ensure_local(self, tp: TopicPartition) -> PartitionLog | None:
+        """The local log of a hosted partition, creating the topic locally (with the cluster's
+        topic id and config) the first time this broker hosts one of its partitions. The local
+        topic has every partition's directory; only hosted ones are ever written or served."""
+        logs = self.broker.logs
+        plog = logs.get_partition(tp)
+        if plog is not None:
+            return plog
+        cached = self.cache.topic(tp.topic)
+        if cached is None:
+            return None
+        if logs.topic(tp.topic) is None:
+            topic_id = None
+            if cached.assignment.topic_id is not None:
+                try:
+                    topic_id = decode_topic_id(cached.assignment.topic_id)
+                except ZnodeFormatError:
+                    log.warning(
+                        "%s: bad topic id %r, a local one is used", tp.topic, cached.assignment.topic_id
+                    )
+            try:
+                logs.create_topic(
+                    tp.topic,
+                    len(cached.assignment.partitions),
+                    dict(cached.config),
+                    now_ms=now_ms(),
+                    topic_id=topic_id,
+                )
+            except (TopicExistsError, InvalidConfigError) as exc:
+                log.error("%s: local replica not created: %s", tp, exc)
+                return None
+        return logs.get_partition(tp)
+
+    def _publish_high_watermark(self, tp: TopicPartition, leader: LeaderPartition) -> None:
+        plog = self.broker.logs.get_partition(tp)
+        if plog is not None:
+            plog.update_high_watermark(leader.high_watermark)
+            self.broker.waiters.notify(tp)
+
+    # --- serving ---------------------------------------------------------------------------------
+
+    def manages(self, tp: TopicPartition) -> bool:
+        """Whether ``tp`` is a cluster partition (internal topics stay local in this step)."""
+        return self.cache.topic(tp.topic) is not None
+
+    def after_leader_append(self, plog: PartitionLog) -> None:
+        leader = self.leaders.get(plog.tp)
+        if leader is None:
+            return
+        if leader.on_leader_append(plog.log_end_offset, now_ms()):
+            plog.update_high_watermark(leader.high_watermark)
+        self.broker.waiters.notify(plog.tp)
+
+    def leader_for_write(self, tp: TopicPartition) -> tuple[ErrorCode, LeaderPartition | None]:
+        cached = self.cache.topic(tp.topic)
+        if cached is None or tp.partition not in cached.assignment.partitions:
+            return ErrorCode.unknown_topic_or_partition, None
+        leader = self.leaders.get(tp)
+        if leader is None:
+            return ErrorCode.not_leader_or_follower, None
+        return ErrorCode.none, leader
+
+    def check_read(self, tp: TopicPartition, current_leader_epoch: int) -> ErrorCode:
+        """Epoch then leadership, for consumer reads (Fetch, ListOffsets)."""
+        cached = self.cache.topic(tp.topic)
+        if cached is None or tp.partition not in cached.assignment.partitions:
+            return ErrorCode.unknown_topic_or_partition
+        local = self.roles.local(tp)
+        if local is None:
+            return ErrorCode.not_leader_or_follower
+        return check_partition_read(
+            current_leader_epoch,
+            local.leader_epoch,
+            is_leader=tp in self.leaders,
+            require_leader=True,
+        )
+
+    async def wait_for_cache(self, predicate: object, timeout_s: float) -> bool:
+        """Wait until ``predicate()`` holds after a cache change, or the timeout."""
+        assert callable(predicate)
+        assert self._cache_changed is not None
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._cache_changed.clear()
+            try:
+                await asyncio.wait_for(self._cache_changed.wait(), remaining)
+            except TimeoutError:
+                return bool(predicate())
+        return True
+
+    # --- the admin path: topics ------------------------------------------------------------------
+
+    def plan_assignment(
+        self, partitions: int, replication_factor: int
+    ) -> tuple[ErrorCode, str | None, dict[int, tuple[int, ...]]]:
+        """Kafka's AdminUtils placement over the live brokers."""
+        try:
+            return ErrorCode.none, None, assign_replicas(self.cache.brokers, partitions, replication_factor)
+        except InvalidReplicationFactorError as exc:
+            return ErrorCode.invalid_replication_factor, str(exc), {}
+
+    async def create_topic(
+        self, name: str, replicas: dict[int, tuple[int, ...]], overrides: dict[str, str], timeout_s: float
+    ) -> tuple[ErrorCode, str | None, uuid.UUID | None]:
+        """Write ``/config/topics/<t>`` then ``/brokers/topics/<t>`` (the controller reacts to the
+        latter), then wait until every partition has a live leader in the metadata cache, as
+        Kafka's DelayedCreatePartitions (on timeout: REQUEST_TIMED_OUT, the topic still exists)."""
+        topic_id = uuid.uuid4()
+        assignment = TopicAssignment(replicas, topic_id=encode_topic_id(topic_id))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.zk.create_topic, name, assignment, overrides)
+        except ZkTopicExistsError:
+            return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
+        log.info("created topic %s in ZooKeeper: %s", name, dict(replicas))
+        if timeout_s > 0 and not await self.wait_for_cache(lambda: self.cache.has_leaders(name), timeout_s):
+            return ErrorCode.request_timed_out, f"Timed out waiting for leaders of {name}", topic_id
+        return ErrorCode.none, None, topic_id
+
+    def request_auto_create(self, name: str, partitions: int) -> None:
+        """Metadata's auto-creation: write the topic in the background (default.replication.factor,
+        capped by nothing: too few live brokers leave it uncreated with a log line, as Kafka
+        answers such a request with an error)."""
+        if self.cache.topic(name) is not None or name in self._auto_creating:
+            return
+        rf = self.broker.config.get_int("default.replication.factor")
+        code, message, replicas = self.plan_assignment(partitions, rf)
+        if code != ErrorCode.none:
+            log.warning("auto-creation of %s refused: %s", name, message)
+            return
+        self._auto_creating.add(name)
+
+        async def create() -> None:
+            try:
+                await self.create_topic(name, replicas, {}, 0)
+            except Exception:
+                log.exception("auto-creation of %s failed", name)
+            finally:
+                self._auto_creating.discard(name)
+
+        task = asyncio.get_running_loop().create_task(create(), name=f"auto-create-{name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
