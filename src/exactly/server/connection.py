@@ -160,8 +160,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if self._paused_reading and len(frames) < MAX_QUEUED_FRAMES // 2:
                     transport.resume_reading()
                     self._paused_reading = False
-                if pending and _api_key(payload) not in NEVER_WAIT:
-                    transport.writelines(pending)  # this request may park: send what is done
+                if pending and (_api_key(payload) not in NEVER_WAIT or broker.replicas is not None):
+                    # this request may park (in a cluster, acks=all produces wait for the ISR)
+                    transport.writelines(pending)
                     pending, pending_bytes = [], 0
                 broker.metrics.bytes_in += len(payload) + 4
                 self.in_request = True

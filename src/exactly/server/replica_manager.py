@@ -51,11 +51,12 @@ from exactly.cluster.znodes import (
     encode_topic_id,
 )
 from exactly.controller.assignment import InvalidReplicationFactorError, assign_replicas
-from exactly.replication.fetch_checks import check_partition_read
-from exactly.replication.leader import LeaderPartition
+from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
+from exactly.replication.leader import AckOutcome, IsrUpdate, LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
+from exactly.server.replica_fetcher import LeaderFetcher
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.log_manager import TopicExistsError
 from exactly.storage.partition_log import PartitionLog
@@ -90,6 +91,9 @@ class ReplicaManager:
         self._cache_changed: asyncio.Event | None = None
         self._stopped = False
         self._auto_creating: set[str] = set()
+        self.fetchers: dict[int, LeaderFetcher] = {}
+        # Delayed acks=all produces per partition: woken on every HW change and role change.
+        self._ack_waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -107,6 +111,8 @@ class ReplicaManager:
         self.roles.on_registered(epoch)
         self.zk.on_registered = lambda e: self._hop(self.roles.on_registered, e)
         await loop.run_in_executor(None, self._start_watches)
+        shrink = loop.create_task(self._isr_expiration_loop(), name="isr-expiration")
+        self._background.add(shrink)
         log.info(
             "broker %d joined the cluster at %s (broker epoch %d)", self.broker_id, self.zk.connect, epoch
         )
@@ -135,6 +141,11 @@ class ReplicaManager:
         if self._stopped:
             return
         self._stopped = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for fetcher in self.fetchers.values():
+            await fetcher.stop()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._stop_blocking)
 
@@ -245,7 +256,11 @@ class ReplicaManager:
         elif action is RoleAction.BECOME_FOLLOWER:
             self._ensure_local(tp)
             self.leaders.pop(tp, None)
+            self._wake_acks(tp)  # delayed produces answer NOT_LEADER_OR_FOLLOWER
             self.broker.waiters.notify(tp)  # parked reads re-check and get NOT_LEADER_OR_FOLLOWER
+            self._unfollow(tp)
+            if decision.leader >= 0:
+                self._follow(tp, decision.leader, decision.leader_epoch)
             log.info("%s: follower of %d at leader epoch %d", tp, decision.leader, decision.leader_epoch)
         elif action is RoleAction.UPDATE_ISR:
             leader = self.leaders.get(tp)
@@ -258,12 +273,15 @@ class ReplicaManager:
                 self._publish_high_watermark(tp, leader)
         elif action is RoleAction.STOP_REPLICA:
             self.leaders.pop(tp, None)
+            self._unfollow(tp)
+            self._wake_acks(tp)
             self.broker.waiters.notify(tp)
             log.info("%s: replica stopped", tp)
 
     def _become_leader(self, tp: TopicPartition, decision: RoleDecision) -> None:
         plog = self._ensure_local(tp)
         state = self.cache.state(tp)
+        self._unfollow(tp)
         if plog is None or state is None:
             return
         # KAFKA-7415: the new epoch starts at the current log end, recorded before any append.
@@ -322,6 +340,123 @@ class ReplicaManager:
         if plog is not None:
             plog.update_high_watermark(leader.high_watermark)
             self.broker.waiters.notify(tp)
+        self._wake_acks(tp)
+
+    # --- followers -------------------------------------------------------------------------------
+
+    def _follow(self, tp: TopicPartition, leader: int, leader_epoch: int) -> None:
+        fetcher = self.fetchers.get(leader)
+        if fetcher is None:
+            fetcher = self.fetchers[leader] = LeaderFetcher(self, leader)
+            fetcher.start()
+        fetcher.follow(tp, leader_epoch)
+
+    def _unfollow(self, tp: TopicPartition) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.unfollow(tp)
+
+    def check_follower_read(
+        self, tp: TopicPartition, replica_id: int, current_leader_epoch: int
+    ) -> ErrorCode:
+        """A replica's Fetch at this broker: the epoch, leadership, then membership."""
+        code = self.check_read(tp, current_leader_epoch)
+        if code != ErrorCode.none:
+            return code
+        return check_follower_fetch(replica_id, current_leader_epoch, self.cache.replicas(tp))
+
+    def on_follower_fetch(
+        self, plog: PartitionLog, replica_id: int, fetch_offset: int, log_start: int
+    ) -> None:
+        leader = self.leaders.get(plog.tp)
+        if leader is None or replica_id == self.broker_id:
+            return
+        try:
+            outcome = leader.on_follower_fetch(replica_id, fetch_offset, log_start, now_ms())
+        except KeyError:
+            return
+        if outcome.high_watermark_advanced:
+            self._publish_high_watermark(plog.tp, leader)
+        if outcome.isr_update is not None:
+            self._write_isr(plog.tp, leader, outcome.isr_update)
+
+    # --- ISR changes by the leader -----------------------------------------------------------------
+
+    def _write_isr(self, tp: TopicPartition, leader: LeaderPartition, update: IsrUpdate) -> None:
+        """Conditional set in the executor; adopted on the loop only if it committed."""
+
+        async def write() -> None:
+            loop = asyncio.get_running_loop()
+            try:
+                version = await loop.run_in_executor(
+                    None, self.zk.update_isr, tp, update.new, update.expected_zk_version
+                )
+            except Exception:
+                log.exception("%s: ISR write failed", tp)
+                version = None
+            if version is None:
+                leader.on_isr_failed(update)
+                return
+            log.info("%s: ISR now %s (zkVersion %d)", tp, list(update.isr), version)
+            if leader.on_isr_committed(update, version, now_ms()) and self.leaders.get(tp) is leader:
+                self._publish_high_watermark(tp, leader)
+
+        task = asyncio.get_running_loop().create_task(write(), name=f"isr-{tp}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _isr_expiration_loop(self) -> None:
+        """Kafka's isr-expiration task: every replica.lag.time.max.ms / 2, drop lagging followers."""
+        while True:
+            await asyncio.sleep(self.max_lag_ms / 2000)
+            now = now_ms()
+            for tp, leader in list(self.leaders.items()):
+                update = leader.maybe_shrink_isr(now)
+                if update is not None:
+                    log.info("%s: shrinking ISR %s -> %s", tp, list(leader.isr), list(update.isr))
+                    self._write_isr(tp, leader, update)
+
+    # --- delayed produce (acks=all) ----------------------------------------------------------------
+
+    def _wake_acks(self, tp: TopicPartition) -> None:
+        for fut in self._ack_waiters.pop(tp, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_for_acks(
+        self,
+        tp: TopicPartition,
+        leader: LeaderPartition,
+        required_offset: int,
+        min_isr: int,
+        timeout_s: float,
+    ) -> ErrorCode:
+        """Kafka's DelayedProduce for one partition: done when the HW reached ``required_offset``
+        (then NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min.insync.replicas),
+        NOT_LEADER_OR_FOLLOWER if leadership moved, REQUEST_TIMED_OUT after the request timeout.
+        Never blocks the loop: it parks a future woken by HW and role changes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self.leaders.get(tp) is not leader:
+                return ErrorCode.not_leader_or_follower
+            outcome = leader.check_acks_all(required_offset, min_isr)
+            if outcome is AckOutcome.DONE:
+                return ErrorCode.none
+            if outcome is AckOutcome.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                return ErrorCode.not_enough_replicas_after_append
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return ErrorCode.request_timed_out
+            fut: asyncio.Future[None] = loop.create_future()
+            self._ack_waiters.setdefault(tp, set()).add(fut)
+            timer = loop.call_later(remaining, _wake, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                waiters = self._ack_waiters.get(tp)
+                if waiters is not None:
+                    waiters.discard(fut)
 
     # --- serving ---------------------------------------------------------------------------------
 
@@ -335,7 +470,8 @@ class ReplicaManager:
             return
         if leader.on_leader_append(plog.log_end_offset, now_ms()):
             plog.update_high_watermark(leader.high_watermark)
-        self.broker.waiters.notify(plog.tp)
+            self._wake_acks(plog.tp)
+        self.broker.waiters.notify(plog.tp)  # consumers and parked follower fetches
 
     def leader_for_write(self, tp: TopicPartition) -> tuple[ErrorCode, LeaderPartition | None]:
         cached = self.cache.topic(tp.topic)
@@ -430,3 +566,8 @@ class ReplicaManager:
         task = asyncio.get_running_loop().create_task(create(), name=f"auto-create-{name}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

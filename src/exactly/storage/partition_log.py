@@ -372,10 +372,12 @@ class PartitionLog:
         *,
         read_committed: bool,
         min_one_batch: bool = True,
+        up_to_log_end: bool = False,
     ) -> ReadResult:
         """Whole batches starting at the batch containing ``fetch_offset``, bounded by the high
-        watermark (or the LSO when read_committed), up to max_bytes (but at least one batch when
-        min_one_batch). Data comes from one segment per call, as in Kafka. Raises
+        watermark (or the LSO when read_committed; the log end offset with ``up_to_log_end``, for
+        a follower replica's fetch, Kafka's FetchIsolation.LOG_END), up to max_bytes (but at least
+        one batch when min_one_batch). Data comes from one segment per call, as in Kafka. Raises
         OffsetOutOfRangeError outside [log_start_offset, LEO]."""
         log_start, log_end = self.log_start_offset, self.log_end_offset
         if fetch_offset < log_start or fetch_offset > log_end:
@@ -384,7 +386,7 @@ class PartitionLog:
             )
         hw = self._high_watermark
         lso = self.last_stable_offset
-        bound = lso if read_committed else hw
+        bound = log_end if up_to_log_end else lso if read_committed else hw
         records, upper = self._read_batches(fetch_offset, bound, max_bytes, min_one_batch)
         aborted: tuple[AbortedTxn, ...] | None = None
         if read_committed:

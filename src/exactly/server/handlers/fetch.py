@@ -16,6 +16,7 @@ FETCH_SESSION_ID_NOT_FOUND as in Kafka.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -61,6 +62,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
 
 def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int, bool]:
     read_committed = request.isolation_level == READ_COMMITTED
+    replica_id = int(getattr(request, "replica_id", -1))
+    from_follower = replica_id >= 0 and broker.replicas is not None
     remaining = request.max_bytes
     min_one = True
     total = 0
@@ -73,11 +76,13 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
             replicas = broker.replicas
             if replicas is not None:
                 tp = TopicPartition(topic.topic, p.partition)
-                code = (
-                    replicas.check_read(tp, getattr(p, "current_leader_epoch", -1))
-                    if replicas.manages(tp)
-                    else ErrorCode.none
-                )
+                epoch = getattr(p, "current_leader_epoch", -1)
+                if not replicas.manages(tp):
+                    code = ErrorCode.none
+                elif from_follower:
+                    code = replicas.check_follower_read(tp, replica_id, epoch)
+                else:
+                    code = replicas.check_read(tp, epoch)
                 if code != ErrorCode.none:
                     errors = True
                     broker.metrics.error(ApiKey.FETCH, code)
@@ -91,13 +96,23 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
             limit = max(min(p.partition_max_bytes, remaining), 0)
             try:
                 result = plog.read(
-                    p.fetch_offset, limit, read_committed=read_committed, min_one_batch=min_one
+                    p.fetch_offset,
+                    limit,
+                    read_committed=read_committed and not from_follower,
+                    min_one_batch=min_one,
+                    up_to_log_end=from_follower,
                 )
             except OffsetOutOfRangeError:
                 errors = True
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.offset_out_of_range)
                 parts.append(_error_partition(p.partition, ErrorCode.offset_out_of_range))
                 continue
+            if from_follower and broker.replicas is not None:
+                # The follower's fetch offset is its log end: the leader's HW and ISR follow it.
+                broker.replicas.on_follower_fetch(
+                    plog, replica_id, p.fetch_offset, getattr(p, "log_start_offset", -1)
+                )
+                result = replace(result, high_watermark=plog.high_watermark)
             size = len(result.records)
             if size:
                 min_one = False

@@ -14,7 +14,9 @@ answered the same way (everything in the ISR has it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
@@ -49,6 +51,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
     now = now_ms()
     metrics = broker.metrics
     topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
+    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]] = []
+    replicas = broker.replicas
     for topic in request.topics:
         name = topic.name
         parts_out: list[ProducePartitionResult] = []
@@ -66,7 +70,27 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
                         pdata.index, 0, result.first_offset, result.log_append_time, result.log_start_offset
                     )
                 )
+                if acks == -1 and replicas is not None:
+                    tp = TopicPartition(name, pdata.index)
+                    leader = replicas.leaders.get(tp)
+                    plog = broker.partition(name, pdata.index)
+                    if leader is not None and plog is not None:
+                        wait = replicas.wait_for_acks(
+                            tp,
+                            leader,
+                            result.last_offset + 1,
+                            plog.config.min_insync_replicas,
+                            request.timeout_ms / 1000,
+                        )
+                        delayed.append((parts_out, len(parts_out) - 1, wait))
         topics_out.append((name, parts_out))
+    if delayed:
+        # acks=all in a cluster: answered once the ISR has the records (Kafka's DelayedProduce).
+        codes = await asyncio.gather(*(wait for _parts, _i, wait in delayed))
+        for (parts, i, _wait), code in zip(delayed, codes, strict=True):
+            if code != ErrorCode.none:
+                metrics.error(ApiKey.PRODUCE, code)
+                parts[i] = ProducePartitionResult(parts[i].index, int(code), -1, -1, -1, None)
     if acks == 0:
         return None
     return encode_produce_response(ctx.version, topics_out)

@@ -1,0 +1,217 @@
+"""Follower replication: one fetcher task per leader broker (Kafka's ReplicaFetcherThread, as an
+asyncio task on the broker's loop).
+
+Each task keeps one connection to its leader and sends Fetch v11 with ``replica_id`` = this
+broker's id, the leader epoch it follows as ``current_leader_epoch`` (the leader refuses a stale
+or future epoch), and each partition's log end offset as the fetch offset (which *is* how the
+leader learns the follower's LEO). Returned batches are appended unchanged (offsets and leader
+epochs as the leader assigned them; producer state with the REPLICATION origin, which never
+raises), then the follower's high watermark becomes min(leader HW, own LEO).
+
+Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
+mean the roles are moving; the partition waits for the next observed state (the replica manager
+moves it to another fetcher or makes it leader). A lost connection is retried after a back-off.
+
+Not built yet: truncation on becoming follower (OffsetsForLeaderEpoch, KIP-101/279 via
+``replication.truncation``). A follower whose log extends past the new leader's gets
+OFFSET_OUT_OF_RANGE and stops fetching that partition, with a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11 import request as fetch_request
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i32Timedelta, i64
+
+from exactly.client.wire import decode_response, encode_request
+from exactly.records.batch import BatchHeader, iter_batches
+from exactly.server.clock import now_ms
+from exactly.storage.partition_log import PartitionLog
+from exactly.storage.producer_state import AppendOrigin
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.replica_manager import ReplicaManager
+
+log = logging.getLogger("exactly.replica_fetcher")
+
+FETCH_VERSION = 11
+FETCH_API_KEY = 1
+MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
+PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
+MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
+BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
+_SIZE = struct.Struct(">i")
+
+
+@dataclass(slots=True)
+class FollowedPartition:
+    tp: TopicPartition
+    leader_epoch: int
+    failed: bool = False  # stopped after an error, until the next role change
+
+
+class LeaderFetcher:
+    """Fetches every partition this broker follows from one leader."""
+
+    def __init__(self, manager: ReplicaManager, leader: int) -> None:
+        self.manager = manager
+        self.leader = leader
+        self.partitions: dict[TopicPartition, FollowedPartition] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._correlation = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"replica-fetcher-{self.leader}"
+        )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def follow(self, tp: TopicPartition, leader_epoch: int) -> None:
+        self.partitions[tp] = FollowedPartition(tp, leader_epoch)
+        self._changed.set()
+
+    def unfollow(self, tp: TopicPartition) -> None:
+        self.partitions.pop(tp, None)
+
+    async def _run(self) -> None:
+        while True:
+            active = [p for p in self.partitions.values() if not p.failed]
+            if not active:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            endpoint = self.manager.cache.brokers.get(self.leader)
+            if endpoint is None:
+                await asyncio.sleep(BACKOFF_S)
+                continue
+            try:
+                reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+            except OSError as exc:
+                log.info("fetcher for leader %d: cannot connect: %s", self.leader, exc)
+                await asyncio.sleep(BACKOFF_S)
+                continue
+            try:
+                await self._fetch_loop(reader, writer)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                log.info("fetcher for leader %d: connection lost: %r", self.leader, exc)
+                await asyncio.sleep(BACKOFF_S)
+            finally:
+                writer.close()
+
+    async def _fetch_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            active = [p for p in self.partitions.values() if not p.failed]
+            if not active:
+                return
+            request = self._build(active)
+            if request is None:
+                await asyncio.sleep(BACKOFF_S)
+                continue
+            self._correlation += 1
+            writer.write(encode_request(request, self._correlation, f"replica-{self.manager.broker_id}"))
+            await writer.drain()
+            size = _SIZE.unpack(await reader.readexactly(4))[0]
+            payload = await reader.readexactly(size)
+            _corr, response = decode_response(FETCH_API_KEY, FETCH_VERSION, payload)
+            if int(response.error_code) != 0:
+                log.info("fetcher for leader %d: fetch error %d", self.leader, int(response.error_code))
+                await asyncio.sleep(BACKOFF_S)
+                continue
+            backoff = False
+            for topic in response.responses:
+                for part in topic.partitions:
+                    tp = TopicPartition(str(topic.topic), int(part.partition_index))
+                    if not self._handle_partition(tp, part):
+                        backoff = True
+            if backoff:
+                await asyncio.sleep(BACKOFF_S)
+
+    def _build(self, active: list[FollowedPartition]) -> Any:
+        by_topic: dict[str, list[Any]] = {}
+        for followed in active:
+            plog = self.manager.broker.logs.get_partition(followed.tp)
+            if plog is None:
+                continue
+            by_topic.setdefault(followed.tp.topic, []).append(
+                fetch_request.FetchPartition(
+                    partition=i32(followed.tp.partition),
+                    current_leader_epoch=i32(followed.leader_epoch),
+                    fetch_offset=i64(plog.log_end_offset),
+                    log_start_offset=i64(plog.log_start_offset),
+                    partition_max_bytes=i32(PARTITION_MAX_BYTES),
+                )
+            )
+        if not by_topic:
+            return None
+        return fetch_request.FetchRequest(
+            replica_id=BrokerId(self.manager.broker_id),
+            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=MAX_WAIT_MS)),
+            min_bytes=i32(1),
+            max_bytes=i32(MAX_BYTES),
+            isolation_level=i8(0),
+            session_id=i32(0),
+            session_epoch=i32(-1),
+            topics=tuple(
+                fetch_request.FetchTopic(topic=TopicName(t), partitions=tuple(parts))
+                for t, parts in by_topic.items()
+            ),
+            forgotten_topics_data=(),
+            rack_id="",
+        )
+
+    def _handle_partition(self, tp: TopicPartition, part: Any) -> bool:
+        """Append what came back; False when the partition needs a back-off."""
+        followed = self.partitions.get(tp)
+        plog = self.manager.broker.logs.get_partition(tp)
+        if followed is None or plog is None:
+            return True  # unfollowed while the fetch was in flight
+        code = int(part.error_code)
+        if code != ErrorCode.none:
+            if code == ErrorCode.offset_out_of_range:
+                followed.failed = True
+                log.error(
+                    "%s: leader %d answered OFFSET_OUT_OF_RANGE at %d; truncation is not built, "
+                    "replication of this partition stopped",
+                    tp,
+                    self.leader,
+                    plog.log_end_offset,
+                )
+            return False
+        records = part.records
+        if records:
+            self._append(plog, bytearray(records))
+        plog.update_high_watermark(min(int(part.high_watermark), plog.log_end_offset))
+        self.manager.broker.waiters.notify(tp)
+        return True
+
+    def _append(self, plog: PartitionLog, data: bytearray) -> None:
+        now = now_ms()
+        for header in iter_batches(data):
+            if header.last_offset < plog.log_end_offset:
+                continue  # already have it (a batch that started before our fetch offset)
+            if header.base_offset != plog.log_end_offset:
+                raise ValueError(
+                    f"{plog.tp}: leader sent a batch at {header.base_offset}, log end is {plog.log_end_offset}"
+                )
+            batch = data[header.position : header.position + header.size]
+            plog.append(
+                batch,
+                BatchHeader.parse(batch, 0),
+                leader_epoch=header.partition_leader_epoch,
+                now_ms=now,
+                origin=AppendOrigin.REPLICATION,
+            )
