@@ -158,13 +158,13 @@ def load_log(
     log_end = segments[-1].next_offset
     rp = min(rp, log_end)
     leader_epochs.truncate_from_end(log_end)
-    replayed = _rebuild_producer_state(segments, producer_state, leader_epochs, log_start, log_end, rp)
+    replayed = rebuild_producer_state(segments, producer_state, leader_epochs, log_start, log_end, rp)
     start = min(max(log_start_offset, log_start), log_end)
     leader_epochs.truncate_from_start(start)
     return LoadResult(segments, max(rp, start), start, truncated, replayed)
 
 
-def _rebuild_producer_state(
+def rebuild_producer_state(
     segments: list[LogSegment],
     producer_state: ProducerStateManager,
     leader_epochs: LeaderEpochCache,

@@ -63,7 +63,7 @@ from exactly.records.batch import (
 from exactly.records.control import ControlType, read_control_marker
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
-from exactly.storage.log_loader import LoadResult, load_log, new_segment
+from exactly.storage.log_loader import LoadResult, load_log, new_segment, rebuild_producer_state
 from exactly.storage.producer_entry import ProducerStateEntry
 from exactly.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -511,6 +511,39 @@ class PartitionLog:
         if count:
             self._delete_oldest(count)
         return True
+
+    def truncate_to(self, offset: int) -> int:
+        """A follower's truncation (KIP-101/279): remove every batch at or after ``offset``
+        (the batch containing it stays whole, so pass a batch boundary) and return the bytes
+        removed. The leader-epoch cache forgets epochs starting at or after ``offset`` even when
+        nothing is removed (KAFKA-10706). Producer state is rewound to the newest snapshot at or
+        below the new log end and the log replayed from there, which also rebuilds the aborted
+        transactions of the replayed range. The HW and recovery point never exceed the new end.
+        A cut below the log start offset is clamped to it (Kafka would restart the log there)."""
+        offset = max(offset, self._log_start_offset)
+        self.leader_epochs.truncate_from_end(offset)
+        if offset >= self.log_end_offset:
+            return 0
+        removed = 0
+        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+            doomed = self._segments.pop()
+            self._bases.pop()
+            removed += doomed.size
+            doomed.delete()
+        active = self._segments[-1]
+        removed += active.truncate_to(offset)
+        active.txn_index.truncate_to(offset)
+        new_end = self.log_end_offset
+        self._high_watermark = min(self._high_watermark, new_end)
+        self._recovery_point = min(self._recovery_point, new_end)
+        self.producer_state.truncate_and_reload(
+            log_start_offset=self._log_start_offset, log_end_offset=new_end
+        )
+        rebuild_producer_state(
+            self._segments, self.producer_state, self.leader_epochs, self._log_start_offset, new_end, new_end
+        )
+        self._first_unstable = self.producer_state.first_unstable_offset()
+        return removed
 
     def _move_log_start(self, start: int) -> None:
         """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader
