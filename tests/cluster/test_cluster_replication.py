@@ -153,3 +153,13 @@ def test_leader_kill_9_producer_continues_and_acked_records_are_read_once_in_ord
     assert new_leader not in (leader, -1)
     assert sorted(acked) == list(range(600))
     assert read_all(cluster, 600) == list(range(600))
+    # The old leader comes back as a follower: it truncates to the new leader's epoch boundary
+    # (OffsetsForLeaderEpoch), catches up, rejoins the ISR and holds the same bytes.
+    victim.restart()
+
+    def isr_full() -> bool:
+        md = AdminClient({"bootstrap.servers": bootstrap(cluster)}).list_topics(TOPIC, timeout=5)
+        return sorted(md.topics[TOPIC].partitions[0].isrs) == [0, 1, 2]
+
+    wait_for(isr_full, timeout=60, what="the old leader to rejoin the ISR")
+    wait_for(lambda: len({segment_bytes(b) for b in cluster}) == 1, timeout=30, what="replicas to converge")

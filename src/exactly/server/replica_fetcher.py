@@ -12,9 +12,11 @@ Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN
 mean the roles are moving; the partition waits for the next observed state (the replica manager
 moves it to another fetcher or makes it leader). A lost connection is retried after a back-off.
 
-Not built yet: truncation on becoming follower (OffsetsForLeaderEpoch, KIP-101/279 via
-``replication.truncation``). A follower whose log extends past the new leader's gets
-OFFSET_OUT_OF_RANGE and stops fetching that partition, with a log line.
+Truncation first (KIP-101/279): a partition starts every new leader epoch TRUNCATING
+(``replication.truncation.FollowerPartition``). The fetcher asks OffsetsForLeaderEpoch for the
+follower's latest local epoch, cuts its log where ``truncation_offset`` says
+(``PartitionLog.truncate_to``: log, epoch cache, producer state), and asks again until the answer
+is complete; only then does it fetch records. A follower without any epoch truncates to its HW.
 """
 
 from __future__ import annotations
@@ -28,11 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch_request
+from kio.schema.offset_for_leader_epoch.v3 import request as epoch_request
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from exactly.client.wire import decode_response, encode_request
 from exactly.records.batch import BatchHeader, iter_batches
+from exactly.replication.leader_epochs import EpochEndOffset
+from exactly.replication.truncation import (
+    FetchState,
+    FollowerPartition,
+    TruncationDecision,
+    epoch_to_ask,
+    truncation_offset,
+)
 from exactly.server.clock import now_ms
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import AppendOrigin
@@ -45,6 +56,8 @@ log = logging.getLogger("exactly.replica_fetcher")
 
 FETCH_VERSION = 11
 FETCH_API_KEY = 1
+EPOCH_API_KEY = 23
+EPOCH_VERSION = 3
 MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
@@ -55,8 +68,16 @@ _SIZE = struct.Struct(">i")
 @dataclass(slots=True)
 class FollowedPartition:
     tp: TopicPartition
-    leader_epoch: int
+    state: FollowerPartition
     failed: bool = False  # stopped after an error, until the next role change
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.state.leader_epoch
+
+    @property
+    def truncating(self) -> bool:
+        return self.state.state is FetchState.TRUNCATING
 
 
 class LeaderFetcher:
@@ -81,7 +102,13 @@ class LeaderFetcher:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def follow(self, tp: TopicPartition, leader_epoch: int) -> None:
-        self.partitions[tp] = FollowedPartition(tp, leader_epoch)
+        """Start (or restart, on a newer epoch) following: always truncating first, even when
+        the leader is the same broker (KAFKA-7164)."""
+        current = self.partitions.get(tp)
+        if current is not None and current.state.on_leader_epoch(self.leader, leader_epoch):
+            current.failed = False
+        elif current is None or leader_epoch > current.leader_epoch:
+            self.partitions[tp] = FollowedPartition(tp, FollowerPartition(self.leader, leader_epoch))
         self._changed.set()
 
     def unfollow(self, tp: TopicPartition) -> None:
@@ -117,16 +144,15 @@ class LeaderFetcher:
             active = [p for p in self.partitions.values() if not p.failed]
             if not active:
                 return
+            truncating = [p for p in active if p.truncating]
+            if truncating:
+                await self._truncate(reader, writer, truncating)
+                continue
             request = self._build(active)
             if request is None:
                 await asyncio.sleep(BACKOFF_S)
                 continue
-            self._correlation += 1
-            writer.write(encode_request(request, self._correlation, f"replica-{self.manager.broker_id}"))
-            await writer.drain()
-            size = _SIZE.unpack(await reader.readexactly(4))[0]
-            payload = await reader.readexactly(size)
-            _corr, response = decode_response(FETCH_API_KEY, FETCH_VERSION, payload)
+            response = await self._call(reader, writer, request, FETCH_API_KEY, FETCH_VERSION)
             if int(response.error_code) != 0:
                 log.info("fetcher for leader %d: fetch error %d", self.leader, int(response.error_code))
                 await asyncio.sleep(BACKOFF_S)
@@ -139,6 +165,94 @@ class LeaderFetcher:
                         backoff = True
             if backoff:
                 await asyncio.sleep(BACKOFF_S)
+
+    async def _call(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        request: Any,
+        api_key: int,
+        version: int,
+    ) -> Any:
+        self._correlation += 1
+        writer.write(encode_request(request, self._correlation, f"replica-{self.manager.broker_id}"))
+        await writer.drain()
+        size = _SIZE.unpack(await reader.readexactly(4))[0]
+        payload = await reader.readexactly(size)
+        corr, response = decode_response(api_key, version, payload)
+        if corr != self._correlation:
+            raise ValueError(f"correlation id {corr}, expected {self._correlation}")
+        return response
+
+    async def _truncate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, truncating: list[FollowedPartition]
+    ) -> None:
+        """One OffsetsForLeaderEpoch round for every truncating partition; each answer cuts the
+        log and either completes the truncation or asks again next round (KIP-279)."""
+        asks: dict[str, list[Any]] = {}
+        asked_for: dict[TopicPartition, int] = {}  # the leader epoch each question was asked in
+        for followed in truncating:
+            plog = self.manager.broker.logs.get_partition(followed.tp)
+            if plog is None:
+                continue
+            epoch = epoch_to_ask(plog.leader_epochs.entries)
+            if epoch is None:  # nothing to ask with: Kafka's fallback is the high watermark
+                self._apply_truncation(followed, plog, TruncationDecision(plog.high_watermark, True))
+                continue
+            asked_for[followed.tp] = followed.leader_epoch
+            asks.setdefault(followed.tp.topic, []).append(
+                epoch_request.OffsetForLeaderPartition(
+                    partition=i32(followed.tp.partition),
+                    current_leader_epoch=i32(followed.leader_epoch),
+                    leader_epoch=i32(epoch),
+                )
+            )
+        if not asks:
+            return
+        request = epoch_request.OffsetForLeaderEpochRequest(
+            replica_id=BrokerId(self.manager.broker_id),
+            topics=tuple(
+                epoch_request.OffsetForLeaderTopic(topic=TopicName(t), partitions=tuple(parts))
+                for t, parts in asks.items()
+            ),
+        )
+        response = await self._call(reader, writer, request, EPOCH_API_KEY, EPOCH_VERSION)
+        backoff = False
+        for topic in response.topics:
+            for part in topic.partitions:
+                tp = TopicPartition(str(topic.topic), int(part.partition))
+                current = self.partitions.get(tp)
+                plog = self.manager.broker.logs.get_partition(tp)
+                if current is None or plog is None or not current.truncating:
+                    continue
+                if asked_for.get(tp) != current.leader_epoch:
+                    continue  # answered for an older epoch: ask again in the new one
+                if int(part.error_code) != ErrorCode.none:
+                    backoff = True  # the leader moves on: wait for the next observed state
+                    continue
+                decision = truncation_offset(
+                    plog.leader_epochs.entries,
+                    EpochEndOffset(int(part.leader_epoch), int(part.end_offset)),
+                    log_end_offset=plog.log_end_offset,
+                    high_watermark=plog.high_watermark,
+                )
+                self._apply_truncation(current, plog, decision)
+        if backoff:
+            await asyncio.sleep(BACKOFF_S)
+
+    def _apply_truncation(
+        self, followed: FollowedPartition, plog: PartitionLog, decision: TruncationDecision
+    ) -> None:
+        removed = plog.truncate_to(decision.offset)
+        if removed:
+            log.info(
+                "%s: truncated to %d (%d bytes) for leader epoch %d",
+                plog.tp,
+                decision.offset,
+                removed,
+                followed.leader_epoch,
+            )
+        followed.state.on_truncated(decision, followed.leader_epoch)
 
     def _build(self, active: list[FollowedPartition]) -> Any:
         by_topic: dict[str, list[Any]] = {}

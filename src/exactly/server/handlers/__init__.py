@@ -45,6 +45,7 @@ from exactly.server.handlers import (
     metadata,
     offset_commit,
     offset_fetch,
+    offset_for_leader_epoch,
     produce,
     sync_group,
     txn_offset_commit,
@@ -64,6 +65,7 @@ _MODULES: tuple[ModuleType, ...] = (
     create_partitions,
     delete_records,
     init_producer_id,
+    offset_for_leader_epoch,
     describe_configs,
     describe_cluster,
     # groups
