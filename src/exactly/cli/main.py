@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "exactly.cli.groups",
     "exactly.cli.pipeline",
     "exactly.cli.zookeeper",
+    "exactly.cli.cluster",
 )
 
 # command name -> the module that registers it (modules may register several commands)
@@ -37,6 +38,7 @@ _COMMAND_OWNER = {
     "groups": "exactly.cli.groups",
     "pipeline": "exactly.cli.pipeline",
     "zookeeper": "exactly.cli.zookeeper",
+    "cluster": "exactly.cli.cluster",
 }
 
 
