@@ -159,3 +159,29 @@ def test_idempotent_acks_all_producer_writes_to_leaders_on_every_broker(
             assert values == sorted(values)  # each partition in produce order
     finally:
         consumer.close()
+
+
+def test_delete_topic_removes_it_from_zookeeper_metadata_and_every_replica(
+    cluster: list[Broker], unique_name: Callable[[str], str]
+) -> None:
+    topic = unique_name("gone")
+    client = admin(cluster)
+    wait_for(lambda: len(client.list_topics(timeout=5).brokers) == 3, what="three brokers")
+    client.create_topics([NewTopic(topic, num_partitions=2, replication_factor=3)])[topic].result(timeout=30)
+    wait_for(
+        lambda: all(b.partition_dir(topic, 0).exists() for b in cluster), what="replicas on every broker"
+    )
+    client.delete_topics([topic])[topic].result(timeout=30)
+    for b in cluster:
+        other = AdminClient({"bootstrap.servers": b.bootstrap})
+        wait_for(
+            lambda other=other: topic not in other.list_topics(timeout=5).topics,
+            what=f"{b.name} to forget it",
+        )
+    wait_for(
+        lambda: not any(b.partition_dir(topic, p).exists() for b in cluster for p in (0, 1)),
+        what="every broker to delete its replicas",
+    )
+    # The name can be used again.
+    client.create_topics([NewTopic(topic, num_partitions=1, replication_factor=3)])[topic].result(timeout=30)
+    assert len(client.list_topics(topic, timeout=5).topics[topic].partitions) == 1

@@ -13,9 +13,9 @@ Epochs, not events: an event only says "something changed"; the worker re-reads 
 notifications are harmless. A write refused with BADVERSION triggers a re-read and a new decision
 (bounded); a failed fence (:class:`ControllerMovedError`) ends this controller's term.
 
-Scope (the foundation): election and failover, broker failure / start-up / bounce, initial states
-of new partitions. Controlled shutdown, preferred election and topic deletion have decision
-functions but no events here yet (see the package README).
+Scope: election and failover, broker failure / start-up / bounce, initial states of new
+partitions, topic deletion (``/admin/delete_topics``). Controlled shutdown and preferred election
+have decision functions but no events here yet (see the package README).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class ControllerEvent(enum.Enum):
     CONTROLLER_CHANGED = "controller changed"
     BROKERS_CHANGED = "brokers changed"
     TOPICS_CHANGED = "topics changed"
+    TOPIC_DELETIONS = "topics marked for deletion"
     STOP = "stop"
 
 
@@ -131,6 +132,11 @@ class ControllerRuntime:
                 )
         elif event is ControllerEvent.TOPICS_CHANGED:
             self._decide_and_apply(lambda ctx, _rnd: self._missing_states(ctx))
+        elif event is ControllerEvent.TOPIC_DELETIONS:
+            # Brokers watch the assignments, so no StopReplica round is needed: removing the
+            # topic's znodes is the whole decision (a marker for an unknown topic just goes).
+            for topic in self.zk.topics_to_delete():
+                self.zk.delete_topic(self.lease, topic)
 
     def _try_elect(self) -> None:
         lease = self.zk.elect_controller(self.broker_id)
@@ -145,6 +151,7 @@ class ControllerRuntime:
             self._watching = True
             self.zk.watch_brokers(lambda _live: self._events.put(ControllerEvent.BROKERS_CHANGED))
             self.zk.watch_topics(lambda _topics: self._events.put(ControllerEvent.TOPICS_CHANGED))
+            self.zk.watch_topic_deletions(lambda _topics: self._events.put(ControllerEvent.TOPIC_DELETIONS))
         self.elected.set()
 
     @staticmethod

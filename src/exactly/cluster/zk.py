@@ -306,6 +306,56 @@ class ClusterZk:
         except NodeExistsError as exc:
             raise TopicExistsError(topic) from exc
 
+    def mark_topic_for_deletion(self, topic: str) -> None:
+        """DeleteTopics: create ``/admin/delete_topics/<t>``; the controller does the rest."""
+        try:
+            self.client.create(zn.delete_topic_path(topic), b"")
+        except NodeExistsError:
+            pass
+
+    def topics_to_delete(self) -> list[str]:
+        return sorted(self.client.get_children(zn.ADMIN_DELETE_TOPICS))
+
+    def watch_topic_deletions(self, callback: Callable[[list[str]], None]) -> None:
+        self.client.ChildrenWatch(zn.ADMIN_DELETE_TOPICS, lambda topics: callback(sorted(topics)))
+
+    def delete_topic(self, lease: ControllerLease, topic: str) -> None:
+        """The controller's last step of a deletion: the state znodes, the assignment, the config
+        and the marker go in one multi fenced by ``/controller_epoch``. Brokers watching
+        ``/brokers/topics`` then delete their replicas. Raises :class:`ControllerMovedError`."""
+        doomed = self._subtree(zn.topic_path(topic))
+        if self.client.exists(zn.topic_config_path(topic)) is not None:
+            doomed.append(zn.topic_config_path(topic))
+        doomed.append(zn.delete_topic_path(topic))
+        tx = self.client.transaction()
+        tx.check(zn.CONTROLLER_EPOCH, lease.epoch_zk_version)
+        for path in doomed:
+            tx.delete(path)
+        outcome = tx.commit()
+        if isinstance(outcome[0], BadVersionError | NoNodeError):
+            raise ControllerMovedError(f"controller epoch {lease.epoch} is no longer current")
+        failure = _first_failure(outcome)
+        if failure is not None:
+            log.info(
+                "deletion of topic %s raced with another change (%r); retried on the next event",
+                topic,
+                failure,
+            )
+            return
+        log.info("controller epoch %d: deleted topic %s", lease.epoch, topic)
+
+    def _subtree(self, path: str) -> list[str]:
+        """``path`` and everything below it, children before parents (delete order)."""
+        try:
+            children = self.client.get_children(path)
+        except NoNodeError:
+            return []
+        out: list[str] = []
+        for child in children:
+            out.extend(self._subtree(f"{path}/{child}"))
+        out.append(path)
+        return out
+
     def topics(self) -> list[str]:
         return sorted(self.client.get_children(zn.BROKER_TOPICS))
 

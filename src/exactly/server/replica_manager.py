@@ -515,6 +515,18 @@ class ReplicaManager:
 
     # --- the admin path: topics ------------------------------------------------------------------
 
+    def topic_id(self, name: str) -> uuid.UUID | None:
+        cached = self.cache.topic(name)
+        if cached is None or cached.assignment.topic_id is None:
+            return None
+        try:
+            return decode_topic_id(cached.assignment.topic_id)
+        except ZnodeFormatError:
+            return None
+
+    def topic_name_by_id(self, topic_id: uuid.UUID) -> str | None:
+        return next((n for n in self.cache.topic_names() if self.topic_id(n) == topic_id), None)
+
     def plan_assignment(
         self, partitions: int, replication_factor: int
     ) -> tuple[ErrorCode, str | None, dict[int, tuple[int, ...]]]:

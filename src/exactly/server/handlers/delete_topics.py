@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ ZERO_UUID = uuid.UUID(int=0)
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    if broker.replicas is not None:
+        return await _handle_cluster(broker, ctx, request)
     mod = ctx.api.response_module
     if ctx.version >= 6:
         wanted = [(t.name, t.topic_id) for t in request.topics]
@@ -57,6 +60,54 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 mod.DeletableTopicResult,
                 name=info.name if info is not None else name,
                 topic_id=info.topic_id if info is not None else (topic_id or ZERO_UUID),
+                error_code=code,
+                error_message=message,
+            )
+        )
+    return build(ctx.api.response_type, responses=tuple(results))
+
+
+async def _handle_cluster(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    """Cluster mode, Kafka's path: mark ``/admin/delete_topics/<t>``, the controller removes the
+    topic's znodes, every broker deletes its replicas when it sees the topic gone; the answer
+    waits (up to the request timeout) until this broker's metadata no longer has the topic."""
+    replicas = broker.replicas
+    assert replicas is not None
+    mod = ctx.api.response_module
+    cache = replicas.cache
+    if ctx.version >= 6:
+        wanted = [(t.name, t.topic_id) for t in request.topics]
+    else:
+        wanted = [(name, None) for name in request.topic_names]
+    timeout_s = max(request.timeout.total_seconds(), 0.0)
+    loop = asyncio.get_running_loop()
+    results = []
+    for name, topic_id in wanted:
+        code, message = ErrorCode.none, None
+        if name is None and topic_id is not None and topic_id != ZERO_UUID:
+            name = replicas.topic_name_by_id(topic_id)
+            if name is None:
+                code = ErrorCode.unknown_topic_id
+        elif name is None:
+            code = ErrorCode.invalid_request
+        elif cache.topic(name) is None:
+            code = ErrorCode.unknown_topic_or_partition
+        found_id = replicas.topic_id(name) if name is not None else None
+        if code == ErrorCode.none and name is not None:
+            if name in INTERNAL_TOPICS:
+                code, message = ErrorCode.topic_deletion_disabled, "Internal topics cannot be deleted"
+            elif not broker.config.get_bool("delete.topic.enable"):
+                code, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
+            else:
+                await loop.run_in_executor(None, replicas.zk.mark_topic_for_deletion, name)
+                if not await replicas.wait_for_cache(lambda gone=name: cache.topic(gone) is None, timeout_s):
+                    code, message = ErrorCode.request_timed_out, f"Timed out deleting {name}"
+        broker.metrics.error(ApiKey.DELETE_TOPICS, code)
+        results.append(
+            build(
+                mod.DeletableTopicResult,
+                name=name,
+                topic_id=found_id or topic_id or ZERO_UUID,
                 error_code=code,
                 error_message=message,
             )
