@@ -214,6 +214,24 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         for t in request.topics
     ]
     timeout_ms = request.timeout // datetime.timedelta(milliseconds=1)
+    if broker.replicas is not None:
+        # Cluster mode does not grow topics yet (the controller has no partition-addition event);
+        # refused rather than growing only this broker's local copy.
+        refusal = "CreatePartitions is not supported in cluster mode yet"
+        for _topic in request.topics:
+            broker.metrics.error(ApiKey.CREATE_PARTITIONS, ErrorCode.invalid_request)
+        return build(
+            ctx.api.response_type,
+            results=tuple(
+                build(
+                    mod.CreatePartitionsTopicResult,
+                    name=t.name,
+                    error_code=ErrorCode.invalid_request,
+                    error_message=refusal,
+                )
+                for t in request.topics
+            ),
+        )
 
     def existing(name: str) -> ExistingTopic | None:
         info = broker.logs.topic(name)
