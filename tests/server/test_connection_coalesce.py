@@ -28,6 +28,7 @@ class _Broker:
     max_request_size: int = 64 * 1024 * 1024
     connections: set = field(default_factory=set)
     metrics: _Metrics = field(default_factory=_Metrics)
+    replicas: None = None  # single broker: no cluster replica manager
 
 
 @dataclass

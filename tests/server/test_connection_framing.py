@@ -35,6 +35,7 @@ class _Transport:
 class _Broker:
     max_request_size: int = 10 * 1024 * 1024
     connections: set = field(default_factory=set)
+    replicas: None = None  # single broker: no cluster replica manager
 
 
 def _connection(max_size: int = 10 * 1024 * 1024) -> tuple[KafkaConnection, _Transport]:
