@@ -185,3 +185,8 @@ def test_delete_topic_removes_it_from_zookeeper_metadata_and_every_replica(
     # The name can be used again.
     client.create_topics([NewTopic(topic, num_partitions=1, replication_factor=3)])[topic].result(timeout=30)
     assert len(client.list_topics(topic, timeout=5).topics[topic].partitions) == 1
+
+
+def test_every_broker_reports_the_cluster_id_from_zookeeper(cluster: list[Broker]) -> None:
+    ids = {AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=5).cluster_id for b in cluster}
+    assert len(ids) == 1 and None not in ids

@@ -4,6 +4,9 @@ producer (every acknowledged record read back exactly once, in order)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from exactly.server.replica_fetcher import MAX_WAIT_MS
 from tests.cluster.helpers import wait_for
 from tests.cluster.test_cluster_brokers import cluster_overrides
 from tests.support.broker import Broker
@@ -163,3 +167,48 @@ def test_leader_kill_9_producer_continues_and_acked_records_are_read_once_in_ord
 
     wait_for(isr_full, timeout=60, what="the old leader to rejoin the ISR")
     wait_for(lambda: len({segment_bytes(b) for b in cluster}) == 1, timeout=30, what="replicas to converge")
+
+
+@pytest.mark.slow
+def test_old_leader_with_unreplicated_records_truncates_when_it_returns(cluster: list[Broker]) -> None:
+    """acks=1 records that only the leader had are cut away when it comes back as a follower
+    (KIP-101): its log then matches the new leader's byte for byte."""
+    admin = create_rf3(cluster, min_isr=1)
+    leader = admin.list_topics(TOPIC, timeout=5).topics[TOPIC].partitions[0].leader
+    victim = next(b for b in cluster if b.name == f"broker-{leader}")
+    followers = [b for b in cluster if b is not victim]
+    producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
+    produce_all(producer, range(100))
+    wait_for(lambda: len({segment_bytes(b) for b in cluster}) == 1, what="replicas to converge")
+    # Freeze the followers (shorter than the session timeout), write to the leader alone, kill it.
+    for b in followers:
+        assert b.pid is not None
+        os.kill(b.pid, signal.SIGSTOP)
+    # A follower fetch parked at the leader would carry the next records to the frozen follower's
+    # socket buffer: let the parked fetches expire (answered empty) before writing. Nothing
+    # observable marks that moment, hence the wait (twice the fetcher's max wait).
+    time.sleep(2 * MAX_WAIT_MS / 1000)
+    try:
+        with WireClient(victim.bootstrap) as wire:
+            response = wire.send(produce_request(TOPIC, 0, simple_batch([b"lost-1", b"lost-2"]), acks=1))
+            assert int(partition_response(response).error_code) == 0
+        victim.kill()
+    finally:
+        for b in followers:
+            assert b.pid is not None
+            os.kill(b.pid, signal.SIGCONT)
+    survivors = AdminClient({"bootstrap.servers": bootstrap(followers)})
+
+    def new_leader() -> bool:
+        p0 = survivors.list_topics(TOPIC, timeout=5).topics[TOPIC].partitions[0]
+        return p0.leader not in (leader, -1)
+
+    wait_for(new_leader, timeout=30, what="a new leader")
+    assert len(segment_bytes(victim)) > len(segment_bytes(followers[0]))  # it holds extra records
+    since = victim.log_size()
+    victim.restart()
+    wait_for(
+        lambda: len({segment_bytes(b) for b in cluster}) == 1, timeout=30, what="the old leader to truncate"
+    )
+    assert "truncated to" in victim.log_text(since)
+    assert read_all(cluster, 100) == list(range(100))

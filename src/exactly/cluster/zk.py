@@ -290,6 +290,23 @@ class ClusterZk:
         tx.delete(zn.CONTROLLER)
         tx.commit()
 
+    # --- cluster id ----------------------------------------------------------------------------
+
+    def get_or_create_cluster_id(self, candidate: str) -> str:
+        """The cluster's id from ``/cluster/id``; the first broker to start writes ``candidate``."""
+        try:
+            data, _stat = self.client.get(zn.CLUSTER_ID)
+            return zn.decode_cluster_id(data)
+        except NoNodeError:
+            pass
+        self.client.ensure_path("/cluster")
+        try:
+            self.client.create(zn.CLUSTER_ID, zn.encode_cluster_id(candidate))
+            return candidate
+        except NodeExistsError:
+            data, _stat = self.client.get(zn.CLUSTER_ID)
+            return zn.decode_cluster_id(data)
+
     # --- topics --------------------------------------------------------------------------------
 
     def create_topic(self, topic: str, assignment: TopicAssignment, config: dict[str, str]) -> None:

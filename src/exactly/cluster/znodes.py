@@ -453,3 +453,16 @@ def decode_topic_id(text: str) -> uuid.UUID:
     if len(raw) != 16:
         raise ZnodeFormatError(f"topic id {text!r} is not 16 bytes")
     return uuid.UUID(bytes=raw)
+
+
+def encode_cluster_id(cluster_id: str) -> bytes:
+    """``/cluster/id``: Kafka's ClusterIdZNode, ``{"version":"1","id":"..."}`` (version a string)."""
+    return _encode({"version": "1", "id": cluster_id})
+
+
+def decode_cluster_id(data: bytes | None) -> str:
+    obj = _decode_object(data, "cluster id")
+    value = obj.get("id")
+    if not isinstance(value, str) or not value:
+        raise ZnodeFormatError("cluster id: id missing")
+    return value

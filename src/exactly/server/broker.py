@@ -112,6 +112,12 @@ class Broker:
         )
         return cls(config, data_dir, logs)
 
+    @property
+    def cluster_id(self) -> str:
+        """The id clients see: ZooKeeper's ``/cluster/id`` in cluster mode (one id for every
+        broker; librdkafka refuses brokers that report different ones), else the data dir's."""
+        return self.replicas.cluster_id if self.replicas is not None else self.logs.cluster_id
+
     # ---- topics -----------------------------------------------------------------------------
     def partition(self, topic: str, partition: int) -> PartitionLog | None:
         return self.logs.get_partition(TopicPartition(topic, partition))

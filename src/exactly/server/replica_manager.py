@@ -83,6 +83,7 @@ class ReplicaManager:
         self.controller = ControllerRuntime(self.zk, self.broker_id, unclean_election=lambda _topic: unclean)
         self.producer_ids = ZkProducerIdManager(self.zk.client, self.broker_id)
         self.cache = MetadataCache()
+        self.cluster_id = broker.logs.cluster_id  # replaced by /cluster/id at start
         self.roles = PartitionRoles(self.broker_id, broker_epoch=0)
         self.leaders: dict[TopicPartition, LeaderPartition] = {}
         self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
@@ -121,6 +122,13 @@ class ReplicaManager:
         """Runs in the executor. A broker restarted after kill -9 finds its previous session's
         registration until that session expires: wait for it, as Kafka's tests do."""
         self.zk.start()
+        self.cluster_id = self.zk.get_or_create_cluster_id(self.broker.logs.cluster_id)
+        if self.cluster_id != self.broker.logs.cluster_id:
+            log.info(
+                "cluster id %s from ZooKeeper (the data directory's own id %s is not used)",
+                self.cluster_id,
+                self.broker.logs.cluster_id,
+            )
         deadline = time.monotonic() + 2 * self.zk.session_timeout_ms / 1000 + 5
         while True:
             try:

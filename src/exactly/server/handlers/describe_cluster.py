@@ -25,7 +25,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         ctx.api.response_type,
         error_code=ErrorCode.none,
         endpoint_type=getattr(request, "endpoint_type", 1),
-        cluster_id=broker.logs.cluster_id,
+        cluster_id=broker.cluster_id,
         controller_id=broker.node_id,
         brokers=(
             build(

@@ -175,7 +175,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
                 mod.MetadataResponseBroker, node_id=broker.node_id, host=adv.host, port=adv.port, rack=None
             ),
         ),
-        cluster_id=broker.logs.cluster_id,
+        cluster_id=broker.cluster_id,
         controller_id=broker.node_id,
         topics=tuple(topic_results),
         cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
@@ -272,7 +272,7 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
             build(mod.MetadataResponseBroker, node_id=b.broker_id, host=b.host, port=b.port, rack=None)
             for _id, b in sorted(cache.brokers.items())
         ),
-        cluster_id=broker.logs.cluster_id,
+        cluster_id=broker.cluster_id,
         controller_id=cache.controller_id if cache.controller_id is not None else -1,
         topics=tuple(topic_results),
         cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
