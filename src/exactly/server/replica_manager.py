@@ -27,8 +27,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -52,9 +52,10 @@ from exactly.cluster.znodes import (
 )
 from exactly.controller.assignment import InvalidReplicationFactorError, assign_replicas
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
-from exactly.replication.leader import AckOutcome, IsrUpdate, LeaderPartition
+from exactly.replication.leader import IsrUpdate, LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
+from exactly.server.delayed_produce import DelayedProduces
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
 from exactly.storage.config import InvalidConfigError
@@ -94,7 +95,7 @@ class ReplicaManager:
         self._auto_creating: set[str] = set()
         self.fetchers: dict[int, LeaderFetcher] = {}
         # Delayed acks=all produces per partition: woken on every HW change and role change.
-        self._ack_waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
+        self.delayed_produces = DelayedProduces()
         self._background: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -165,11 +166,12 @@ class ReplicaManager:
 
     # --- kazoo threads: read, then hop -----------------------------------------------------------
 
-    def _hop(self, fn: object, *args: object) -> None:
+    def _hop(self, fn: Callable[..., None], *args: Any) -> None:
+        """From a kazoo thread to the event loop (dropped once stopping)."""
         loop = self._loop
         if loop is None or loop.is_closed() or self._stopped:
             return
-        loop.call_soon_threadsafe(fn, *args)  # type: ignore[arg-type]
+        loop.call_soon_threadsafe(fn, *args)
 
     def _on_brokers(self, live: Mapping[int, int]) -> None:
         endpoints: dict[int, BrokerEndpoint] = {}
@@ -205,7 +207,7 @@ class ReplicaManager:
                 tp = TopicPartition(name, partition)
                 self.zk.watch_partition_state(tp, self._state_watcher(tp))
 
-    def _state_watcher(self, tp: TopicPartition):  # type: ignore[no-untyped-def]
+    def _state_watcher(self, tp: TopicPartition) -> Callable[[ObservedState | None], bool]:
         def on_state(observed: ObservedState | None) -> bool:
             if tp.topic not in self._watched_topics or self._stopped:
                 return False  # the topic is gone: end this watch
@@ -426,9 +428,7 @@ class ReplicaManager:
     # --- delayed produce (acks=all) ----------------------------------------------------------------
 
     def _wake_acks(self, tp: TopicPartition) -> None:
-        for fut in self._ack_waiters.pop(tp, ()):
-            if not fut.done():
-                fut.set_result(None)
+        self.delayed_produces.wake(tp)
 
     async def wait_for_acks(
         self,
@@ -438,33 +438,10 @@ class ReplicaManager:
         min_isr: int,
         timeout_s: float,
     ) -> ErrorCode:
-        """Kafka's DelayedProduce for one partition: done when the HW reached ``required_offset``
-        (then NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR shrank below min.insync.replicas),
-        NOT_LEADER_OR_FOLLOWER if leadership moved, REQUEST_TIMED_OUT after the request timeout.
-        Never blocks the loop: it parks a future woken by HW and role changes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            if self.leaders.get(tp) is not leader:
-                return ErrorCode.not_leader_or_follower
-            outcome = leader.check_acks_all(required_offset, min_isr)
-            if outcome is AckOutcome.DONE:
-                return ErrorCode.none
-            if outcome is AckOutcome.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
-                return ErrorCode.not_enough_replicas_after_append
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return ErrorCode.request_timed_out
-            fut: asyncio.Future[None] = loop.create_future()
-            self._ack_waiters.setdefault(tp, set()).add(fut)
-            timer = loop.call_later(remaining, _wake, fut)
-            try:
-                await fut
-            finally:
-                timer.cancel()
-                waiters = self._ack_waiters.get(tp)
-                if waiters is not None:
-                    waiters.discard(fut)
+        """Kafka's DelayedProduce for one partition (see ``delayed_produce``)."""
+        return await self.delayed_produces.wait(
+            tp, leader, lambda: self.leaders.get(tp) is leader, required_offset, min_isr, timeout_s
+        )
 
     # --- serving ---------------------------------------------------------------------------------
 
@@ -505,9 +482,8 @@ class ReplicaManager:
             require_leader=True,
         )
 
-    async def wait_for_cache(self, predicate: object, timeout_s: float) -> bool:
+    async def wait_for_cache(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until ``predicate()`` holds after a cache change, or the timeout."""
-        assert callable(predicate)
         assert self._cache_changed is not None
         deadline = time.monotonic() + timeout_s
         while not predicate():
@@ -586,8 +562,3 @@ class ReplicaManager:
         task = asyncio.get_running_loop().create_task(create(), name=f"auto-create-{name}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -15,6 +16,7 @@ from exactly.topics import INTERNAL_TOPICS
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.dispatch import RequestContext
+    from exactly.server.metadata_cache import MetadataCache
 
 API_KEY = ApiKey.DELETE_TOPICS
 
@@ -100,7 +102,7 @@ async def _handle_cluster(broker: Broker, ctx: RequestContext, request: Any) -> 
                 code, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
             else:
                 await loop.run_in_executor(None, replicas.zk.mark_topic_for_deletion, name)
-                if not await replicas.wait_for_cache(lambda gone=name: cache.topic(gone) is None, timeout_s):
+                if not await replicas.wait_for_cache(partial(_forgotten, cache, name), timeout_s):
                     code, message = ErrorCode.request_timed_out, f"Timed out deleting {name}"
         broker.metrics.error(ApiKey.DELETE_TOPICS, code)
         results.append(
@@ -113,3 +115,7 @@ async def _handle_cluster(broker: Broker, ctx: RequestContext, request: Any) -> 
             )
         )
     return build(ctx.api.response_type, responses=tuple(results))
+
+
+def _forgotten(cache: MetadataCache, name: str) -> bool:
+    return cache.topic(name) is None

@@ -1,0 +1,61 @@
+"""DelayedProduces: acks=all produces parked until the HW covers them, without blocking the loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kio.schema.errors import ErrorCode
+
+from exactly.cluster.znodes import LeaderAndIsr
+from exactly.replication.leader import LeaderPartition
+from exactly.server.delayed_produce import DelayedProduces
+from exactly.types import TopicPartition
+
+TP = TopicPartition("t", 0)
+
+
+def leader() -> LeaderPartition:
+    return LeaderPartition(
+        local_broker=1,
+        state=LeaderAndIsr(1, 0, (1, 2), 1),
+        zk_version=0,
+        replicas=(1, 2),
+        leader_log_end_offset=0,
+        high_watermark=0,
+        now_ms=0,
+    )
+
+
+def test_parked_until_the_follower_reaches_the_offset() -> None:
+    async def scenario() -> ErrorCode:
+        delayed = DelayedProduces()
+        lp = leader()
+        lp.on_leader_append(5, now_ms=1)
+        waiting = asyncio.ensure_future(delayed.wait(TP, lp, lambda: True, 5, 2, timeout_s=10))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        lp.on_follower_fetch(2, 3, 0, now_ms=2)  # follower at 3: HW 3, not enough
+        delayed.wake(TP)
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        lp.on_follower_fetch(2, 5, 0, now_ms=3)
+        delayed.wake(TP)
+        return await waiting
+
+    assert asyncio.run(scenario()) == ErrorCode.none
+
+
+def test_leadership_moved_and_timeout() -> None:
+    async def scenario() -> tuple[ErrorCode, ErrorCode]:
+        delayed = DelayedProduces()
+        lp = leader()
+        lp.on_leader_append(5, now_ms=1)
+        current = True
+        moved = asyncio.ensure_future(delayed.wait(TP, lp, lambda: current, 5, 2, timeout_s=10))
+        await asyncio.sleep(0)
+        current = False
+        delayed.wake(TP)
+        timed_out = await delayed.wait(TP, lp, lambda: True, 5, 2, timeout_s=0.01)
+        return await moved, timed_out
+
+    assert asyncio.run(scenario()) == (ErrorCode.not_leader_or_follower, ErrorCode.request_timed_out)
