@@ -129,7 +129,7 @@ class Broker:
         if name in INTERNAL_TOPICS:
             return None
         if self.replicas is not None:
-            self.replicas.request_auto_create(name, self.num_partitions)
+            self.replicas.topics.request_auto_create(name, self.num_partitions)
             return None  # answered LEADER_NOT_AVAILABLE until the controller elected leaders
         info = self.logs.create_topic(name, self.num_partitions, {}, now_ms=now_ms())
         log.info("auto-created topic %s with %d partitions", name, self.num_partitions)

@@ -5,12 +5,13 @@ observed ZooKeeper state instead of LeaderAndIsr requests; ``exactly/cluster/REA
 Threads: kazoo delivers watches on its own threads. Those callbacks only *read* ZooKeeper (the
 registration of a broker, a topic's assignment and config) and then hand plain values to the
 event loop with ``loop.call_soon_threadsafe``; broker state (logs, roles, leaders, the metadata
-cache) is touched on the loop only. Blocking ZooKeeper calls made for the loop (start-up, topic
-creation) run in the default executor.
+cache) is touched on the loop only. Blocking ZooKeeper calls made for the loop (start-up, ISR
+writes) run in the default executor.
 
 Decisions are the sans-IO ones: ``PartitionRoles.on_state`` says become leader / follower /
 update ISR / stop; ``LeaderPartition`` owns the leader's HW and ISR; ``fetch_checks`` the epoch
-rules of reads. This module applies them to the local logs.
+rules of reads. This module applies them to the local logs. Changing the cluster's topic set
+(CreateTopics, DeleteTopics, auto-creation) is ``cluster_topics``' job, reached as ``topics``.
 
 Lifecycle: ``start`` (connect, register with the advertised endpoint, start the watches and the
 controller role) -> serve -> ``stop`` (stop the controller, close the session: the registration
@@ -26,40 +27,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from exactly.cluster.controller_runtime import ControllerRuntime
 from exactly.cluster.producer_ids import ZkProducerIdManager
-from exactly.cluster.zk import (
-    BrokerIdInUseError,
-    ClusterZk,
-    ObservedState,
-)
-from exactly.cluster.zk import (
-    TopicExistsError as ZkTopicExistsError,
-)
-from exactly.cluster.znodes import (
-    BrokerRegistration,
-    Endpoint,
-    TopicAssignment,
-    ZnodeFormatError,
-    decode_topic_id,
-    encode_topic_id,
-)
-from exactly.controller.assignment import InvalidReplicationFactorError, assign_replicas
+from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
+from exactly.cluster.znodes import BrokerRegistration, Endpoint, ZnodeFormatError
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
 from exactly.replication.leader import IsrUpdate, LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
+from exactly.server.cluster_topics import ClusterTopics
 from exactly.server.delayed_produce import DelayedProduces
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
-from exactly.storage.config import InvalidConfigError
-from exactly.storage.log_manager import TopicExistsError
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 
@@ -92,11 +76,14 @@ class ReplicaManager:
         self._watched_topics: set[str] = set()  # touched on kazoo threads only
         self._cache_changed: asyncio.Event | None = None
         self._stopped = False
-        self._auto_creating: set[str] = set()
         self.fetchers: dict[int, LeaderFetcher] = {}
         # Delayed acks=all produces per partition: woken on every HW change and role change.
         self.delayed_produces = DelayedProduces()
         self._background: set[asyncio.Task[None]] = set()
+        # CreateTopics / DeleteTopics / auto-creation, and the local replica of a hosted topic.
+        self.topics = ClusterTopics(
+            self.zk, self.cache, broker.logs, config, wait_for_cache=self.wait_for_cache, spawn=self._spawn
+        )
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -163,6 +150,13 @@ class ReplicaManager:
             self.controller.stop()
         finally:
             self.zk.stop()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """A background task of this broker's cluster role (ISR writes, auto-creations):
+        cancelled by ``stop``."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # --- kazoo threads: read, then hop -----------------------------------------------------------
 
@@ -264,7 +258,7 @@ class ReplicaManager:
         if action is RoleAction.BECOME_LEADER:
             self._become_leader(tp, decision)
         elif action is RoleAction.BECOME_FOLLOWER:
-            self._ensure_local(tp)
+            self.topics.local_log(tp)
             self.leaders.pop(tp, None)
             self._wake_acks(tp)  # delayed produces answer NOT_LEADER_OR_FOLLOWER
             self.broker.waiters.notify(tp)  # parked reads re-check and get NOT_LEADER_OR_FOLLOWER
@@ -289,7 +283,7 @@ class ReplicaManager:
             log.info("%s: replica stopped", tp)
 
     def _become_leader(self, tp: TopicPartition, decision: RoleDecision) -> None:
-        plog = self._ensure_local(tp)
+        plog = self.topics.local_log(tp)
         state = self.cache.state(tp)
         self._unfollow(tp)
         if plog is None or state is None:
@@ -311,39 +305,6 @@ class ReplicaManager:
         leader.on_leader_append(plog.log_end_offset, now_ms())
         self._publish_high_watermark(tp, leader)
         log.info("%s: leader at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr))
-
-    def _ensure_local(self, tp: TopicPartition) -> PartitionLog | None:
-        """The local log of a hosted partition, creating the topic locally (with the cluster's
-        topic id and config) the first time this broker hosts one of its partitions. The local
-        topic has every partition's directory; only hosted ones are ever written or served."""
-        logs = self.broker.logs
-        plog = logs.get_partition(tp)
-        if plog is not None:
-            return plog
-        cached = self.cache.topic(tp.topic)
-        if cached is None:
-            return None
-        if logs.topic(tp.topic) is None:
-            topic_id = None
-            if cached.assignment.topic_id is not None:
-                try:
-                    topic_id = decode_topic_id(cached.assignment.topic_id)
-                except ZnodeFormatError:
-                    log.warning(
-                        "%s: bad topic id %r, a local one is used", tp.topic, cached.assignment.topic_id
-                    )
-            try:
-                logs.create_topic(
-                    tp.topic,
-                    len(cached.assignment.partitions),
-                    dict(cached.config),
-                    now_ms=now_ms(),
-                    topic_id=topic_id,
-                )
-            except (TopicExistsError, InvalidConfigError) as exc:
-                log.error("%s: local replica not created: %s", tp, exc)
-                return None
-        return logs.get_partition(tp)
 
     def _publish_high_watermark(self, tp: TopicPartition, leader: LeaderPartition) -> None:
         plog = self.broker.logs.get_partition(tp)
@@ -410,9 +371,7 @@ class ReplicaManager:
             if leader.on_isr_committed(update, version, now_ms()) and self.leaders.get(tp) is leader:
                 self._publish_high_watermark(tp, leader)
 
-        task = asyncio.get_running_loop().create_task(write(), name=f"isr-{tp}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(write(), f"isr-{tp}")
 
     async def _isr_expiration_loop(self) -> None:
         """Kafka's isr-expiration task: every replica.lag.time.max.ms / 2, drop lagging followers."""
@@ -496,69 +455,3 @@ class ReplicaManager:
             except TimeoutError:
                 return bool(predicate())
         return True
-
-    # --- the admin path: topics ------------------------------------------------------------------
-
-    def topic_id(self, name: str) -> uuid.UUID | None:
-        cached = self.cache.topic(name)
-        if cached is None or cached.assignment.topic_id is None:
-            return None
-        try:
-            return decode_topic_id(cached.assignment.topic_id)
-        except ZnodeFormatError:
-            return None
-
-    def topic_name_by_id(self, topic_id: uuid.UUID) -> str | None:
-        return next((n for n in self.cache.topic_names() if self.topic_id(n) == topic_id), None)
-
-    def plan_assignment(
-        self, partitions: int, replication_factor: int
-    ) -> tuple[ErrorCode, str | None, dict[int, tuple[int, ...]]]:
-        """Kafka's AdminUtils placement over the live brokers."""
-        try:
-            return ErrorCode.none, None, assign_replicas(self.cache.brokers, partitions, replication_factor)
-        except InvalidReplicationFactorError as exc:
-            return ErrorCode.invalid_replication_factor, str(exc), {}
-
-    async def create_topic(
-        self, name: str, replicas: dict[int, tuple[int, ...]], overrides: dict[str, str], timeout_s: float
-    ) -> tuple[ErrorCode, str | None, uuid.UUID | None]:
-        """Write ``/config/topics/<t>`` then ``/brokers/topics/<t>`` (the controller reacts to the
-        latter), then wait until every partition has a live leader in the metadata cache, as
-        Kafka's DelayedCreatePartitions (on timeout: REQUEST_TIMED_OUT, the topic still exists)."""
-        topic_id = uuid.uuid4()
-        assignment = TopicAssignment(replicas, topic_id=encode_topic_id(topic_id))
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(None, self.zk.create_topic, name, assignment, overrides)
-        except ZkTopicExistsError:
-            return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
-        log.info("created topic %s in ZooKeeper: %s", name, dict(replicas))
-        if timeout_s > 0 and not await self.wait_for_cache(lambda: self.cache.has_leaders(name), timeout_s):
-            return ErrorCode.request_timed_out, f"Timed out waiting for leaders of {name}", topic_id
-        return ErrorCode.none, None, topic_id
-
-    def request_auto_create(self, name: str, partitions: int) -> None:
-        """Metadata's auto-creation: write the topic in the background (default.replication.factor,
-        capped by nothing: too few live brokers leave it uncreated with a log line, as Kafka
-        answers such a request with an error)."""
-        if self.cache.topic(name) is not None or name in self._auto_creating:
-            return
-        rf = self.broker.config.get_int("default.replication.factor")
-        code, message, replicas = self.plan_assignment(partitions, rf)
-        if code != ErrorCode.none:
-            log.warning("auto-creation of %s refused: %s", name, message)
-            return
-        self._auto_creating.add(name)
-
-        async def create() -> None:
-            try:
-                await self.create_topic(name, replicas, {}, 0)
-            except Exception:
-                log.exception("auto-creation of %s failed", name)
-            finally:
-                self._auto_creating.discard(name)
-
-        task = asyncio.get_running_loop().create_task(create(), name=f"auto-create-{name}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)

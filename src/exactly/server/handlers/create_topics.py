@@ -136,7 +136,9 @@ async def _create_in_cluster(
     topic_id = uuid.UUID(int=0)
     if code == ErrorCode.none and not request.validate_only:
         timeout_s = max(request.timeout.total_seconds(), 0.0)
-        code, message, created_id = await replicas_manager.create_topic(name, replicas, overrides, timeout_s)
+        code, message, created_id = await replicas_manager.topics.create_topic(
+            name, replicas, overrides, timeout_s
+        )
         topic_id = created_id or topic_id
     broker.metrics.error(ApiKey.CREATE_TOPICS, code)
     fields: dict[str, Any] = {"name": name, "error_code": code, "error_message": message}
@@ -233,5 +235,5 @@ def _plan_in_cluster(
         if topic.replication_factor == -1
         else topic.replication_factor
     )
-    code, message, replicas = replicas_manager.plan_assignment(partitions, rf)
+    code, message, replicas = replicas_manager.topics.plan_assignment(partitions, rf)
     return code, message, replicas, overrides

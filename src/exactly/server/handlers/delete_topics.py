@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -16,7 +14,6 @@ from exactly.topics import INTERNAL_TOPICS
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.dispatch import RequestContext
-    from exactly.server.metadata_cache import MetadataCache
 
 API_KEY = ApiKey.DELETE_TOPICS
 
@@ -82,27 +79,25 @@ async def _handle_cluster(broker: Broker, ctx: RequestContext, request: Any) -> 
     else:
         wanted = [(name, None) for name in request.topic_names]
     timeout_s = max(request.timeout.total_seconds(), 0.0)
-    loop = asyncio.get_running_loop()
     results = []
     for name, topic_id in wanted:
         code, message = ErrorCode.none, None
         if name is None and topic_id is not None and topic_id != ZERO_UUID:
-            name = replicas.topic_name_by_id(topic_id)
+            name = replicas.topics.topic_name_by_id(topic_id)
             if name is None:
                 code = ErrorCode.unknown_topic_id
         elif name is None:
             code = ErrorCode.invalid_request
         elif cache.topic(name) is None:
             code = ErrorCode.unknown_topic_or_partition
-        found_id = replicas.topic_id(name) if name is not None else None
+        found_id = replicas.topics.topic_id(name) if name is not None else None
         if code == ErrorCode.none and name is not None:
             if name in INTERNAL_TOPICS:
                 code, message = ErrorCode.topic_deletion_disabled, "Internal topics cannot be deleted"
             elif not broker.config.get_bool("delete.topic.enable"):
                 code, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
             else:
-                await loop.run_in_executor(None, replicas.zk.mark_topic_for_deletion, name)
-                if not await replicas.wait_for_cache(partial(_forgotten, cache, name), timeout_s):
+                if not await replicas.topics.delete_topic(name, timeout_s):
                     code, message = ErrorCode.request_timed_out, f"Timed out deleting {name}"
         broker.metrics.error(ApiKey.DELETE_TOPICS, code)
         results.append(
@@ -115,7 +110,3 @@ async def _handle_cluster(broker: Broker, ctx: RequestContext, request: Any) -> 
             )
         )
     return build(ctx.api.response_type, responses=tuple(results))
-
-
-def _forgotten(cache: MetadataCache, name: str) -> bool:
-    return cache.topic(name) is None

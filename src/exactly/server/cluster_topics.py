@@ -1,0 +1,182 @@
+"""Cluster mode's topic administration: CreateTopics, DeleteTopics and Metadata's auto-creation
+change the cluster's topic set in ZooKeeper (Kafka's AdminZkClient path), and a broker creates
+its local replica of a topic the first time it hosts one of the topic's partitions.
+
+Why apart from the replica manager: that one *reacts* to observed ZooKeeper state (roles, high
+watermark, ISR); this one *changes* the topic set and answers once the change shows in the
+metadata cache. Invariant: the metadata cache (filled by the replica manager's watches) is the
+only source of truth for which cluster topics exist and their ids; nothing here caches them.
+The only state of its own is the set of auto-creations under way, so a burst of Metadata
+requests for a missing topic writes it once.
+
+Threads: blocking ZooKeeper writes run in the default executor; everything else runs on the
+event loop, as the replica manager's own state does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.cluster.zk import ClusterZk
+from exactly.cluster.zk import TopicExistsError as ZkTopicExistsError
+from exactly.cluster.znodes import TopicAssignment, ZnodeFormatError, decode_topic_id, encode_topic_id
+from exactly.controller.assignment import InvalidReplicationFactorError, assign_replicas
+from exactly.server.clock import now_ms
+from exactly.server.config import BrokerConfig
+from exactly.server.metadata_cache import MetadataCache
+from exactly.storage.config import InvalidConfigError
+from exactly.storage.log_manager import LogManager, TopicExistsError
+from exactly.storage.partition_log import PartitionLog
+from exactly.types import TopicPartition
+
+log = logging.getLogger("exactly.cluster_topics")
+
+WaitForCache = Callable[[Callable[[], bool], float], Awaitable[bool]]
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+class ClusterTopics:
+    """The topic admin path of one broker in cluster mode (see the module docstring).
+
+    ``wait_for_cache(predicate, timeout_s)`` waits for a metadata cache change that makes the
+    predicate hold; ``spawn(coro, name)`` runs a background task the replica manager cancels
+    when it stops."""
+
+    def __init__(
+        self,
+        zk: ClusterZk,
+        cache: MetadataCache,
+        logs: LogManager,
+        config: BrokerConfig,
+        *,
+        wait_for_cache: WaitForCache,
+        spawn: Spawn,
+    ) -> None:
+        self.zk = zk
+        self.cache = cache
+        self.logs = logs
+        self.config = config
+        self._wait_for_cache = wait_for_cache
+        self._spawn = spawn
+        self._auto_creating: set[str] = set()
+
+    # --- ids -------------------------------------------------------------------------------------
+
+    def topic_id(self, name: str) -> uuid.UUID | None:
+        cached = self.cache.topic(name)
+        if cached is None or cached.assignment.topic_id is None:
+            return None
+        try:
+            return decode_topic_id(cached.assignment.topic_id)
+        except ZnodeFormatError:
+            return None
+
+    def topic_name_by_id(self, topic_id: uuid.UUID) -> str | None:
+        return next((n for n in self.cache.topic_names() if self.topic_id(n) == topic_id), None)
+
+    # --- CreateTopics and auto-creation ------------------------------------------------------------
+
+    def plan_assignment(
+        self, partitions: int, replication_factor: int
+    ) -> tuple[ErrorCode, str | None, dict[int, tuple[int, ...]]]:
+        """Kafka's AdminUtils placement over the live brokers."""
+        try:
+            return ErrorCode.none, None, assign_replicas(self.cache.brokers, partitions, replication_factor)
+        except InvalidReplicationFactorError as exc:
+            return ErrorCode.invalid_replication_factor, str(exc), {}
+
+    async def create_topic(
+        self, name: str, replicas: dict[int, tuple[int, ...]], overrides: dict[str, str], timeout_s: float
+    ) -> tuple[ErrorCode, str | None, uuid.UUID | None]:
+        """Write ``/config/topics/<t>`` then ``/brokers/topics/<t>`` (the controller reacts to the
+        latter), then wait until every partition has a live leader in the metadata cache, as
+        Kafka's DelayedCreatePartitions (on timeout: REQUEST_TIMED_OUT, the topic still exists)."""
+        topic_id = uuid.uuid4()
+        assignment = TopicAssignment(replicas, topic_id=encode_topic_id(topic_id))
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.zk.create_topic, name, assignment, overrides)
+        except ZkTopicExistsError:
+            return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
+        log.info("created topic %s in ZooKeeper: %s", name, dict(replicas))
+        if timeout_s > 0 and not await self._wait_for_cache(lambda: self.cache.has_leaders(name), timeout_s):
+            return ErrorCode.request_timed_out, f"Timed out waiting for leaders of {name}", topic_id
+        return ErrorCode.none, None, topic_id
+
+    def request_auto_create(self, name: str, partitions: int) -> None:
+        """Metadata's auto-creation: write the topic in the background (default.replication.factor,
+        capped by nothing: too few live brokers leave it uncreated with a log line, as Kafka
+        answers such a request with an error)."""
+        if self.cache.topic(name) is not None or name in self._auto_creating:
+            return
+        rf = self.config.get_int("default.replication.factor")
+        code, message, replicas = self.plan_assignment(partitions, rf)
+        if code != ErrorCode.none:
+            log.warning("auto-creation of %s refused: %s", name, message)
+            return
+        self._auto_creating.add(name)
+
+        async def create() -> None:
+            try:
+                await self.create_topic(name, replicas, {}, 0)
+            except Exception:
+                log.exception("auto-creation of %s failed", name)
+            finally:
+                self._auto_creating.discard(name)
+
+        self._spawn(create(), f"auto-create-{name}")
+
+    # --- DeleteTopics ------------------------------------------------------------------------------
+
+    async def delete_topic(self, name: str, timeout_s: float) -> bool:
+        """Mark ``/admin/delete_topics/<t>`` (the controller removes the topic's znodes, every
+        broker then drops its replicas) and wait until this broker's metadata cache no longer
+        has the topic. False on timeout: the deletion goes on without the caller."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.zk.mark_topic_for_deletion, name)
+        return await self._wait_for_cache(lambda: self._forgotten(name), timeout_s)
+
+    def _forgotten(self, name: str) -> bool:
+        return self.cache.topic(name) is None
+
+    # --- local replicas ----------------------------------------------------------------------------
+
+    def local_log(self, tp: TopicPartition) -> PartitionLog | None:
+        """The local log of a hosted partition, creating the topic locally (with the cluster's
+        topic id and config) the first time this broker hosts one of its partitions. The local
+        topic has every partition's directory; only hosted ones are ever written or served.
+        None while the topic is not in the metadata cache or cannot be created locally."""
+        logs = self.logs
+        plog = logs.get_partition(tp)
+        if plog is not None:
+            return plog
+        cached = self.cache.topic(tp.topic)
+        if cached is None:
+            return None
+        if logs.topic(tp.topic) is None:
+            topic_id = None
+            if cached.assignment.topic_id is not None:
+                try:
+                    topic_id = decode_topic_id(cached.assignment.topic_id)
+                except ZnodeFormatError:
+                    log.warning(
+                        "%s: bad topic id %r, a local one is used", tp.topic, cached.assignment.topic_id
+                    )
+            try:
+                logs.create_topic(
+                    tp.topic,
+                    len(cached.assignment.partitions),
+                    dict(cached.config),
+                    now_ms=now_ms(),
+                    topic_id=topic_id,
+                )
+            except (TopicExistsError, InvalidConfigError) as exc:
+                log.error("%s: local replica not created: %s", tp, exc)
+                return None
+        return logs.get_partition(tp)
