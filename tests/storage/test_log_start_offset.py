@@ -15,7 +15,8 @@ from exactly.storage.log_manager import (
     PolicyViolationError,
     UnknownTopicError,
 )
-from exactly.storage.partition_log import AbortedTxn, OffsetOutOfRangeError, PartitionLog
+from exactly.storage.log_read import AbortedTxn, OffsetOutOfRangeError
+from exactly.storage.partition_log import PartitionLog
 from exactly.storage.retention import deletable_segments
 from exactly.types import TopicPartition
 from tests.storage.helpers import NOW, append, append_marker, crash, headers_of, open_log, read_all

@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 from exactly.records.batch import TIMESTAMP_TYPE_MASK, BatchHeader, InvalidRecordError
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT
-from exactly.storage.partition_log import AbortedTxn, OffsetOutOfRangeError
+from exactly.storage.log_read import AbortedTxn, OffsetOutOfRangeError
 from exactly.storage.producer_state import ProducerStateError
 from tests.storage.helpers import (
     NOW,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exactly.storage.config import LogConfig
-from exactly.storage.partition_log import AbortedTxn
+from exactly.storage.log_read import AbortedTxn
 from tests.storage.helpers import (
     append,
     append_marker,

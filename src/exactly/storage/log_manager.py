@@ -59,7 +59,8 @@ from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_chec
 from exactly.storage.config import LogConfig
 from exactly.storage.durable import write_durably
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
-from exactly.storage.partition_log import OffsetOutOfRangeError, PartitionLog
+from exactly.storage.log_read import OffsetOutOfRangeError
+from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from exactly.topics import topic_name_error
 from exactly.types import TopicPartition

@@ -16,9 +16,8 @@ gets a transaction-index entry, and the first unstable offset (which holds back 
 Nothing is fsynced unless flush.messages says so; durability comes from ``flush`` (flush.ms via
 the log manager, segment roll via ``flush_rolled_segments``, close).
 
-*Read* finds the segment by base offset, the batch containing the fetch offset via the sparse
-index, and returns whole batches with one ``pread`` up to the high watermark (or the LSO for
-read_committed) and max_bytes, or at least one batch.
+*Read* bounds the request by the high watermark (or the LSO for read_committed) and hands it to
+``log_read``, which holds the read path and the types reads answer with.
 
 Offsets
 -------
@@ -46,7 +45,6 @@ maybeIncrementFirstUnstableOffset). Persisting it is the log manager's job
 from __future__ import annotations
 
 import shutil
-from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +53,6 @@ from kio.schema.errors import ErrorCode
 from exactly.records.batch import (
     BatchHeader,
     InvalidRecordError,
-    iter_batches,
     patch_base_offset,
     patch_partition_leader_epoch,
     stamp_log_append_time,
@@ -64,6 +61,14 @@ from exactly.records.control import ControlType, read_control_marker
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import LoadResult, load_log, new_segment, rebuild_producer_state
+from exactly.storage.log_read import (
+    AbortedTxn,
+    OffsetOutOfRangeError,
+    ReadResult,
+    collect_aborted_transactions,
+    offset_for_timestamp,
+    read_batches,
+)
 from exactly.storage.producer_entry import ProducerStateEntry
 from exactly.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -72,16 +77,10 @@ from exactly.storage.producer_state import (
     ProducerStateManager,
 )
 from exactly.storage.retention import deletable_segments, segments_below_log_start
+from exactly.storage.roll_policy import rolls_before_append, rolls_when_idle
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
-
-_MAX_RELATIVE_OFFSET = 2**31 - 1  # Kafka keeps relative offsets within an Int32
-
-
-class OffsetOutOfRangeError(Exception):
-    """Fetch/ListOffsets outside [log_start_offset, log_end_offset]; DeleteRecords beyond the
-    high watermark."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,21 +90,6 @@ class AppendResult:
     log_append_time: int  # -1 unless message.timestamp.type=LogAppendTime
     log_start_offset: int
     duplicate: bool
-
-
-@dataclass(frozen=True, slots=True)
-class AbortedTxn:
-    producer_id: int
-    first_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    records: bytes  # whole batches, possibly empty
-    high_watermark: int
-    last_stable_offset: int
-    log_start_offset: int
-    aborted_transactions: tuple[AbortedTxn, ...] | None  # only for read_committed
 
 
 class PartitionLog:
@@ -286,7 +270,8 @@ class PartitionLog:
                 duplicate=True,
             )
 
-        self._maybe_roll_for(header, now_ms)
+        if rolls_before_append(self._segments[-1], header, self.config, now_ms):
+            self.roll(now_ms)  # Kafka's LocalLog.shouldRoll
         active = self._segments[-1]
         with memoryview(batch) as view:
             active.append(view[position : position + size], header)
@@ -313,22 +298,6 @@ class PartitionLog:
             duplicate=False,
         )
 
-    def _maybe_roll_for(self, header: BatchHeader, now_ms: int) -> None:
-        """Roll before writing ``header``'s batch when the active segment would overflow
-        segment.bytes, is older than segment.ms, has a full index, or could not express the
-        batch's offsets relative to its base (Kafka's LocalLog.shouldRoll)."""
-        active = self._segments[-1]
-        if active.is_empty:
-            return
-        if (
-            active.size + header.size > self.config.segment_bytes
-            or self._waited_for_roll(active, header.max_timestamp, now_ms) > self.config.segment_ms
-            or active.offset_index.is_full
-            or active.time_index.is_full
-            or header.last_offset - active.base_offset > _MAX_RELATIVE_OFFSET
-        ):
-            self.roll(now_ms)
-
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end offset and snapshot producer state there
         (so recovery never replays more than one segment). The old segment is not fsynced here:
@@ -343,25 +312,9 @@ class PartitionLog:
         self.producer_state.take_snapshot()
         return segment
 
-    @staticmethod
-    def _waited_for_roll(active: LogSegment, batch_timestamp: int, now_ms: int) -> int:
-        """Kafka's LogSegment.timeWaitedForRoll: the new batch's timestamp minus the first
-        batch's (so replaying old data does not roll at every batch), or wall-clock time since
-        the segment was created when batches carry no timestamps."""
-        first = active.first_batch_timestamp
-        if first >= 0 and batch_timestamp >= 0:
-            return batch_timestamp - first
-        return now_ms - active.created_ms
-
     def maybe_roll(self, now_ms: int) -> None:
-        """Roll by age (segment.ms) an active segment nothing is appended to: age by the wall
-        clock since the segment was created or opened, or since its first batch's timestamp,
-        whichever is more recent (skewed client clocks must not cause a roll per call)."""
-        active = self._segments[-1]
-        if active.is_empty:
-            return
-        since = max(active.created_ms, active.first_batch_timestamp)
-        if now_ms - since > self.config.segment_ms:
+        """Roll by age (segment.ms) an active segment nothing is appended to (see ``roll_policy``)."""
+        if rolls_when_idle(self._segments[-1], self.config, now_ms):
             self.roll(now_ms)
 
     # --- reads ----------------------------------------------------------------------------
@@ -387,70 +340,22 @@ class PartitionLog:
         hw = self._high_watermark
         lso = self.last_stable_offset
         bound = log_end if up_to_log_end else lso if read_committed else hw
-        records, upper = self._read_batches(fetch_offset, bound, max_bytes, min_one_batch)
+        records, upper = read_batches(
+            self._segments, self._bases, log_end, fetch_offset, bound, max_bytes, min_one_batch
+        )
         aborted: tuple[AbortedTxn, ...] | None = None
         if read_committed:
             aborted = self.collect_aborted_transactions(fetch_offset, upper) if records else ()
         return ReadResult(records, hw, lso, log_start, aborted)
 
-    def _read_batches(
-        self, fetch_offset: int, bound: int, max_bytes: int, min_one: bool
-    ) -> tuple[bytes, int]:
-        """(bytes, offset after the returned data) for ``read``."""
-        i = bisect_right(self._bases, fetch_offset) - 1
-        while fetch_offset < bound and i < len(self._segments):
-            segment = self._segments[i]
-            segment_end = self._bases[i + 1] if i + 1 < len(self._bases) else self.log_end_offset
-            found = segment.find_batch(fetch_offset)
-            if found is None:  # an offset gap at the end of this segment
-                i += 1
-                continue
-            position, first = found
-            if first.last_offset >= bound:
-                break
-            if bound >= segment_end:
-                end_position, upper = segment.size, segment_end
-            else:
-                limit = segment.find_batch(bound)
-                end_position, upper = (
-                    (limit[0], limit[1].base_offset) if limit else (segment.size, segment_end)
-                )
-            available = end_position - position
-            if available <= max_bytes:
-                return segment.read(position, available), upper
-            if first.size > max_bytes:
-                if min_one:
-                    return segment.read(position, first.size), first.next_offset
-                break
-            # Several batches, not all of which fit: cut after the last whole one.
-            data = segment.read(position, max_bytes)
-            cut = 0
-            for header in iter_batches(data):
-                cut = header.position + header.size
-                upper = header.next_offset
-            return (data if cut == len(data) else data[:cut]), upper
-        return b"", fetch_offset
-
     def collect_aborted_transactions(self, fetch_offset: int, upper_bound: int) -> tuple[AbortedTxn, ...]:
-        """Aborted transactions overlapping [fetch_offset, upper_bound), from the transaction
-        indexes of the segment holding ``fetch_offset`` and the ones after it."""
-        found: list[AbortedTxnEntry] = []
-        start = max(bisect_right(self._bases, fetch_offset) - 1, 0)
-        for segment in self._segments[start:]:
-            if segment.txn_index.collect(fetch_offset, upper_bound, found):
-                break
-        return tuple(AbortedTxn(e.producer_id, e.first_offset) for e in found)
+        """Aborted transactions overlapping [fetch_offset, upper_bound) (see ``log_read``)."""
+        return collect_aborted_transactions(self._segments, self._bases, fetch_offset, upper_bound)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record batch with max timestamp >= timestamp: its base
-        offset (at least the log start) and its max timestamp. Batch granularity: records are not
-        decoded. Not bounded by the high watermark; the caller filters."""
-        for segment in self._segments:
-            if segment.max_timestamp >= timestamp:
-                header = segment.find_by_timestamp(timestamp, self._log_start_offset)
-                if header is not None:
-                    return max(header.base_offset, self.log_start_offset), header.max_timestamp
-        return None
+        """(base offset, max timestamp) of the first batch with max timestamp >= ``timestamp``,
+        not bounded by the high watermark (see ``log_read``)."""
+        return offset_for_timestamp(self._segments, self._log_start_offset, timestamp)
 
     def producers(self) -> dict[int, ProducerStateEntry]:
         return self.producer_state.active_producers()

@@ -24,7 +24,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.storage.log_manager import PolicyViolationError, UnknownTopicError
-from exactly.storage.partition_log import OffsetOutOfRangeError
+from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.topics import INTERNAL_TOPICS
 from exactly.types import TopicPartition
 

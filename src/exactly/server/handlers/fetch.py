@@ -23,7 +23,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
-from exactly.storage.partition_log import OffsetOutOfRangeError
+from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
