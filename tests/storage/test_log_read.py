@@ -1,0 +1,75 @@
+"""The read path (``log_read``) over real segments, without a log around them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exactly.records.batch import iter_batches
+from exactly.storage.log_read import (
+    AbortedTxn,
+    collect_aborted_transactions,
+    offset_for_timestamp,
+    read_batches,
+)
+from exactly.storage.segment import LogSegment
+from exactly.storage.txn_index import AbortedTxnEntry
+from tests.storage.helpers import NOW
+from tests.storage.test_segment import fill, new_segment
+
+
+def two_segments(tmp_path: Path) -> tuple[list[LogSegment], list[int], int]:
+    """Offsets 0-14 in the first segment and 15-29 in the second (batches of three)."""
+    first = new_segment(tmp_path, base=0)
+    fill(first, 5, timestamp=NOW)
+    second = new_segment(tmp_path, base=15)
+    fill(second, 5, timestamp=NOW + 100)
+    return [first, second], [0, 15], second.next_offset
+
+
+def offsets(data: bytes) -> list[int]:
+    return [h.base_offset for h in iter_batches(data)]
+
+
+def test_reads_whole_batches_of_one_segment_up_to_the_bound(tmp_path: Path) -> None:
+    segments, bases, end = two_segments(tmp_path)
+    data, upper = read_batches(segments, bases, end, 4, bound=12, max_bytes=1 << 20, min_one=True)
+    assert offsets(data) == [3, 6, 9] and upper == 12  # from the batch holding offset 4
+    data, upper = read_batches(segments, bases, end, 12, bound=end, max_bytes=1 << 20, min_one=True)
+    assert offsets(data) == [12] and upper == 15  # one segment per call
+    data, upper = read_batches(segments, bases, end, 15, bound=end, max_bytes=1 << 20, min_one=True)
+    assert offsets(data) == [15, 18, 21, 24, 27] and upper == 30
+
+
+def test_max_bytes_cuts_after_a_whole_batch_or_gives_one(tmp_path: Path) -> None:
+    segments, bases, end = two_segments(tmp_path)
+    size = next(iter_batches(segments[0].read(0, segments[0].size))).size
+    data, upper = read_batches(segments, bases, end, 0, bound=end, max_bytes=2 * size + 1, min_one=True)
+    assert offsets(data) == [0, 3] and upper == 6
+    data, upper = read_batches(segments, bases, end, 0, bound=end, max_bytes=size - 1, min_one=True)
+    assert offsets(data) == [0] and upper == 3
+    assert read_batches(segments, bases, end, 0, bound=end, max_bytes=size - 1, min_one=False) == (b"", 0)
+
+
+def test_nothing_at_or_past_the_bound(tmp_path: Path) -> None:
+    segments, bases, end = two_segments(tmp_path)
+    assert read_batches(segments, bases, end, 9, bound=9, max_bytes=1 << 20, min_one=True) == (b"", 9)
+    # The bound inside the batch holding the fetch offset: that batch is not visible yet.
+    assert read_batches(segments, bases, end, 9, bound=10, max_bytes=1 << 20, min_one=True) == (b"", 9)
+
+
+def test_aborted_transactions_overlapping_the_range(tmp_path: Path) -> None:
+    segments, bases, _ = two_segments(tmp_path)
+    segments[0].txn_index.append(AbortedTxnEntry(7, 0, 5, 6))
+    segments[1].txn_index.append(AbortedTxnEntry(8, 10, 20, 21))
+    assert collect_aborted_transactions(segments, bases, 6, 9) == ()
+    assert collect_aborted_transactions(segments, bases, 3, 12) == (AbortedTxn(7, 0), AbortedTxn(8, 10))
+    assert collect_aborted_transactions(segments, bases, 16, 30) == (AbortedTxn(8, 10),)
+
+
+def test_offset_for_timestamp_is_at_least_the_log_start(tmp_path: Path) -> None:
+    segments, _, _ = two_segments(tmp_path)
+    assert offset_for_timestamp(segments, 0, NOW) == (0, NOW)
+    assert offset_for_timestamp(segments, 0, NOW + 3) == (9, NOW + 3)
+    assert offset_for_timestamp(segments, 10, NOW + 3) == (10, NOW + 3)
+    assert offset_for_timestamp(segments, 0, NOW + 101) == (18, NOW + 101)
+    assert offset_for_timestamp(segments, 0, NOW + 105) is None
