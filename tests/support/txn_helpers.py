@@ -14,11 +14,10 @@ import datetime
 import importlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from exactly.protocol.apis import build
@@ -26,9 +25,7 @@ from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, build_batch, decode_batch
 from exactly.records.control import ControlType, read_control_marker
 from exactly.testing.wait import wait_until as wait_until  # re-exported: tests import it from here
-from tests.support.broker import Broker
 from tests.support.clients import QUIET, Got
-from tests.support.reporting import note_broker
 from tests.support.wire import WireClient, fetch_request, produce_request
 
 # Fast timers: timed-out transactions are checked every 0.5 s, groups form at once and sessions may
@@ -60,26 +57,6 @@ def txn_broker_config(**overrides: str) -> dict[str, str]:
     """``TXN_BROKER_CONFIG`` plus ``overrides`` (``_`` may stand for ``.`` in the keys): the usual
     value of a transactional test module's ``module_broker_config`` fixture."""
     return {**TXN_BROKER_CONFIG, **{k.replace("_", "."): str(v) for k, v in overrides.items()}}
-
-
-def module_broker(tmp_path_factory: pytest.TempPathFactory, name: str, **overrides: str) -> Iterator[Broker]:
-    """Body of a module-scoped broker fixture (``yield from module_broker(...)``). The
-    ``module_broker`` fixture with ``module_broker_config = txn_broker_config(...)`` does the same."""
-    base = tmp_path_factory.mktemp(name)
-    b = Broker(base / "data", base / "broker.log", overrides=txn_broker_config(**overrides), name=name)
-    try:
-        b.start()
-        yield b
-    finally:
-        b.close()
-
-
-def use_broker(b: Broker, request: pytest.FixtureRequest) -> Broker:
-    """Restart a module broker an earlier test broke, and attach its output to failing reports."""
-    if not b.running:
-        b.restart()
-    note_broker(request, b)
-    return b
 
 
 def fresh_config(**extra: str) -> dict[str, str]:

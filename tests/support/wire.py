@@ -36,9 +36,6 @@ from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, build_batch, decode_batch
 
 _SIZE = struct.Struct(">i")
-# kio entities from the fields the entity's version has (the others: defaults, zeros); kept under
-# its old name for helpers that import it from here
-_build = build
 
 
 class ConnectionClosed(WireError):
