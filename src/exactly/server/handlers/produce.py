@@ -106,15 +106,17 @@ def _append(
 ) -> tuple[ErrorCode, str | None, AppendResult | None]:
     plog = broker.partition(topic, partition)
     replicas = broker.replicas
-    tp = TopicPartition(topic, partition)
-    if plog is None and (replicas is None or not replicas.manages(tp)):
+    # The single broker (replicas is None) builds no TopicPartition here: this runs per batch.
+    tp = None if replicas is None else TopicPartition(topic, partition)
+    managed = replicas is not None and tp is not None and replicas.manages(tp)
+    if plog is None and not managed:
         return ErrorCode.unknown_topic_or_partition, None, None
     if topic in INTERNAL_TOPICS:
         return ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {topic}", None
     if records is None:
         return ErrorCode.invalid_record, "produce request has no records", None
     leader_epoch = INITIAL_LEADER_EPOCH
-    if replicas is not None and replicas.manages(tp):
+    if managed and replicas is not None and tp is not None:
         # Cluster: only the leader appends, stamping its epoch; acks=all is refused before the
         # append when the committed ISR is below min.insync.replicas (Kafka's order).
         code, leader = replicas.leader_for_write(tp)
