@@ -120,15 +120,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
         if name is None:  # v12+: by topic id (a zero id finds nothing)
             info = logs.topic_by_id(topic_id) if topic_id is not None else None
             if info is None:
-                topic_results.append(
-                    build(
-                        mod.MetadataResponseTopic,
-                        error_code=ErrorCode.unknown_topic_id,
-                        name=None,
-                        topic_id=topic_id or uuid.UUID(int=0),
-                    )
-                )
-                broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_id)
+                topic_results.append(_unknown_topic_id(broker, mod, topic_id))
                 continue
             name = info.name
         if info is None:
@@ -216,15 +208,7 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
                 None,
             )
             if found is None:
-                topic_results.append(
-                    build(
-                        mod.MetadataResponseTopic,
-                        error_code=ErrorCode.unknown_topic_id,
-                        name=None,
-                        topic_id=topic_id or uuid.UUID(int=0),
-                    )
-                )
-                broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_id)
+                topic_results.append(_unknown_topic_id(broker, mod, topic_id))
                 continue
             name = found
         cached = cache.topic(name)
@@ -286,3 +270,14 @@ def _topic_uuid(cached: CachedTopic | None) -> uuid.UUID | None:
         return decode_topic_id(cached.assignment.topic_id)
     except ZnodeFormatError:
         return None
+
+
+def _unknown_topic_id(broker: Broker, mod: Any, topic_id: uuid.UUID | None) -> Any:
+    """A v12+ lookup by an id no topic has (a zero id finds nothing): UNKNOWN_TOPIC_ID, name null."""
+    broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_id)
+    return build(
+        mod.MetadataResponseTopic,
+        error_code=ErrorCode.unknown_topic_id,
+        name=None,
+        topic_id=topic_id or uuid.UUID(int=0),
+    )
