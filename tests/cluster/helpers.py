@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from kazoo.client import KazooClient
 
 from exactly.cluster.zk import ClusterZk
 from exactly.testing.wait import wait_until
+from tests.support.broker import Broker
 
 TEST_SESSION_TIMEOUT_MS = 2_000
 
@@ -27,3 +29,38 @@ def expire_session(zk: ClusterZk) -> None:
     twin.start(10)
     twin.stop()
     twin.close()
+
+
+BROKER_SESSION_TIMEOUT_MS = 6_000  # the brokers' zookeeper.session.timeout.ms in cluster tests
+
+
+def cluster_overrides(zk_connect: str, broker_id: int) -> dict[str, str]:
+    return {
+        "broker.id": str(broker_id),
+        "zookeeper.connect": zk_connect,
+        "zookeeper.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.num.partitions": "1",
+    }
+
+
+def running_cluster(zk_connect: str, tmp_path: Path, count: int = 3, **extra: str) -> Iterator[list[Broker]]:
+    """Body of a cluster fixture (``yield from running_cluster(...)``): ``count`` brokers on
+    ``zk_connect``, each with ``cluster_overrides`` plus ``extra``, stopped afterwards."""
+    brokers = [
+        Broker(
+            tmp_path / f"broker-{i}",
+            tmp_path / f"broker-{i}.log",
+            overrides={**cluster_overrides(zk_connect, i), **extra},
+            name=f"broker-{i}",
+        )
+        for i in range(count)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        yield brokers
+    finally:
+        for b in brokers:
+            if b.running:
+                b.stop()

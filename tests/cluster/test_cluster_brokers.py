@@ -16,42 +16,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.helpers import wait_for
+from tests.cluster.helpers import running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, list_offset, partition_response, produce_request, simple_batch
-
-SESSION_TIMEOUT_MS = 6_000
-
-
-def cluster_overrides(zk_connect: str, broker_id: int) -> dict[str, str]:
-    return {
-        "broker.id": str(broker_id),
-        "zookeeper.connect": zk_connect,
-        "zookeeper.session.timeout.ms": str(SESSION_TIMEOUT_MS),
-        "offsets.topic.num.partitions": "1",
-        "transaction.state.log.num.partitions": "1",
-    }
 
 
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
-    brokers = [
-        Broker(
-            tmp_path / f"broker-{i}",
-            tmp_path / f"broker-{i}.log",
-            overrides=cluster_overrides(zk_connect, i),
-            name=f"broker-{i}",
-        )
-        for i in range(3)
-    ]
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            if b.running:
-                b.stop()
+    yield from running_cluster(zk_connect, tmp_path)
 
 
 def admin(brokers: list[Broker]) -> AdminClient:

@@ -15,8 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly.server.replica_fetcher import MAX_WAIT_MS
-from tests.cluster.helpers import wait_for
-from tests.cluster.test_cluster_brokers import cluster_overrides
+from tests.cluster.helpers import running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
 
@@ -25,23 +24,7 @@ TOPIC = "replicated"
 
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
-    brokers = [
-        Broker(
-            tmp_path / f"broker-{i}",
-            tmp_path / f"broker-{i}.log",
-            overrides={**cluster_overrides(zk_connect, i), "replica.lag.time.max.ms": "10000"},
-            name=f"broker-{i}",
-        )
-        for i in range(3)
-    ]
-    try:
-        for b in brokers:
-            b.start()
-        yield brokers
-    finally:
-        for b in brokers:
-            if b.running:
-                b.stop()
+    yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "10000"})
 
 
 def bootstrap(brokers: list[Broker]) -> str:
