@@ -19,6 +19,8 @@ import sys
 import threading
 from pathlib import Path
 
+from exactly.cli.overrides import parse_overrides
+
 START_TIMEOUT_S = 60.0
 
 
@@ -47,13 +49,9 @@ def run(args: argparse.Namespace) -> int:
     if args.brokers < 1:
         print("exactly cluster: --brokers must be at least 1", file=sys.stderr)
         return 2
-    overrides: dict[str, str] = {}
-    for item in args.override:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"exactly cluster: -o expects KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        overrides[key.strip()] = value.strip()
+    overrides = parse_overrides(args.override, "cluster")
+    if overrides is None:
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signo, _frame: stop.set())

@@ -10,6 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
+from exactly.cli.overrides import parse_overrides
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the broker")
@@ -48,13 +50,9 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    overrides: dict[str, str] = {}
-    for item in args.override:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"exactly serve: -o expects KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        overrides[key.strip()] = value.strip()
+    overrides = parse_overrides(args.override, "serve")
+    if overrides is None:
+        return 2
     if args.listen:
         overrides["listeners"] = f"PLAINTEXT://{args.listen}"
     if args.data_dir:
