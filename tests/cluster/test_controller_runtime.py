@@ -103,3 +103,19 @@ def test_bounced_broker_loses_leadership_and_isr_with_epoch_bump(
     wait_for(moved, what="the bounce to be handled")
     s = state(observer, P0)
     assert s is not None and s.leader_epoch == 1
+
+
+def test_partitions_added_to_a_topic_get_initial_states(nodes: dict[int, Node], cluster_zk: Factory) -> None:
+    """CreatePartitions rewrites the assignment: the controller's per-topic watch sees it and
+    creates states for the new partitions only (the topic set itself did not change)."""
+    observer = cluster_zk()
+    lease = controller(nodes, observer).runtime.lease
+    assert lease is not None
+    observer.create_topic("orders", TopicAssignment({0: (1, 2, 3)}), {})
+    wait_for(lambda: state(observer, P0) is not None, what="the initial state")
+    read = observer.topic_assignment_at("orders")
+    assert read is not None
+    assert observer.set_topic_assignment("orders", TopicAssignment({0: (1, 2, 3), 1: (3, 1, 2)}), read[1])
+    wait_for(lambda: state(observer, P1) is not None, what="the added partition's state")
+    assert state(observer, P1) == LeaderAndIsr(3, 0, (3, 1, 2), lease.epoch)
+    assert state(observer, P0) == LeaderAndIsr(1, 0, (1, 2, 3), lease.epoch)  # untouched

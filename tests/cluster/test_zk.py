@@ -178,3 +178,23 @@ def test_watches_deliver_states_and_broker_sets(cluster_zk: Factory) -> None:
     assert seen[0] is None  # watched before it existed
     epoch = broker.register_broker(registration(2))
     wait_for(lambda: brokers[-1:] == [{2: epoch}], what="the broker set")
+
+
+def test_assignment_rewrites_are_conditional_and_watched(cluster_zk: Factory) -> None:
+    admin, other, watcher = cluster_zk(), cluster_zk(), cluster_zk()
+    admin.create_topic("orders", TopicAssignment({0: (1, 2)}, topic_id="AAAAAAAAAAAAAAAAAAAAAQ"), {})
+    seen: list[int | None] = []
+    watcher.watch_topic_assignment("orders", lambda a: seen.append(None if a is None else len(a.partitions)))
+    read = admin.topic_assignment_at("orders")
+    assert read is not None
+    assignment, version = read
+    grown = TopicAssignment({0: (1, 2), 1: (2, 1)}, topic_id=assignment.topic_id)
+    assert other.set_topic_assignment("orders", grown, version)
+    # A second writer that read the same version loses: its partitions would drop the first's.
+    assert not admin.set_topic_assignment("orders", TopicAssignment({0: (1, 2), 1: (1, 2)}), version)
+    assert admin.topic_assignment("orders") == grown
+    assert not admin.set_topic_assignment("nope", grown, 0)
+    wait_for(lambda: seen == [1, 2], what="the watch to see the growth")
+    assert not admin.topic_marked_for_deletion("orders")
+    admin.mark_topic_for_deletion("orders")
+    assert admin.topic_marked_for_deletion("orders")

@@ -14,7 +14,9 @@ notifications are harmless. A write refused with BADVERSION triggers a re-read a
 (bounded); a failed fence (:class:`ControllerMovedError`) ends this controller's term.
 
 Scope: election and failover, broker failure / start-up / bounce, initial states of new
-partitions, topic deletion (``/admin/delete_topics``). Controlled shutdown and preferred election
+partitions (of new topics: the children of ``/brokers/topics``; added to existing topics by
+CreatePartitions: a ``DataWatch`` per topic, Kafka's PartitionModifications event), topic deletion
+(``/admin/delete_topics``). Controlled shutdown and preferred election
 have decision functions but no events here yet (see the package README).
 """
 
@@ -24,10 +26,10 @@ import enum
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from exactly.cluster.zk import ClusterZk, ControllerLease, ControllerMovedError
-from exactly.cluster.znodes import PartitionState
+from exactly.cluster.znodes import PartitionState, TopicAssignment
 from exactly.controller.context import ControllerContext
 from exactly.controller.decisions import (
     BrokerChange,
@@ -48,6 +50,7 @@ class ControllerEvent(enum.Enum):
     CONTROLLER_CHANGED = "controller changed"
     BROKERS_CHANGED = "brokers changed"
     TOPICS_CHANGED = "topics changed"
+    PARTITIONS_ADDED = "partitions added to topics"
     TOPIC_DELETIONS = "topics marked for deletion"
     STOP = "stop"
 
@@ -69,6 +72,12 @@ class ControllerRuntime:
         self._events: queue.Queue[ControllerEvent] = queue.Queue()
         self._known_brokers: dict[int, int] = {}
         self._watching = False
+        # Topics with an assignment DataWatch (kept for the controller's life: a watch on a deleted
+        # topic waits for its re-creation), and the topics whose assignment changed since the
+        # worker last looked; both touched by kazoo threads and the worker, under the lock.
+        self._assignment_watches: set[str] = set()
+        self._modified_topics: set[str] = set()
+        self._lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
         # Set whenever this broker wins an election (tests and metrics wait on it).
         self.elected = threading.Event()
@@ -132,6 +141,11 @@ class ControllerRuntime:
                 )
         elif event is ControllerEvent.TOPICS_CHANGED:
             self._decide_and_apply(lambda ctx, _rnd: self._missing_states(ctx))
+        elif event is ControllerEvent.PARTITIONS_ADDED:
+            with self._lock:
+                topics, self._modified_topics = self._modified_topics, set()
+            if topics:
+                self._decide_and_apply(lambda ctx, _rnd: self._missing_states(ctx), topics=topics)
         elif event is ControllerEvent.TOPIC_DELETIONS:
             # Brokers watch the assignments, so no StopReplica round is needed: removing the
             # topic's znodes is the whole decision (a marker for an unknown topic just goes).
@@ -150,9 +164,36 @@ class ControllerRuntime:
         if not self._watching:
             self._watching = True
             self.zk.watch_brokers(lambda _live: self._events.put(ControllerEvent.BROKERS_CHANGED))
-            self.zk.watch_topics(lambda _topics: self._events.put(ControllerEvent.TOPICS_CHANGED))
+            self.zk.watch_topics(self._on_topics)
             self.zk.watch_topic_deletions(lambda _topics: self._events.put(ControllerEvent.TOPIC_DELETIONS))
         self.elected.set()
+
+    def _on_topics(self, topics: list[str]) -> None:
+        """Kazoo thread: arm an assignment watch on every new topic *before* the worker re-reads
+        the topics, so a partition added after that read fires the watch."""
+        for topic in topics:
+            with self._lock:
+                if topic in self._assignment_watches:
+                    continue
+                self._assignment_watches.add(topic)
+            self.zk.watch_topic_assignment(topic, self._assignment_watcher(topic))
+        self._events.put(ControllerEvent.TOPICS_CHANGED)
+
+    def _assignment_watcher(self, topic: str) -> Callable[[TopicAssignment | None], bool]:
+        first = True
+
+        def on_change(assignment: TopicAssignment | None) -> bool:
+            nonlocal first
+            if first:  # the arming read: TOPICS_CHANGED (queued next) reads the topic anyway
+                first = False
+                return True
+            if assignment is not None:
+                with self._lock:
+                    self._modified_topics.add(topic)
+                self._events.put(ControllerEvent.PARTITIONS_ADDED)
+            return True
+
+        return on_change
 
     @staticmethod
     def _missing_states(ctx: ControllerContext) -> list[StateChange]:
@@ -160,11 +201,13 @@ class ControllerRuntime:
 
     # --- context and application ---------------------------------------------------------------
 
-    def load_context(self) -> ControllerContext:
+    def load_context(self, topics: Iterable[str] | None = None) -> ControllerContext:
+        """A fresh snapshot of the cluster, or of ``topics`` only (a partition addition needs
+        nothing else: the decision only creates states for that topic's partitions)."""
         assert self.lease is not None
         assignments: dict[TopicPartition, tuple[int, ...]] = {}
         states: dict[TopicPartition, PartitionState] = {}
-        for topic in self.zk.topics():
+        for topic in self.zk.topics() if topics is None else sorted(topics):
             assignment = self.zk.topic_assignment(topic)
             if assignment is None:
                 continue
@@ -182,12 +225,18 @@ class ControllerRuntime:
             unclean_election=self.unclean_election,
         )
 
-    def _decide_and_apply(self, decide: Callable[[ControllerContext, int], list[StateChange]]) -> None:
-        """Decide against a fresh context and write; a refused write (the znode moved) means the
-        context was stale: read again and decide again, a bounded number of times."""
+    def _decide_and_apply(
+        self,
+        decide: Callable[[ControllerContext, int], list[StateChange]],
+        *,
+        topics: Iterable[str] | None = None,
+    ) -> None:
+        """Decide against a fresh context (of ``topics`` only when given) and write; a refused
+        write (the znode moved) means the context was stale: read again and decide again, a
+        bounded number of times."""
         for round_number in range(MAX_DECISION_ROUNDS):
             assert self.lease is not None
-            ctx = self.load_context()
+            ctx = self.load_context(topics)
             changes = decide(ctx, round_number)
             if not changes:
                 return

@@ -391,6 +391,47 @@ class ClusterZk:
             return None
         return TopicAssignment.decode(topic, data)
 
+    def topic_assignment_at(self, topic: str) -> tuple[TopicAssignment, int] | None:
+        """The assignment with its stat version, for a conditional rewrite (CreatePartitions)."""
+        try:
+            data, stat = self.client.get(zn.topic_path(topic))
+        except NoNodeError:
+            return None
+        return TopicAssignment.decode(topic, data), int(stat.version)
+
+    def set_topic_assignment(self, topic: str, assignment: TopicAssignment, expected_version: int) -> bool:
+        """CreatePartitions' rewrite of ``/brokers/topics/<t>``, conditional on the version the new
+        assignment was computed from (Kafka writes it unconditionally; two admin requests racing
+        on different brokers must not overwrite each other's partitions). False when the znode
+        moved or went: re-read and decide again."""
+        try:
+            self.client.set(zn.topic_path(topic), assignment.encode(), version=expected_version)
+        except (BadVersionError, NoNodeError):
+            return False
+        return True
+
+    def topic_marked_for_deletion(self, topic: str) -> bool:
+        return self.client.exists(zn.delete_topic_path(topic)) is not None
+
+    def watch_topic_assignment(
+        self, topic: str, callback: Callable[[TopicAssignment | None], bool | None]
+    ) -> None:
+        """``callback`` now and after every change of ``/brokers/topics/<t>`` (None while it does
+        not exist; a re-created topic fires again), on a kazoo thread; it ends when the callback
+        returns False. An unreadable assignment is logged and skipped."""
+
+        def on_change(data: bytes | None, _stat: Any) -> bool | None:
+            if data is None:
+                return callback(None)
+            try:
+                assignment = TopicAssignment.decode(topic, data)
+            except zn.ZnodeFormatError as exc:
+                log.warning("topic %s assignment unreadable: %s", topic, exc)
+                return True
+            return callback(assignment)
+
+        self.client.DataWatch(zn.topic_path(topic), on_change)
+
     # --- partition state -----------------------------------------------------------------------
 
     def partition_state(self, tp: TopicPartition) -> ObservedState | None:

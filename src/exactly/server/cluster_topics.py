@@ -1,5 +1,5 @@
-"""Cluster mode's topic administration: CreateTopics, DeleteTopics and Metadata's auto-creation
-change the cluster's topic set in ZooKeeper (Kafka's AdminZkClient path), and a broker creates
+"""Cluster mode's topic administration: CreateTopics, CreatePartitions, DeleteTopics and
+Metadata's auto-creation change the cluster's topic set in ZooKeeper (Kafka's AdminZkClient path), and a broker creates
 its local replica of a topic the first time it hosts one of the topic's partitions.
 
 Why apart from the replica manager: that one *reacts* to observed ZooKeeper state (roles, high
@@ -19,6 +19,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -26,16 +27,41 @@ from kio.schema.errors import ErrorCode
 from exactly.cluster.zk import ClusterZk
 from exactly.cluster.zk import TopicExistsError as ZkTopicExistsError
 from exactly.cluster.znodes import TopicAssignment, ZnodeFormatError, decode_topic_id, encode_topic_id
-from exactly.controller.assignment import InvalidReplicationFactorError, assign_replicas
+from exactly.controller.assignment import (
+    InvalidReplicationFactorError,
+    assign_added_partitions,
+    assign_replicas,
+)
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
 from exactly.server.metadata_cache import MetadataCache
 from exactly.storage.config import InvalidConfigError
-from exactly.storage.log_manager import LogManager, TopicExistsError
+from exactly.storage.log_manager import (
+    InvalidPartitionsError,
+    LogManager,
+    TopicExistsError,
+    UnknownTopicError,
+)
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 
 log = logging.getLogger("exactly.cluster_topics")
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedTopic:
+    """A topic's assignment as read from ZooKeeper, with the znode's version."""
+
+    assignment: TopicAssignment
+    zk_version: int
+    queued_for_deletion: bool
+
+    @property
+    def being_reassigned(self) -> bool:
+        return any(self.assignment.adding_replicas.values()) or any(
+            self.assignment.removing_replicas.values()
+        )
+
 
 WaitForCache = Callable[[Callable[[], bool], float], Awaitable[bool]]
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
@@ -132,6 +158,56 @@ class ClusterTopics:
 
         self._spawn(create(), f"auto-create-{name}")
 
+    # --- CreatePartitions ---------------------------------------------------------------------------
+
+    async def read_topic(self, name: str) -> ObservedTopic | None:
+        """The topic as ZooKeeper has it now (not the cache: a conditional rewrite needs the
+        znode's version); None when it does not exist."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._read_topic, name)
+
+    def _read_topic(self, name: str) -> ObservedTopic | None:
+        observed = self.zk.topic_assignment_at(name)
+        if observed is None:
+            return None
+        assignment, version = observed
+        return ObservedTopic(assignment, version, self.zk.topic_marked_for_deletion(name))
+
+    def place_added_partitions(
+        self, current: TopicAssignment, count: int, assignments: tuple[tuple[int, ...], ...] | None
+    ) -> TopicAssignment:
+        """The assignment grown to ``count`` partitions: the request's replicas for the new ones
+        (validated by the caller), else Kafka's placement over the live brokers, continuing where
+        the topic's creation left off. The topic id and reassignment sets are kept. Raises
+        InvalidReplicationFactorError when fewer brokers are live than partition 0 has replicas."""
+        existing = dict(current.partitions)
+        if assignments is not None:
+            added = {len(existing) + i: replicas for i, replicas in enumerate(assignments)}
+        else:
+            added = assign_added_partitions(self.cache.brokers, existing, count)
+        return replace(current, partitions={**existing, **added})
+
+    async def write_assignment(self, name: str, grown: TopicAssignment, expected_version: int) -> bool:
+        """Rewrite ``/brokers/topics/<t>`` at the version ``grown`` was computed from (the
+        controller's assignment watch then creates the new partitions' states). False: it moved
+        or went since it was read; read again and decide again."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.zk.set_topic_assignment, name, grown, expected_version)
+
+    async def wait_for_partitions(self, name: str, count: int, timeout_s: float) -> bool:
+        """Until the metadata cache has at least ``count`` partitions of ``name``, each with a
+        live leader (Kafka's DelayedCreatePartitions); False on timeout (they still come)."""
+
+        def grown_with_leaders() -> bool:
+            cached = self.cache.topic(name)
+            return (
+                cached is not None
+                and len(cached.assignment.partitions) >= count
+                and self.cache.has_leaders(name)
+            )
+
+        return timeout_s > 0 and await self._wait_for_cache(grown_with_leaders, timeout_s)
+
     # --- DeleteTopics ------------------------------------------------------------------------------
 
     async def delete_topic(self, name: str, timeout_s: float) -> bool:
@@ -159,7 +235,17 @@ class ClusterTopics:
         cached = self.cache.topic(tp.topic)
         if cached is None:
             return None
-        if logs.topic(tp.topic) is None:
+        local = logs.topic(tp.topic)
+        if local is not None and tp.partition >= local.partitions:
+            # CreatePartitions grew the topic: add the partitions the cluster has now (all of
+            # them, as at creation; only the hosted ones are ever written or served).
+            try:
+                logs.add_partitions(tp.topic, len(cached.assignment.partitions), now_ms=now_ms())
+            except (InvalidPartitionsError, UnknownTopicError, OSError) as exc:
+                log.error("%s: local replica not created: %s", tp, exc)
+                return None
+            log.info("%s: topic grown locally to %d partitions", tp, len(cached.assignment.partitions))
+        elif local is None:
             topic_id = None
             if cached.assignment.topic_id is not None:
                 try:

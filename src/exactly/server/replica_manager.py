@@ -16,15 +16,12 @@ rules of reads. This module applies them to the local logs. Changing the cluster
 Lifecycle: ``start`` (connect, register with the advertised endpoint, start the watches and the
 controller role) -> serve -> ``stop`` (stop the controller, close the session: the registration
 and any ``/controller`` disappear at once, so the controller elects new leaders).
-
-Not built yet (see the package README's next steps): follower fetching, so a follower's log does
-not grow and acks=all waits only on ISR members that are caught up by the leader's rules; ISR
-writes; partitions added to an existing topic.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -35,7 +32,7 @@ from kio.schema.errors import ErrorCode
 from exactly.cluster.controller_runtime import ControllerRuntime
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
-from exactly.cluster.znodes import BrokerRegistration, Endpoint, ZnodeFormatError
+from exactly.cluster.znodes import BrokerRegistration, Endpoint, TopicAssignment, ZnodeFormatError
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
 from exactly.replication.leader import IsrUpdate, LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
@@ -73,7 +70,12 @@ class ReplicaManager:
         self.leaders: dict[TopicPartition, LeaderPartition] = {}
         self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._watched_topics: set[str] = set()  # touched on kazoo threads only
+        # Topic -> the generation of its watches (a topic deleted and created again gets new ones,
+        # the old ones end when they next fire), and the partitions whose state is watched;
+        # touched on kazoo threads only.
+        self._watched_topics: dict[str, int] = {}
+        self._watched_partitions: dict[str, set[int]] = {}
+        self._generations = itertools.count(1)
         self._cache_changed: asyncio.Event | None = None
         self._stopped = False
         self.fetchers: dict[int, LeaderFetcher] = {}
@@ -183,28 +185,45 @@ class ReplicaManager:
 
     def _on_topics(self, topics: list[str]) -> None:
         names = set(topics)
-        for gone in self._watched_topics - names:
+        for gone in sorted(self._watched_topics.keys() - names):
+            del self._watched_topics[gone]
+            self._watched_partitions.pop(gone, None)
             self._hop(self._topic_gone, gone)
-        self._watched_topics &= names
-        for name in sorted(names - self._watched_topics):
+        for name in sorted(names - self._watched_topics.keys()):
+            generation = next(self._generations)
+            self._watched_topics[name] = generation
+            self._watched_partitions[name] = set()
+            self.zk.watch_topic_assignment(name, self._assignment_watcher(name, generation))
+
+    def _assignment_watcher(self, name: str, generation: int) -> Callable[[TopicAssignment | None], bool]:
+        """The topic's assignment now and after every change (CreatePartitions adds partitions):
+        the cache gets it first, then the state of every partition not watched yet is watched,
+        so a role decision always sees the partition's replicas."""
+
+        def on_assignment(assignment: TopicAssignment | None) -> bool:
+            if self._watched_topics.get(name) != generation or self._stopped:
+                return False
+            if assignment is None:
+                return True  # deleted: the topics watch reports it
             try:
-                assignment = self.zk.topic_assignment(name)
                 config = self.zk.topic_config(name)
             except ZnodeFormatError as exc:
-                log.warning("topic %s unreadable in ZooKeeper: %s", name, exc)
-                continue
-            if assignment is None:
-                continue
-            self._watched_topics.add(name)
+                log.warning("topic %s config unreadable in ZooKeeper: %s", name, exc)
+                return True
             self._hop(self._set_topic, CachedTopic(name, assignment, config))
-            for partition in sorted(assignment.partitions):
+            watched = self._watched_partitions.setdefault(name, set())
+            for partition in sorted(assignment.partitions.keys() - watched):
+                watched.add(partition)
                 tp = TopicPartition(name, partition)
-                self.zk.watch_partition_state(tp, self._state_watcher(tp))
+                self.zk.watch_partition_state(tp, self._state_watcher(tp, generation))
+            return True
 
-    def _state_watcher(self, tp: TopicPartition) -> Callable[[ObservedState | None], bool]:
+        return on_assignment
+
+    def _state_watcher(self, tp: TopicPartition, generation: int) -> Callable[[ObservedState | None], bool]:
         def on_state(observed: ObservedState | None) -> bool:
-            if tp.topic not in self._watched_topics or self._stopped:
-                return False  # the topic is gone: end this watch
+            if self._watched_topics.get(tp.topic) != generation or self._stopped:
+                return False  # the topic is gone (or was created again): end this watch
             self._hop(self._on_state, tp, observed)
             return True
 

@@ -120,3 +120,18 @@ def test_one_request_adds_at_most_the_bound() -> None:
         Increase("a", 2, 2 + MAX_NEW_PARTITIONS_PER_REQUEST - 5),
         Refusal("b", ErrorCode.policy_violation, TOO_LARGE_MESSAGE),
     ]
+
+
+def test_cluster_topics_queued_for_deletion_or_being_reassigned_are_refused() -> None:
+    queued = {
+        "a": ExistingTopic(partitions=2, replication_factor=1, internal=False, queued_for_deletion=True)
+    }
+    assert refusal(TopicRequest("a", 3, None), queued) == (
+        ErrorCode.invalid_topic_exception,
+        "The topic is queued for deletion.",
+    )
+    moving = {"a": ExistingTopic(partitions=2, replication_factor=1, internal=False, being_reassigned=True)}
+    assert refusal(TopicRequest("a", 3, None), moving) == (
+        ErrorCode.reassignment_in_progress,
+        "A partition reassignment is in progress for the topic 'a'.",
+    )

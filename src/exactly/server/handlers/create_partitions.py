@@ -34,18 +34,32 @@ Deliberate differences, and why:
 New partitions get the topic's config (its overrides over the broker defaults) and start empty at
 leader epoch 0; Metadata lists them at once. The change is persisted by LogManager.add_partitions
 (see its crash-safety notes).
+
+Cluster mode (``zookeeper.connect``) takes Kafka's ZooKeeper admin path (ZkAdminManager.
+createPartitions): the same checks against the assignment read from ZooKeeper and the live
+brokers, plus Kafka's INVALID_TOPIC_EXCEPTION for a topic queued for deletion and
+REASSIGNMENT_IN_PROGRESS; the new partitions' replicas are the request's or Kafka's placement
+(``assign_added_partitions``; INVALID_REPLICATION_FACTOR when fewer brokers are live than the
+topic's replication factor); ``/brokers/topics/<t>`` is rewritten with the topic id kept; the
+controller's assignment watch creates the new partitions' states and each hosting broker its
+replica; the answer waits until every partition has a leader. Differences from Kafka: any broker
+answers (Kafka's ZooKeeper mode sends NOT_CONTROLLER from the others, as for CreateTopics), and
+the rewrite is conditional on the version read, so two requests racing on different brokers
+cannot drop each other's partitions (the second is checked again against the first's result).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.controller.assignment import InvalidReplicationFactorError
 from exactly.protocol.apis import ApiKey, build
 from exactly.server.clock import now_ms
 from exactly.storage.log_manager import InvalidPartitionsError, UnknownTopicError
@@ -53,6 +67,7 @@ from exactly.topics import INTERNAL_TOPICS
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
+    from exactly.server.cluster_topics import ClusterTopics, ObservedTopic
     from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.CREATE_PARTITIONS
@@ -74,11 +89,13 @@ class TopicRequest:
 
 @dataclass(frozen=True, slots=True)
 class ExistingTopic:
-    """What validation needs to know of a topic that exists."""
+    """What validation needs to know of a topic that exists (the last two only in cluster mode)."""
 
     partitions: int
     replication_factor: int  # of partition 0, which new assignments must match
     internal: bool
+    queued_for_deletion: bool = False
+    being_reassigned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +151,14 @@ def check_topic(
     """Kafka's checks for one topic entry, in Kafka's order."""
     if topic is None:
         return Refusal(t.name, ErrorCode.unknown_topic_or_partition, f"The topic '{t.name}' does not exist.")
+    if topic.queued_for_deletion:
+        return Refusal(t.name, ErrorCode.invalid_topic_exception, "The topic is queued for deletion.")
+    if topic.being_reassigned:
+        return Refusal(
+            t.name,
+            ErrorCode.reassignment_in_progress,
+            f"A partition reassignment is in progress for the topic '{t.name}'.",
+        )
     if topic.internal:
         return Refusal(
             t.name,
@@ -215,23 +240,14 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     ]
     timeout_ms = request.timeout // datetime.timedelta(milliseconds=1)
     if broker.replicas is not None:
-        # Cluster mode does not grow topics yet (the controller has no partition-addition event);
-        # refused rather than growing only this broker's local copy.
-        refusal = "CreatePartitions is not supported in cluster mode yet"
-        for _topic in request.topics:
-            broker.metrics.error(ApiKey.CREATE_PARTITIONS, ErrorCode.invalid_request)
-        return build(
-            ctx.api.response_type,
-            results=tuple(
-                build(
-                    mod.CreatePartitionsTopicResult,
-                    name=t.name,
-                    error_code=ErrorCode.invalid_request,
-                    error_message=refusal,
-                )
-                for t in request.topics
-            ),
-        )
+        outcomes = await _create_in_cluster(broker.replicas.topics, topics, request.validate_only, timeout_ms)
+        results = []
+        for name, code, message in outcomes:
+            broker.metrics.error(ApiKey.CREATE_PARTITIONS, code)
+            results.append(
+                build(mod.CreatePartitionsTopicResult, name=name, error_code=code, error_message=message)
+            )
+        return build(ctx.api.response_type, results=tuple(results))
 
     def existing(name: str) -> ExistingTopic | None:
         info = broker.logs.topic(name)
@@ -271,3 +287,98 @@ def _apply(
     if timeout_ms <= 0:
         return ErrorCode.request_timed_out, None
     return ErrorCode.none, None
+
+
+# ---- cluster mode -----------------------------------------------------------------------------
+MAX_WRITE_ROUNDS = 5  # conditional rewrites of one topic's assignment before giving up
+
+
+async def _create_in_cluster(
+    cluster: ClusterTopics, topics: Sequence[TopicRequest], validate_only: bool, timeout_ms: int
+) -> list[tuple[str, ErrorCode, str | None]]:
+    """Kafka's ZooKeeper admin path: the same checks against the assignments read from ZooKeeper
+    and the live brokers, a conditional rewrite of every valid topic's ``/brokers/topics/<t>``
+    (the controller then creates the new partitions' states, the hosting brokers their
+    replicas), and one wait, bounded by the request's timeout, until every grown topic has a
+    leader for every partition (Kafka's DelayedCreatePartitions)."""
+    observed = {name: await cluster.read_topic(name) for name in dict.fromkeys(t.name for t in topics)}
+    live = frozenset(cluster.cache.brokers)
+    requests = {t.name: t for t in topics}
+    answers: dict[str, tuple[ErrorCode, str | None]] = {}
+    grown: dict[str, int] = {}  # topic -> the count written
+    for outcome in plan(topics, lambda name: _existing(cluster, name, observed[name]), live):
+        if isinstance(outcome, Refusal):
+            answers[outcome.name] = outcome.error_code, outcome.message
+            continue
+        answer = await _grow_in_cluster(
+            cluster, requests[outcome.name], observed[outcome.name], live, validate_only
+        )
+        if answer is None:
+            grown[outcome.name] = requests[outcome.name].count
+        else:
+            answers[outcome.name] = answer
+    deadline = time.monotonic() + timeout_ms / 1000
+    for name, count in grown.items():
+        if timeout_ms <= 0:
+            answers[name] = ErrorCode.request_timed_out, None
+        elif await cluster.wait_for_partitions(name, count, deadline - time.monotonic()):
+            answers[name] = ErrorCode.none, None
+        else:
+            answers[name] = (
+                ErrorCode.request_timed_out,
+                f"Timed out waiting for leaders of {name}'s new partitions",
+            )
+    for name, (code, message) in answers.items():
+        if code not in (ErrorCode.none, ErrorCode.request_timed_out):
+            log.info("CreatePartitions for topic %s refused: %s (%s)", name, code.name, message)
+    return [(name, *answers[name]) for name in observed]
+
+
+def _existing(cluster: ClusterTopics, name: str, observed: ObservedTopic | None) -> ExistingTopic | None:
+    if observed is None:
+        # The coordinators' internal topics may still be local to each broker: refused all the same.
+        local = cluster.logs.topic(name) if name in INTERNAL_TOPICS else None
+        return None if local is None else ExistingTopic(local.partitions, 1, internal=True)
+    partitions = observed.assignment.partitions
+    return ExistingTopic(
+        partitions=len(partitions),
+        replication_factor=len(partitions.get(0, ())),
+        internal=name in INTERNAL_TOPICS,
+        queued_for_deletion=observed.queued_for_deletion,
+        being_reassigned=observed.being_reassigned,
+    )
+
+
+async def _grow_in_cluster(
+    cluster: ClusterTopics,
+    request: TopicRequest,
+    observed: ObservedTopic | None,
+    live: frozenset[int],
+    validate_only: bool,
+) -> tuple[ErrorCode, str | None] | None:
+    """Place and write conditionally (None: written). A lost race
+    (another request changed the assignment since it was read) reads and checks again, so the
+    answer is the one this request would have got had it come second: usually
+    INVALID_PARTITIONS."""
+    for _round in range(MAX_WRITE_ROUNDS):
+        assert observed is not None  # checked by the caller's plan, or below
+        try:
+            grown = cluster.place_added_partitions(observed.assignment, request.count, request.assignments)
+        except InvalidReplicationFactorError as exc:  # more replicas than live brokers
+            return ErrorCode.invalid_replication_factor, str(exc)
+        if validate_only:
+            return ErrorCode.none, None
+        if await cluster.write_assignment(request.name, grown, observed.zk_version):
+            log.info(
+                "topic %s grows from %d to %d partitions",
+                request.name,
+                len(observed.assignment.partitions),
+                request.count,
+            )
+            return None
+        observed = await cluster.read_topic(request.name)
+        outcome = check_topic(request, _existing(cluster, request.name, observed), live)
+        if isinstance(outcome, Refusal):
+            return outcome.error_code, outcome.message
+    log.warning("CreatePartitions for %s kept racing with other assignment changes", request.name)
+    return ErrorCode.unknown_server_error, "The topic's assignment kept changing; try again."
