@@ -12,7 +12,7 @@ from exactly.replication.fetch_checks import (
     check_follower_fetch,
     check_partition_read,
 )
-from exactly.replication.leader_epochs import EpochEndOffset
+from exactly.storage.leader_epoch import EpochEndOffset
 from exactly.storage.leader_epoch import EpochEntry as E
 
 

@@ -9,13 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from exactly.replication.leader_epochs import (
-    UNDEFINED,
-    EpochEndOffset,
-    assign,
-    end_offset_for,
-    truncate_from_end,
-)
 from exactly.replication.truncation import (
     FetchState,
     FollowerPartition,
@@ -23,6 +16,13 @@ from exactly.replication.truncation import (
     TruncationDecision,
     epoch_to_ask,
     truncation_offset,
+)
+from exactly.storage.leader_epoch import (
+    UNDEFINED,
+    EpochEndOffset,
+    assign,
+    end_offset_for,
+    truncate_from_end,
 )
 from exactly.storage.leader_epoch import EpochEntry as E
 

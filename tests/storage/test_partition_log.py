@@ -7,7 +7,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.records.batch import TIMESTAMP_TYPE_MASK, BatchHeader, InvalidRecordError
 from exactly.storage.config import LogConfig
-from exactly.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT
+from exactly.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEndOffset
 from exactly.storage.log_read import AbortedTxn, OffsetOutOfRangeError
 from exactly.storage.producer_state import ProducerStateError
 from tests.storage.helpers import (
@@ -231,7 +231,7 @@ def test_leader_epoch_is_patched_and_checkpointed(tmp_path: Path) -> None:
     headers = read_all(log)
     assert [h.partition_leader_epoch for h in headers] == [0, 3, 3]
     assert (tmp_path / LEADER_EPOCH_CHECKPOINT).read_text().split("\n")[:4] == ["0", "2", "0 0", "3 1"]
-    assert log.leader_epochs.end_offset_for(0, log.log_end_offset) == 1
+    assert log.leader_epochs.end_offset_for(0, log.log_end_offset) == EpochEndOffset(0, 1)
     log.close()
 
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from exactly.replication.leader_epochs import UNDEFINED_EPOCH, EpochEndOffset, end_offset_for
-from exactly.storage.leader_epoch import EpochEntry
+from exactly.storage.leader_epoch import UNDEFINED_EPOCH, EpochEndOffset, EpochEntry, end_offset_for
 
 NO_EPOCH = -1  # the request carried no current leader epoch (old versions, or -1 on the wire)
 

@@ -17,7 +17,7 @@ Pitfalls this encodes:
 * The truncation offset can be >= the follower's log end. The log then keeps its records, but the
   epoch cache must still drop entries starting at or after it (KAFKA-10706), or the next question
   repeats forever after elections with no writes in between. The decision's ``offset`` is handed to
-  ``leader_epochs.truncate_from_end`` unconditionally.
+  the epoch cache's ``truncate_from_end`` unconditionally.
 * A follower with no epochs at all cannot ask: it truncates to its high watermark (Kafka's fallback).
 """
 
@@ -27,13 +27,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exactly.replication.leader_epochs import (
+from exactly.storage.leader_epoch import (
     UNDEFINED_EPOCH,
     EpochEndOffset,
+    EpochEntry,
     end_offset_for,
     latest_epoch,
 )
-from exactly.storage.leader_epoch import EpochEntry
 
 
 @dataclass(frozen=True, slots=True)

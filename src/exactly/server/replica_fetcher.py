@@ -36,7 +36,6 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from exactly.client.wire import decode_response, encode_request
 from exactly.records.batch import BatchHeader, iter_batches
-from exactly.replication.leader_epochs import EpochEndOffset
 from exactly.replication.truncation import (
     FetchState,
     FollowerPartition,
@@ -45,6 +44,7 @@ from exactly.replication.truncation import (
     truncation_offset,
 )
 from exactly.server.clock import now_ms
+from exactly.storage.leader_epoch import EpochEndOffset
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import AppendOrigin
 from exactly.types import TopicPartition

@@ -2,7 +2,7 @@
 
 A follower that starts following a new leader epoch asks its leader where the follower's latest
 epoch ends there, then truncates its own log to that point (``replication.truncation``). The
-answer is Kafka's ``endOffsetFor`` (``replication.leader_epochs.end_offset_for``): the largest
+answer is Kafka's ``endOffsetFor`` (``storage.leader_epoch.end_offset_for``): the largest
 epoch <= the one asked and the start offset of the next epoch (the log end for the current
 epoch), or (-1, -1) when the epoch is newer than anything known.
 
@@ -20,7 +20,6 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.replication.fetch_checks import check_current_leader_epoch
-from exactly.replication.leader_epochs import end_offset_for
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -69,5 +68,5 @@ def _answer(
             return code, -1, -1
     if plog is None:
         return ErrorCode.unknown_topic_or_partition, -1, -1
-    answer = end_offset_for(plog.leader_epochs.entries, asked_epoch, plog.log_end_offset)
+    answer = plog.leader_epochs.end_offset_for(asked_epoch, plog.log_end_offset)
     return ErrorCode.none, answer.leader_epoch, answer.end_offset

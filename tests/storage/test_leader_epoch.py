@@ -1,16 +1,21 @@
-"""Leader-epoch cache rules with Kafka's semantics (LeaderEpochFileCacheTest's cases)."""
+"""The leader-epoch cache: Kafka's rules (LeaderEpochFileCacheTest's cases) as pure functions, and
+the checkpointed cache that applies them."""
 
 from __future__ import annotations
 
 import itertools
+import logging
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exactly.replication.leader_epochs import (
+from exactly.storage.leader_epoch import (
+    LEADER_EPOCH_CHECKPOINT,
     UNDEFINED,
     EpochEndOffset,
+    LeaderEpochCache,
     assign,
     end_offset_for,
     truncate_from_end,
@@ -94,3 +99,74 @@ def test_any_sequence_keeps_epochs_and_offsets_strictly_increasing(ops: list[tup
         assert all(
             x.epoch < y.epoch and x.start_offset < y.start_offset for x, y in itertools.pairwise(entries)
         )
+
+
+# --- the checkpointed cache applies the same rules ---------------------------------------------
+
+
+def checkpoint(path: Path) -> list[str]:
+    return (path / LEADER_EPOCH_CHECKPOINT).read_text().splitlines()
+
+
+def test_cache_replaces_the_latest_epoch_at_a_smaller_offset_and_persists_it(tmp_path: Path) -> None:
+    cache = LeaderEpochCache(tmp_path)
+    cache.assign(0, 0)
+    cache.assign(2, 10)
+    cache.assign(2, 12)  # the epoch continuing: nothing written
+    assert checkpoint(tmp_path) == ["0", "2", "0 0", "2 10"]
+    cache.assign(2, 7)  # a follower re-stamped by its leader after a truncation
+    assert cache.entries == [E(0, 0), E(2, 7)]
+    assert checkpoint(tmp_path) == ["0", "2", "0 0", "2 7"]
+    assert LeaderEpochCache(tmp_path).entries == [E(0, 0), E(2, 7)]
+
+
+def test_cache_drops_a_non_monotonic_tail_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = LeaderEpochCache(tmp_path)
+    for epoch, offset in ((0, 0), (3, 5), (4, 9)):
+        cache.assign(epoch, offset)
+    with caplog.at_level(logging.WARNING, logger="exactly.storage"):
+        cache.assign(2, 5)
+    assert cache.entries == [E(0, 0), E(2, 5)]
+    assert LeaderEpochCache(tmp_path).entries == [E(0, 0), E(2, 5)]
+    assert "drops non-monotonic entries [(3, 5), (4, 9)]" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="exactly.storage"):
+        cache.assign(3, 5)  # a new leader at the same offset, nothing written in epoch 2: expected
+    assert cache.entries == [E(0, 0), E(3, 5)]
+    assert caplog.text == ""
+
+
+def test_cache_answers_end_offsets_as_pairs(tmp_path: Path) -> None:
+    cache = LeaderEpochCache(tmp_path)
+    for entry in CACHE:
+        cache.assign(entry.epoch, entry.start_offset)
+    assert cache.end_offset_for(5, 15) == EpochEndOffset(5, 15)
+    assert cache.end_offset_for(4, 15) == EpochEndOffset(3, 10)
+    assert cache.end_offset_for(1, 15) == EpochEndOffset(1, 6)  # the single broker's rules said -1
+    assert cache.end_offset_for(9, 15) == UNDEFINED  # they said the log end
+
+
+def test_cache_truncation_from_both_ends_is_persisted(tmp_path: Path) -> None:
+    cache = LeaderEpochCache(tmp_path)
+    for entry in CACHE:
+        cache.assign(entry.epoch, entry.start_offset)
+    cache.truncate_from_end(10)
+    cache.truncate_from_start(7)
+    assert LeaderEpochCache(tmp_path).entries == [E(2, 7), E(3, 8)]
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (["0", "2", "0 0", "1 0"], [E(1, 0)]),  # an older file: the epoch that started there wins
+        (["0", "2", "1 0", "0 4"], []),  # epochs going backwards: malformed, rebuilt by recovery
+        (["0", "2", "0 4", "1 0"], []),
+        (["0", "3", "0 0"], []),
+        (["1", "1", "0 0"], []),
+    ],
+)
+def test_checkpoint_files_read_by_the_rules(tmp_path: Path, lines: list[str], expected: list[E]) -> None:
+    (tmp_path / LEADER_EPOCH_CHECKPOINT).write_text("\n".join(lines) + "\n")
+    assert LeaderEpochCache(tmp_path).entries == expected
