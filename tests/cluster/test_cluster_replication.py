@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly.server.replica_fetcher import MAX_WAIT_MS
@@ -195,3 +195,31 @@ def test_old_leader_with_unreplicated_records_truncates_when_it_returns(cluster:
     )
     assert "truncated to" in victim.log_text(since)
     assert read_all(cluster, 100) == list(range(100))
+
+
+def test_log_append_time_topic_replicas_keep_the_leaders_timestamps(cluster: list[Broker]) -> None:
+    """Followers append the leader's batches unchanged: a LogAppendTime topic's timestamps are
+    the leader's clock on every replica, so the replicas stay byte-identical."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
+    topic = NewTopic(
+        TOPIC, num_partitions=1, replication_factor=3, config={"message.timestamp.type": "LogAppendTime"}
+    )
+    admin.create_topics([topic])[TOPIC].result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all", "linger.ms": 0})
+    for i in range(20):  # one batch each, appended by the followers at their own (later) moments
+        producer.produce(TOPIC, value=str(i).encode(), partition=0, timestamp=1)
+        assert producer.flush(30) == 0
+    wait_for(lambda: len({segment_bytes(b) for b in cluster}) == 1, what="replicas to converge")
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap(cluster), "group.id": "unused", "enable.auto.commit": False}
+    )
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        for i in range(20):
+            msg = consumer.poll(15)
+            assert msg is not None and msg.error() is None
+            kind, timestamp = msg.timestamp()
+            assert int(msg.value()) == i and kind == TIMESTAMP_LOG_APPEND_TIME and timestamp > 1
+    finally:
+        consumer.close()

@@ -12,8 +12,10 @@ import enum
 import struct
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
 from exactly.protocol.primitives import read_varint, read_varlong
-from exactly.records.batch import HEADER_SIZE, BatchHeader
+from exactly.records.batch import HEADER_SIZE, BatchHeader, InvalidRecordError
 from exactly.records.builder import Record, build_batch
 
 _KEY = struct.Struct(">hh")
@@ -69,3 +71,15 @@ def read_control_marker(buf: bytes | bytearray | memoryview, header: BatchHeader
     val_len, pos = read_varint(view, pos)
     coordinator_epoch = _VALUE.unpack_from(view, pos)[1] if val_len >= 6 else -1
     return ControlMarker(ControlType(ctype), coordinator_epoch)
+
+
+def marker_of(buf: bytes | bytearray | memoryview, header: BatchHeader) -> tuple[ControlType | None, int]:
+    """(type, coordinator epoch) of a control batch's marker, (None, -1) for a data batch, as an
+    append needs them. Raises InvalidRecordError(INVALID_RECORD) for an unreadable marker."""
+    if not header.is_control:
+        return None, -1
+    try:
+        marker = read_control_marker(buf, header)
+    except (ValueError, IndexError) as exc:
+        raise InvalidRecordError(ErrorCode.invalid_record, f"unreadable control batch: {exc}") from None
+    return marker.type, marker.coordinator_epoch

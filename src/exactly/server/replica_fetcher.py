@@ -4,9 +4,10 @@ asyncio task on the broker's loop).
 Each task keeps one connection to its leader and sends Fetch v11 with ``replica_id`` = this
 broker's id, the leader epoch it follows as ``current_leader_epoch`` (the leader refuses a stale
 or future epoch), and each partition's log end offset as the fetch offset (which *is* how the
-leader learns the follower's LEO). Returned batches are appended unchanged (offsets and leader
-epochs as the leader assigned them; producer state with the REPLICATION origin, which never
-raises), then the follower's high watermark becomes min(leader HW, own LEO).
+leader learns the follower's LEO). Returned batches are appended unchanged
+(``PartitionLog.append_as_follower``: offsets, leader epochs and LogAppendTime timestamps as the
+leader wrote them; producer state with the REPLICATION origin, which never raises on sequences),
+then the follower's high watermark becomes min(leader HW, own LEO).
 
 Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 mean the roles are moving; the partition waits for the next observed state (the replica manager
@@ -35,7 +36,7 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from exactly.client.wire import decode_response, encode_request
-from exactly.records.batch import BatchHeader, iter_batches
+from exactly.records.batch import BatchHeader, InvalidRecordError, iter_batches
 from exactly.replication.truncation import (
     FetchState,
     FollowerPartition,
@@ -46,7 +47,7 @@ from exactly.replication.truncation import (
 from exactly.server.clock import now_ms
 from exactly.storage.leader_epoch import EpochEndOffset
 from exactly.storage.partition_log import PartitionLog
-from exactly.storage.producer_state import AppendOrigin
+from exactly.storage.producer_state import ProducerStateError
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -307,7 +308,14 @@ class LeaderFetcher:
             return False
         records = part.records
         if records:
-            self._append(plog, bytearray(records))
+            try:
+                self._append(plog, bytearray(records))
+            except (InvalidRecordError, ProducerStateError) as exc:
+                # A batch this log cannot take (an unreadable marker, data inside an open
+                # transaction): stop this partition, not the fetcher of every other one.
+                followed.failed = True
+                log.error("%s: replicated batch refused, replication of this partition stopped: %s", tp, exc)
+                return False
         plog.update_high_watermark(min(int(part.high_watermark), plog.log_end_offset))
         self.manager.broker.waiters.notify(tp)
         return True
@@ -317,15 +325,5 @@ class LeaderFetcher:
         for header in iter_batches(data):
             if header.last_offset < plog.log_end_offset:
                 continue  # already have it (a batch that started before our fetch offset)
-            if header.base_offset != plog.log_end_offset:
-                raise ValueError(
-                    f"{plog.tp}: leader sent a batch at {header.base_offset}, log end is {plog.log_end_offset}"
-                )
             batch = data[header.position : header.position + header.size]
-            plog.append(
-                batch,
-                BatchHeader.parse(batch, 0),
-                leader_epoch=header.partition_leader_epoch,
-                now_ms=now,
-                origin=AppendOrigin.REPLICATION,
-            )
+            plog.append_as_follower(batch, BatchHeader.parse(batch, 0), now_ms=now)

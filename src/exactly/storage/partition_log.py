@@ -57,7 +57,7 @@ from exactly.records.batch import (
     patch_partition_leader_epoch,
     stamp_log_append_time,
 )
-from exactly.records.control import ControlType, read_control_marker
+from exactly.records.control import marker_of
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import LoadResult, load_log, new_segment, rebuild_producer_state
@@ -74,6 +74,7 @@ from exactly.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     AppendOrigin,
     DuplicateBatch,
+    ProducerAppendInfo,
     ProducerStateManager,
 )
 from exactly.storage.retention import deletable_segments, segments_below_log_start
@@ -223,11 +224,12 @@ class PartitionLog:
         origin: AppendOrigin = AppendOrigin.CLIENT,
     ) -> AppendResult:
         """Append one validated batch (``header`` parsed from ``batch`` at ``header.position``).
-        Assigns offsets by patching the base offset and partition leader epoch in place, asks
-        producer state (duplicate -> original offsets, nothing written; errors raise
-        ProducerStateError), writes, indexes, rolls segments by size/age (snapshotting producer
-        state on roll), applies the producer state, honours flush.messages. Raises
-        InvalidRecordError(MESSAGE_TOO_LARGE) when the batch exceeds max.message.bytes."""
+        Assigns offsets by patching the base offset and partition leader epoch in place (and the
+        max timestamp for LogAppendTime topics), asks producer state (duplicate -> original
+        offsets, nothing written; errors raise ProducerStateError), writes, indexes, rolls
+        segments by size/age (snapshotting producer state on roll), applies the producer state,
+        honours flush.messages. Raises InvalidRecordError(MESSAGE_TOO_LARGE) when the batch
+        exceeds max.message.bytes."""
         size = header.size
         position = header.position
         if size > self.config.max_message_bytes:
@@ -235,16 +237,7 @@ class PartitionLog:
                 ErrorCode.message_too_large,
                 f"batch of {size} bytes exceeds max.message.bytes {self.config.max_message_bytes}",
             )
-        control_type: ControlType | None = None
-        coordinator_epoch = -1
-        if header.is_control:
-            try:
-                marker = read_control_marker(batch, header)
-            except (ValueError, IndexError) as exc:
-                raise InvalidRecordError(
-                    ErrorCode.invalid_record, f"unreadable control batch: {exc}"
-                ) from None
-            control_type, coordinator_epoch = marker.type, marker.coordinator_epoch
+        control_type, coordinator_epoch = marker_of(batch, header)
         base_offset = self.log_end_offset
         log_append_time = -1
         if self.config.message_timestamp_type == "LogAppendTime":
@@ -269,12 +262,48 @@ class PartitionLog:
                 log_start_offset=self.log_start_offset,
                 duplicate=True,
             )
+        self._write(batch, header, staged, now_ms)
+        return AppendResult(
+            first_offset=base_offset,
+            last_offset=header.last_offset,
+            log_append_time=log_append_time,
+            log_start_offset=self.log_start_offset,
+            duplicate=False,
+        )
 
+    def append_as_follower(self, batch: bytearray | memoryview, header: BatchHeader, *, now_ms: int) -> None:
+        """Append one batch exactly as the leader wrote it (Kafka's appendAsFollower): no byte
+        changes, so its offsets, partition leader epoch and timestamps (a LogAppendTime topic's
+        are the leader's clock) stay the leader's and every replica holds the same bytes.
+        Producer state takes the REPLICATION origin (never raises on sequence or epoch: the log
+        is the truth). No max.message.bytes check: the leader accepted the batch (Kafka checks
+        client appends only). Raises ValueError when the batch does not start at the log end."""
+        if header.base_offset != self.log_end_offset:
+            raise ValueError(
+                f"{self.tp}: a replicated batch starts at {header.base_offset}, the log ends at "
+                f"{self.log_end_offset}"
+            )
+        control_type, coordinator_epoch = marker_of(batch, header)
+        staged = self.producer_state.prepare_append(
+            header,
+            origin=AppendOrigin.REPLICATION,
+            now_ms=now_ms,
+            control_type=control_type,
+            coordinator_epoch=coordinator_epoch,
+        )
+        if isinstance(staged, DuplicateBatch):  # not answered for REPLICATION; the contract says so
+            raise ValueError(f"{self.tp}: replicated batch at {header.base_offset} taken for a duplicate")
+        self._write(batch, header, staged, now_ms)
+
+    def _write(
+        self, batch: bytearray | memoryview, header: BatchHeader, staged: ProducerAppendInfo, now_ms: int
+    ) -> None:
+        """The persist and complete steps of an append whose producer state is staged."""
         if rolls_before_append(self._segments[-1], header, self.config, now_ms):
             self.roll(now_ms)  # Kafka's LocalLog.shouldRoll
         active = self._segments[-1]
         with memoryview(batch) as view:
-            active.append(view[position : position + size], header)
+            active.append(view[header.position : header.position + header.size], header)
         completed = self.producer_state.complete_append(staged)
         self.producer_state.update_map_end_offset(header.next_offset)
         if completed is not None:
@@ -286,17 +315,10 @@ class PartitionLog:
                 )
         elif header.is_transactional and self._first_unstable is None:
             self._first_unstable = self.producer_state.first_unstable_offset()
-        self.leader_epochs.assign(leader_epoch, base_offset)
+        self.leader_epochs.assign(header.partition_leader_epoch, header.base_offset)
         self._unflushed_messages += header.record_count
         if self._unflushed_messages >= self.config.flush_messages:
             self.flush(now_ms=now_ms)
-        return AppendResult(
-            first_offset=base_offset,
-            last_offset=header.last_offset,
-            log_append_time=log_append_time,
-            log_start_offset=self.log_start_offset,
-            duplicate=False,
-        )
 
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end offset and snapshot producer state there
