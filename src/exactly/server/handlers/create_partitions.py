@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.controller.assignment import InvalidPartitionsError as PlacementError
 from exactly.controller.assignment import InvalidReplicationFactorError
 from exactly.protocol.apis import ApiKey, build
 from exactly.server.clock import now_ms
@@ -356,16 +357,17 @@ async def _grow_in_cluster(
     live: frozenset[int],
     validate_only: bool,
 ) -> tuple[ErrorCode, str | None] | None:
-    """Place and write conditionally (None: written). A lost race
-    (another request changed the assignment since it was read) reads and checks again, so the
-    answer is the one this request would have got had it come second: usually
-    INVALID_PARTITIONS."""
+    """Place and write conditionally (None: written). A lost race (another request changed the
+    assignment since it was read) reads and checks again, so the answer is the one this request
+    would have got had it come second: usually INVALID_PARTITIONS."""
     for _round in range(MAX_WRITE_ROUNDS):
         assert observed is not None  # checked by the caller's plan, or below
         try:
             grown = cluster.place_added_partitions(observed.assignment, request.count, request.assignments)
         except InvalidReplicationFactorError as exc:  # more replicas than live brokers
             return ErrorCode.invalid_replication_factor, str(exc)
+        except PlacementError as exc:  # an assignment in ZooKeeper without partition 0
+            return ErrorCode.invalid_partitions, str(exc)
         if validate_only:
             return ErrorCode.none, None
         if await cluster.write_assignment(request.name, grown, observed.zk_version):
