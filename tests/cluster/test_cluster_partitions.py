@@ -5,20 +5,27 @@ consumed from and replicated byte for byte."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from kio.schema.create_partitions.v3 import request as cp_request
+from kio.schema.errors import ErrorCode
+from kio.schema.types import TopicName
+from kio.static.primitive import i32, i32Timedelta
 
 from exactly.cluster.zk import ClusterZk
 from exactly.cluster.znodes import decode_topic_id
 from exactly.controller.assignment import assign_added_partitions
 from tests.cluster.helpers import running_cluster, wait_for
 from tests.support.broker import Broker, child_env
+from tests.support.wire import WireClient
 
 TOPIC = "grown"
 
@@ -189,3 +196,46 @@ def test_exactly_topics_alter_against_the_cluster(cluster: list[Broker]) -> None
     assert "PartitionCount: 3\tReplicationFactor: 3" in described.stdout
     refused = exactly("alter", TOPIC, "--partitions", "2")
     assert refused.returncode != 0 and "INVALID_PARTITIONS" in refused.stderr + refused.stdout
+
+
+def test_racing_requests_on_different_brokers_never_drop_partitions(cluster: list[Broker]) -> None:
+    """Three brokers asked at once to grow the same topic to 3, 4 and 5 partitions: each rewrite
+    is conditional, so whatever the order, the topic ends with the largest count that succeeded,
+    the others answer INVALID_PARTITIONS, and every partition gets a leader everywhere."""
+    create(cluster, partitions=1)
+    targets = {0: 3, 1: 4, 2: 5}
+    answers: dict[int, int] = {}
+
+    def ask(broker: int) -> None:
+        with WireClient(cluster[broker].bootstrap) as wire:
+            response = wire.send(create_partitions_request(TOPIC, targets[broker], timeout_ms=30_000))
+            answers[broker] = int(response.results[0].error_code)
+
+    threads = [threading.Thread(target=ask, args=(b,)) for b in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(answers) == {0, 1, 2}
+    succeeded = [targets[b] for b, code in answers.items() if code == ErrorCode.none]
+    assert succeeded and all(
+        code in (ErrorCode.none, ErrorCode.invalid_partitions) for code in answers.values()
+    )
+    assert max(targets.values()) in succeeded  # the largest can never be refused
+    wait_for(lambda: every_broker_sees(cluster, 5), what="five led partitions everywhere")
+
+
+def test_timeout_zero_answers_at_once_and_the_partitions_still_come(cluster: list[Broker]) -> None:
+    create(cluster, partitions=1)
+    with WireClient(cluster[0].bootstrap) as wire:
+        response = wire.send(create_partitions_request(TOPIC, 3, timeout_ms=0))
+    assert int(response.results[0].error_code) == ErrorCode.request_timed_out
+    wait_for(lambda: every_broker_sees(cluster, 3), what="the partitions to come anyway")
+
+
+def create_partitions_request(topic: str, count: int, *, timeout_ms: int) -> object:
+    return cp_request.CreatePartitionsRequest(
+        topics=(cp_request.CreatePartitionsTopic(name=TopicName(topic), count=i32(count), assignments=None),),
+        timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms)),
+        validate_only=False,
+    )

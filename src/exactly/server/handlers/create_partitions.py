@@ -378,6 +378,7 @@ async def _grow_in_cluster(
                 request.count,
             )
             return None
+        log.info("assignment of topic %s changed since it was read: checking again", request.name)
         observed = await cluster.read_topic(request.name)
         outcome = check_topic(request, _existing(cluster, request.name, observed), live)
         if isinstance(outcome, Refusal):
