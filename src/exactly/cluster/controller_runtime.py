@@ -28,6 +28,8 @@ import queue
 import threading
 from collections.abc import Callable, Iterable
 
+from kazoo.exceptions import KazooException
+
 from exactly.cluster.zk import ClusterZk, ControllerLease, ControllerMovedError
 from exactly.cluster.znodes import PartitionState, TopicAssignment
 from exactly.controller.context import ControllerContext
@@ -176,7 +178,12 @@ class ControllerRuntime:
                 if topic in self._assignment_watches:
                     continue
                 self._assignment_watches.add(topic)
-            self.zk.watch_topic_assignment(topic, self._assignment_watcher(topic))
+            try:
+                self.zk.watch_topic_assignment(topic, self._assignment_watcher(topic))
+            except KazooException as exc:  # the session is going: the topics watch fires on reconnection
+                log.info("controller: no assignment watch on %s yet: %r", topic, exc)
+                with self._lock:
+                    self._assignment_watches.discard(topic)
         self._events.put(ControllerEvent.TOPICS_CHANGED)
 
     def _assignment_watcher(self, topic: str) -> Callable[[TopicAssignment | None], bool]:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
+from kazoo.exceptions import KazooException
 from kio.schema.errors import ErrorCode
 
 from exactly.cluster.controller_runtime import ControllerRuntime
@@ -193,7 +194,11 @@ class ReplicaManager:
             generation = next(self._generations)
             self._watched_topics[name] = generation
             self._watched_partitions[name] = set()
-            self.zk.watch_topic_assignment(name, self._assignment_watcher(name, generation))
+            try:
+                self.zk.watch_topic_assignment(name, self._assignment_watcher(name, generation))
+            except KazooException as exc:  # the session is going: the topics watch fires on reconnection
+                log.info("topic %s not watched yet: %r", name, exc)
+                del self._watched_topics[name]
 
     def _assignment_watcher(self, name: str, generation: int) -> Callable[[TopicAssignment | None], bool]:
         """The topic's assignment now and after every change (CreatePartitions adds partitions):
