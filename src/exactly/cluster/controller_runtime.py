@@ -16,8 +16,15 @@ notifications are harmless. A write refused with BADVERSION triggers a re-read a
 Scope: election and failover, broker failure / start-up / bounce, initial states of new
 partitions (of new topics: the children of ``/brokers/topics``; added to existing topics by
 CreatePartitions: a ``DataWatch`` per topic, Kafka's PartitionModifications event), topic deletion
-(``/admin/delete_topics``). Controlled shutdown and preferred election
-have decision functions but no events here yet (see the package README).
+(``/admin/delete_topics``), controlled shutdown (requests under ``/controlled_shutdown``, see
+``cluster.controlled_shutdown``) and the automatic preferred-leader rebalance
+(``auto.leader.rebalance.enable``: first check 5 s after winning the election, then every
+``leader.imbalance.check.interval.seconds``, as Kafka schedules it). The rebalance timer is the
+worker's own queue timeout, so it runs between events like any other event.
+
+Brokers with a current controlled-shutdown request are in the context's ``shutting_down`` for
+every decision (never elected, never given a new partition), as Kafka's ``liveBrokerIds``
+excludes them.
 """
 
 from __future__ import annotations
@@ -26,20 +33,27 @@ import enum
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException
 
+from exactly.cluster.controlled_shutdown import ShutdownRequests, in_effect
 from exactly.cluster.zk import ClusterZk, ControllerLease, ControllerMovedError
 from exactly.cluster.znodes import PartitionState, TopicAssignment
 from exactly.controller.context import ControllerContext
 from exactly.controller.decisions import (
     BrokerChange,
     StateChange,
+    apply,
+    controlled_shutdowns,
     diff_brokers,
+    imbalanced_partitions,
     new_partitions,
     on_broker_change,
     on_controller_failover,
+    preferred_elections,
 )
 from exactly.types import TopicPartition
 
@@ -54,6 +68,8 @@ class ControllerEvent(enum.Enum):
     TOPICS_CHANGED = "topics changed"
     PARTITIONS_ADDED = "partitions added to topics"
     TOPIC_DELETIONS = "topics marked for deletion"
+    CONTROLLED_SHUTDOWN = "controlled shutdown requested"
+    AUTO_REBALANCE = "automatic preferred leader election"
     STOP = "stop"
 
 
@@ -61,15 +77,37 @@ def _never(_topic: str) -> bool:
     return False
 
 
+FIRST_REBALANCE_DELAY_S = 5.0  # Kafka schedules the first check 5 s after the election
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderRebalance:
+    """``auto.leader.rebalance.enable`` is on: check every ``interval_s``
+    (``leader.imbalance.check.interval.seconds``) against ``imbalance_percentage``
+    (``leader.imbalance.per.broker.percentage``)."""
+
+    interval_s: float = 300.0
+    imbalance_percentage: int = 10
+    first_delay_s: float = FIRST_REBALANCE_DELAY_S
+
+
 class ControllerRuntime:
     """Run with :meth:`start` after the broker registered; :meth:`stop` on shutdown."""
 
     def __init__(
-        self, zk: ClusterZk, broker_id: int, *, unclean_election: Callable[[str], bool] = _never
+        self,
+        zk: ClusterZk,
+        broker_id: int,
+        *,
+        unclean_election: Callable[[str], bool] = _never,
+        rebalance: LeaderRebalance | None = None,
     ) -> None:
         self.zk = zk
         self.broker_id = broker_id
         self.unclean_election = unclean_election
+        self.rebalance = rebalance
+        self.shutdown_requests = ShutdownRequests(zk.client)
+        self._next_rebalance: float | None = None  # time.monotonic() of the next check, while active
         self.lease: ControllerLease | None = None
         self._events: queue.Queue[ControllerEvent] = queue.Queue()
         self._known_brokers: dict[int, int] = {}
@@ -98,9 +136,21 @@ class ControllerRuntime:
 
     # --- the worker ----------------------------------------------------------------------------
 
+    def _next_event(self) -> ControllerEvent:
+        """The next queued event, or AUTO_REBALANCE once its time has come."""
+        while True:
+            due = self._next_rebalance
+            if due is None or self.lease is None:
+                return self._events.get()
+            try:
+                return self._events.get(timeout=max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                if self._next_rebalance is not None and time.monotonic() >= self._next_rebalance:
+                    return ControllerEvent.AUTO_REBALANCE
+
     def _run(self) -> None:
         while True:
-            event = self._events.get()
+            event = self._next_event()
             if event is ControllerEvent.STOP:
                 return
             try:
@@ -119,6 +169,7 @@ class ControllerRuntime:
             elif current != self.broker_id and self.lease is not None:
                 log.info("broker %d: broker %d is controller now", self.broker_id, current)
                 self.lease = None
+                self._next_rebalance = None
             return
         if self.lease is None:
             return
@@ -153,6 +204,33 @@ class ControllerRuntime:
             # topic's znodes is the whole decision (a marker for an unknown topic just goes).
             for topic in self.zk.topics_to_delete():
                 self.zk.delete_topic(self.lease, topic)
+        elif event is ControllerEvent.CONTROLLED_SHUTDOWN:
+            # Every attempt of a shutting-down broker lands here; the decision is idempotent.
+            self._decide_and_apply(lambda ctx, _rnd: controlled_shutdowns(ctx))
+            if log.isEnabledFor(logging.INFO):
+                self._log_remaining()
+        elif event is ControllerEvent.AUTO_REBALANCE:
+            assert self.rebalance is not None
+            try:
+                percentage = self.rebalance.imbalance_percentage
+                self._decide_and_apply(
+                    lambda ctx, _rnd: preferred_elections(ctx, imbalanced_partitions(ctx, percentage))
+                )
+            finally:
+                self._next_rebalance = time.monotonic() + self.rebalance.interval_s
+
+    def _log_remaining(self) -> None:
+        """Kafka's answer to the shutting-down broker, as a log line: what it still leads."""
+        ctx = self.load_context()
+        for broker in sorted(ctx.shutting_down):
+            remaining = sorted(
+                str(tp)
+                for tp in ctx.partitions_on(broker)
+                if len(ctx.assignments[tp]) > 1
+                and (lai := ctx.leader_and_isr(tp)) is not None
+                and lai.leader == broker
+            )
+            log.info("controlled shutdown of broker %d: remaining leaderships %s", broker, remaining)
 
     def _try_elect(self) -> None:
         lease = self.zk.elect_controller(self.broker_id)
@@ -161,13 +239,16 @@ class ControllerRuntime:
         self.lease = lease
         self._known_brokers = self.zk.live_brokers()
         # Failover bootstrap: handle failures the previous controller may have missed, create
-        # missing states.
-        self._decide_and_apply(lambda ctx, _rnd: on_controller_failover(ctx) + self._missing_states(ctx))
+        # missing states, and continue controlled shutdowns the previous one was handling.
+        self._decide_and_apply(lambda ctx, _rnd: self._bootstrap(ctx))
         if not self._watching:
             self._watching = True
             self.zk.watch_brokers(lambda _live: self._events.put(ControllerEvent.BROKERS_CHANGED))
             self.zk.watch_topics(self._on_topics)
             self.zk.watch_topic_deletions(lambda _topics: self._events.put(ControllerEvent.TOPIC_DELETIONS))
+            self.shutdown_requests.watch(lambda _ids: self._events.put(ControllerEvent.CONTROLLED_SHUTDOWN))
+        if self.rebalance is not None:
+            self._next_rebalance = time.monotonic() + self.rebalance.first_delay_s
         self.elected.set()
 
     def _on_topics(self, topics: list[str]) -> None:
@@ -202,6 +283,11 @@ class ControllerRuntime:
 
         return on_change
 
+    def _bootstrap(self, ctx: ControllerContext) -> list[StateChange]:
+        changes = on_controller_failover(ctx)
+        changes += self._missing_states(apply(ctx, changes))
+        return changes + controlled_shutdowns(apply(ctx, changes))
+
     @staticmethod
     def _missing_states(ctx: ControllerContext) -> list[StateChange]:
         return new_partitions(ctx, [tp for tp in ctx.assignments if tp not in ctx.states])
@@ -224,11 +310,13 @@ class ControllerRuntime:
                 observed = self.zk.partition_state(tp)
                 if observed is not None:
                     states[tp] = observed.state
+        live = self.zk.live_brokers()
         return ControllerContext(
             controller_epoch=self.lease.epoch,
-            live_brokers=self.zk.live_brokers(),
+            live_brokers=live,
             assignments=assignments,
             states=states,
+            shutting_down=in_effect(self.shutdown_requests.read(), live),
             unclean_election=self.unclean_election,
         )
 

@@ -27,7 +27,7 @@ check; on BADVERSION it re-reads and recomputes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from exactly.cluster.znodes import NO_LEADER, LeaderAndIsr, PartitionState
@@ -235,6 +235,38 @@ def controlled_shutdown(ctx: ControllerContext, broker: int) -> ControlledShutdo
             new = current.new_leader_and_isr(current.leader, new_isr, ctx.controller_epoch)
             changes.append(StateChange(tp, new, state.zk_version, ChangeReason.ISR_REMOVAL))
     return ControlledShutdownDecision(tuple(changes), frozenset(remaining))
+
+
+def controlled_shutdowns(ctx: ControllerContext) -> list[StateChange]:
+    """Every broker in ``ctx.shutting_down`` that is live, one after the other (each decision sees
+    the previous ones applied, so two brokers leaving at once never hand leadership to each other
+    and one partition's changes expect consecutive zkVersions). Re-running it is harmless: a moved
+    leadership or a completed ISR removal produces no change the second time."""
+    changes: list[StateChange] = []
+    for broker in sorted(ctx.shutting_down):
+        if not ctx.is_live(broker):
+            continue
+        decision = controlled_shutdown(apply(ctx, changes), broker)
+        changes.extend(decision.changes)
+    return changes
+
+
+def leaderships_to_move(
+    broker: int,
+    leaders: Mapping[TopicPartition, int],
+    assignments: Mapping[TopicPartition, tuple[int, ...]],
+    available: Collection[int],
+) -> frozenset[TopicPartition]:
+    """What a shutting-down broker waits for: partitions it leads (``leaders``: tp -> current
+    leader) that another replica could take over, i.e. one that is live and not shutting down
+    (``available``). Kafka's broker waits on the controller's ``remaining_leaderships`` instead,
+    which also lists partitions nobody else can take; waiting for those only delays the exit by
+    the retry back-offs (with every other replica gone nothing can change), so we do not."""
+    return frozenset(
+        tp
+        for tp, leader in leaders.items()
+        if leader == broker and any(b != broker and b in available for b in assignments.get(tp, ()))
+    )
 
 
 def preferred_elections(ctx: ControllerContext, tps: Iterable[TopicPartition]) -> list[StateChange]:

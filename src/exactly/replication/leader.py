@@ -189,19 +189,30 @@ class LeaderPartition:
 
     def _maybe_advance_high_watermark(self, now_ms: int) -> bool:
         """HW = min LEO over the leader and every follower that is in the maximal ISR or caught up.
-        A caught-up follower outside the ISR counts too, so it is not left behind while joining."""
+        A caught-up follower outside the ISR counts too, so it is not left behind while joining,
+        but only if it may join (``isr_eligible``): a broker that is shutting down or gone would
+        otherwise hold the HW, and every acks=all produce, for up to ``replica.lag.time.max.ms``
+        after it stopped fetching (Kafka's ``shouldWaitForReplicaToJoinIsr``)."""
         candidate = self.leader_log_end_offset
         maximal = self.maximal_isr
         for broker, follower in self._followers.items():
             if follower.log_end_offset < candidate and (
                 broker in maximal
-                or follower.is_caught_up(self.leader_log_end_offset, now_ms, self.max_lag_ms)
+                or (
+                    follower.is_caught_up(self.leader_log_end_offset, now_ms, self.max_lag_ms)
+                    and self.isr_eligible(broker)
+                )
             ):
                 candidate = follower.log_end_offset
         if candidate > self._high_watermark:
             self._high_watermark = candidate
             return True
         return False
+
+    def refresh_high_watermark(self, now_ms: int) -> bool:
+        """Something outside the follower states changed (a broker left, or began shutting down):
+        recompute the HW. Returns whether it advanced."""
+        return self._maybe_advance_high_watermark(now_ms)
 
     def on_leader_append(self, log_end_offset: int, now_ms: int) -> bool:
         """The leader appended locally; with an ISR of one the HW moves at once."""

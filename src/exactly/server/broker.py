@@ -7,7 +7,9 @@ construction. The loop only awaits socket I/O, long-poll waits and timers.
 Lifecycle: ``Broker.open`` recovers the data directory (LogManager) -> ``start`` binds the
 listener, writes ``<data-dir>/bound-address`` and starts the maintenance timer -> ``shutdown``
 stops accepting, closes connections, and closes the log manager (flush, producer snapshots,
-recovery checkpoint, clean-shutdown marker).
+recovery checkpoint, clean-shutdown marker). In cluster mode ``shutdown`` starts with the
+controlled shutdown (leaderships move away while the broker still serves), then answers what is
+in flight before the connections close.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from exactly.topics import INTERNAL_TOPICS, topic_name_error
 from exactly.types import TopicPartition
 
 log = logging.getLogger("exactly.broker")
+
+# Cluster mode: how long shutdown waits for connections to answer their request in flight
+# (a parked fetch ends within its max wait; 500 ms for followers and librdkafka consumers).
+DRAIN_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +219,20 @@ class Broker:
             return
         self._closed = True
         log.info("shutting down")
+        if self.replicas is not None:
+            try:
+                await self.replicas.controlled_shutdown()
+            except Exception:  # the broker must still close
+                log.exception("controlled shutdown failed")
         if self._server is not None:
             self._server.close()
+        if self.replicas is not None:
+            self.replicas.resign_leaderships()
+            draining = [asyncio.ensure_future(conn.drain()) for conn in list(self.connections)]
+            if draining:
+                await asyncio.wait(draining, timeout=DRAIN_TIMEOUT_S)
+                for task in draining:
+                    task.cancel()
         for conn in list(self.connections):
             conn.abort()
         for task in self._tasks:

@@ -21,6 +21,12 @@ _DEFAULTS: dict[str, str] = {
     "zookeeper.connection.timeout.ms": "",
     "replica.lag.time.max.ms": "30000",
     "unclean.leader.election.enable": "false",
+    "controlled.shutdown.enable": "true",
+    "controlled.shutdown.max.retries": "3",
+    "controlled.shutdown.retry.backoff.ms": "5000",
+    "auto.leader.rebalance.enable": "true",
+    "leader.imbalance.check.interval.seconds": "300",
+    "leader.imbalance.per.broker.percentage": "10",
     "listeners": "PLAINTEXT://127.0.0.1:9092",
     "advertised.listeners": "",
     "log.dirs": "./data",
@@ -155,6 +161,17 @@ class BrokerConfig:
             if self.get_int("replica.lag.time.max.ms") <= 0:
                 raise ConfigError("replica.lag.time.max.ms must be positive")
             self.get_bool("unclean.leader.election.enable")
+            self.get_bool("controlled.shutdown.enable")
+            self.get_bool("auto.leader.rebalance.enable")
+            if self.get_int("leader.imbalance.check.interval.seconds") <= 0:
+                raise ConfigError("leader.imbalance.check.interval.seconds must be positive")
+            for name in (
+                "controlled.shutdown.max.retries",
+                "controlled.shutdown.retry.backoff.ms",
+                "leader.imbalance.per.broker.percentage",
+            ):
+                if self.get_int(name) < 0:
+                    raise ConfigError(f"{name} must not be negative")
         elif self.get_int("default.replication.factor") != 1:
             raise ConfigError("default.replication.factor above 1 needs zookeeper.connect (a cluster)")
 

@@ -65,8 +65,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
     Lifecycle: ``connection_made`` registers it in ``broker.connections`` and starts the task ->
     requests are handled until the peer closes, a frame or request makes Kafka close it
     (``_close``: log line, then ``transport.close()`` after the queued writes), it idles out
-    (``close_idle``) or the broker shuts down (``abort``: no flushing) -> ``connection_lost``
-    unregisters it and cancels the task. ``_closing`` only ever goes from False to True."""
+    (``close_idle``) or the broker shuts down (``abort``: no flushing; in cluster mode ``drain``
+    first: the request being handled is answered, then the connection closes after its writes)
+    -> ``connection_lost`` unregisters it and cancels the task. ``_closing`` only ever goes from
+    False to True."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -79,6 +81,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._task: asyncio.Task[None] | None = None
         self._paused_reading = False
         self._closing = False
+        self._draining = False
+        self._lost: asyncio.Future[None] | None = None
         # connections.max.idle.ms: the loop time of the last bytes in or request answered, and
         # whether a request is being handled (a parked Fetch is not idle)
         self.last_active = time.monotonic()
@@ -91,11 +95,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.broker.connections.add(self)
-        self._task = asyncio.get_running_loop().create_task(self._process(), name=f"conn-{self.peer}")
+        loop = asyncio.get_running_loop()
+        self._lost = loop.create_future()
+        self._task = loop.create_task(self._process(), name=f"conn-{self.peer}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.connections.discard(self)
         self._closing = True
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
@@ -146,6 +154,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         pending_bytes = 0
         try:
             while not self._closing:
+                if self._draining:
+                    if pending:
+                        transport.writelines(pending)
+                    self._close("broker shutting down", logging.DEBUG)
+                    return
                 if not frames:
                     if pending:
                         transport.writelines(pending)
@@ -206,6 +219,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def close_idle(self, idle_s: float) -> None:
         """connections.max.idle.ms expired: close as Kafka's selector does (debug log only)."""
         self._close(f"idle for {idle_s * 1000:.0f} ms", logging.DEBUG)
+
+    async def drain(self) -> None:
+        """Broker shutdown (cluster mode): finish the request being handled, write every answer
+        held back, close once the writes are out. Requests not started yet are dropped, as
+        Kafka's socket server drops them. Returns when the connection is gone."""
+        self._draining = True
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+        if self._lost is not None:
+            await asyncio.shield(self._lost)
 
     def abort(self) -> None:
         """Broker shutdown: drop the connection without waiting for in-flight work."""

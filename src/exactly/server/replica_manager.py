@@ -14,8 +14,11 @@ rules of reads. This module applies them to the local logs. Changing the cluster
 (CreateTopics, DeleteTopics, auto-creation) is ``cluster_topics``' job, reached as ``topics``.
 
 Lifecycle: ``start`` (connect, register with the advertised endpoint, start the watches and the
-controller role) -> serve -> ``stop`` (stop the controller, close the session: the registration
-and any ``/controller`` disappear at once, so the controller elects new leaders).
+controller role) -> serve -> ``controlled_shutdown`` (SIGTERM: leaderships move away while this
+broker still serves and follows, see ``server.controlled_shutdown``) -> ``resign_leaderships``
+(what could not move answers its parked produces) -> ``stop`` (stop the fetchers and the
+controller, close the session: the registration, any ``/controller`` and the shutdown request
+disappear at once).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import KazooException
 from kio.schema.errors import ErrorCode
 
-from exactly.cluster.controller_runtime import ControllerRuntime
+from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalance
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
 from exactly.cluster.znodes import BrokerRegistration, Endpoint, TopicAssignment, ZnodeFormatError
@@ -39,6 +42,7 @@ from exactly.replication.leader import IsrUpdate, LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.cluster_topics import ClusterTopics
+from exactly.server.controlled_shutdown import controlled_shutdown
 from exactly.server.delayed_produce import DelayedProduces
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
@@ -63,7 +67,19 @@ class ReplicaManager:
             session_timeout_ms=config.get_int("zookeeper.session.timeout.ms"),
         )
         unclean = config.get_bool("unclean.leader.election.enable")
-        self.controller = ControllerRuntime(self.zk, self.broker_id, unclean_election=lambda _topic: unclean)
+        rebalance = (
+            LeaderRebalance(
+                interval_s=config.get_int("leader.imbalance.check.interval.seconds"),
+                imbalance_percentage=config.get_int("leader.imbalance.per.broker.percentage"),
+            )
+            if config.get_bool("auto.leader.rebalance.enable")
+            else None
+        )
+        self.controller = ControllerRuntime(
+            self.zk, self.broker_id, unclean_election=lambda _topic: unclean, rebalance=rebalance
+        )
+        # Brokers with a controlled-shutdown request: not ISR-eligible (KAFKA-14140).
+        self.shutting_down: frozenset[int] = frozenset()
         self.producer_ids = ZkProducerIdManager(self.zk.client, self.broker_id)
         self.cache = MetadataCache()
         self.cluster_id = broker.logs.cluster_id  # replaced by /cluster/id at start
@@ -133,8 +149,28 @@ class ReplicaManager:
         self.zk.watch_brokers(self._on_brokers)
         self.zk.watch_controller(lambda controller: self._hop(self._set_controller, controller))
         self.zk.watch_topics(self._on_topics)
+        self.controller.shutdown_requests.watch(lambda ids: self._hop(self._set_shutting_down, ids))
         self.controller.start()
         self.producer_ids.prefetch()
+
+    async def controlled_shutdown(self) -> bool:
+        """SIGTERM: move this broker's leaderships away before it closes (``controlled.shutdown.*``)."""
+        config = self.broker.config
+        if self._loop is None or self._stopped or not config.get_bool("controlled.shutdown.enable"):
+            return False
+        return await controlled_shutdown(
+            self,
+            config.get_int("controlled.shutdown.max.retries"),
+            config.get_int("controlled.shutdown.retry.backoff.ms") / 1000,
+        )
+
+    def resign_leaderships(self) -> None:
+        """Leaving: stop leading what is still led here, so parked acks=all produces are answered
+        (NOT_LEADER_OR_FOLLOWER) before the connections close rather than dropped with them."""
+        for tp in list(self.leaders):
+            del self.leaders[tp]
+            self._wake_acks(tp)
+            self.broker.waiters.notify(tp)
 
     async def stop(self) -> None:
         if self._stopped:
@@ -242,7 +278,20 @@ class ReplicaManager:
 
     def _set_brokers(self, endpoints: dict[int, BrokerEndpoint]) -> None:
         self.cache.set_brokers(endpoints)
+        self._refresh_high_watermarks()
         self._changed()
+
+    def _set_shutting_down(self, brokers: frozenset[int]) -> None:
+        self.shutting_down = brokers
+        self._refresh_high_watermarks()
+        self._changed()
+
+    def _refresh_high_watermarks(self) -> None:
+        """A follower that left or is leaving no longer holds a HW back (``isr_eligible``)."""
+        now = now_ms()
+        for tp, leader in list(self.leaders.items()):
+            if leader.refresh_high_watermark(now):
+                self._publish_high_watermark(tp, leader)
 
     def _set_controller(self, controller: int | None) -> None:
         self.cache.set_controller(controller)
@@ -323,12 +372,15 @@ class ReplicaManager:
             high_watermark=plog.high_watermark,
             now_ms=now_ms(),
             max_lag_ms=self.max_lag_ms,
-            isr_eligible=lambda broker: broker in self.cache.brokers,
+            isr_eligible=self._isr_eligible,
         )
         self.leaders[tp] = leader
         leader.on_leader_append(plog.log_end_offset, now_ms())
         self._publish_high_watermark(tp, leader)
         log.info("%s: leader at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr))
+
+    def _isr_eligible(self, broker: int) -> bool:
+        return broker in self.cache.brokers and broker not in self.shutting_down
 
     def _publish_high_watermark(self, tp: TopicPartition, leader: LeaderPartition) -> None:
         plog = self.broker.logs.get_partition(tp)

@@ -1,0 +1,79 @@
+"""The broker side of a controlled shutdown (SIGTERM in cluster mode): ask the controller to move
+this broker's leaderships away, wait until they moved, then let the broker close.
+
+Kafka's ``KafkaServer.controlledShutdown``: up to ``controlled.shutdown.max.retries`` attempts;
+each sends ControlledShutdown to the controller and, while the answer still lists partitions,
+sleeps ``controlled.shutdown.retry.backoff.ms``; when every attempt failed the broker goes on with
+an unclean shutdown. Here an attempt is a request znode (``cluster.controlled_shutdown``) and the
+answer is what this broker observes: its metadata cache, fed by the same ZooKeeper watches as
+everything else, no longer shows it leading a partition someone else could take over
+(``controller.decisions.leaderships_to_move``). An attempt waits up to the back-off for that,
+so the bound on the whole wait is Kafka's: retries x back-off.
+
+While it waits the broker keeps serving: a produce to a partition whose leadership moved is
+answered NOT_LEADER_OR_FOLLOWER (parked acks=all produces too, woken by the role change), and
+the broker follows the new leaders until it exits, so its replicas stay complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from exactly.controller.decisions import leaderships_to_move
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.replica_manager import ReplicaManager
+
+log = logging.getLogger("exactly.controlled_shutdown")
+
+
+def remaining(manager: ReplicaManager) -> frozenset[TopicPartition]:
+    """Leaderships of this broker another live, not shutting-down replica could take over."""
+    cache = manager.cache
+    leaders: dict[TopicPartition, int] = {}
+    assignments: dict[TopicPartition, tuple[int, ...]] = {}
+    for name in cache.topic_names():
+        for p in cache.partitions(name):
+            tp = TopicPartition(name, p.partition)
+            leaders[tp] = p.leader
+            assignments[tp] = p.replicas
+    available = cache.brokers.keys() - manager.shutting_down - {manager.broker_id}
+    return leaderships_to_move(manager.broker_id, leaders, assignments, available)
+
+
+async def controlled_shutdown(manager: ReplicaManager, max_retries: int, backoff_s: float) -> bool:
+    """Returns whether every movable leadership moved (False: Kafka's "proceeding to do an
+    unclean shutdown as all the controlled shutdown attempts failed")."""
+    epoch = manager.zk.broker_epoch
+    if epoch is None:
+        return False
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    log.info("starting controlled shutdown of broker %d", manager.broker_id)
+    for attempt in range(1, max_retries + 1):
+        try:
+            await loop.run_in_executor(
+                None, manager.controller.shutdown_requests.request, manager.broker_id, epoch
+            )
+        except Exception:  # ZooKeeper unreachable: retry after the back-off, as Kafka does
+            log.exception("controlled shutdown request %d failed", attempt)
+            await asyncio.sleep(backoff_s)
+            continue
+        if await manager.wait_for_cache(lambda: not remaining(manager), backoff_s):
+            log.info(
+                "controlled shutdown succeeded after %d attempt(s) in %.3f s",
+                attempt,
+                time.monotonic() - started,
+            )
+            return True
+        log.info(
+            "controlled shutdown attempt %d: remaining partitions to move %s",
+            attempt,
+            sorted(str(tp) for tp in remaining(manager)),
+        )
+    log.warning("proceeding to do an unclean shutdown as all the controlled shutdown attempts failed")
+    return False
