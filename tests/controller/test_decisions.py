@@ -11,9 +11,11 @@ from exactly.controller.decisions import (
     ChangeReason,
     apply,
     controlled_shutdown,
+    controlled_shutdowns,
     diff_brokers,
     elect_offline_partitions,
     imbalanced_partitions,
+    leaderships_to_move,
     new_partitions,
     on_broker_change,
     on_brokers_failed,
@@ -152,3 +154,46 @@ def test_new_controller_handles_failures_its_predecessor_missed() -> None:
     # T1 with assignment (1, 2) only: no dead replica, still elected by the offline pass
     c2 = ctx({1, 2}, {T1: (NO_LEADER, 5, (2,))}, assignments={T1: (1, 2)})
     assert [ch.new for ch in on_controller_failover(c2)] == [LeaderAndIsr(2, 6, (2,), 2)]
+
+
+def test_controlled_shutdowns_of_two_brokers_never_hand_leadership_to_each_other() -> None:
+    c = ctx(
+        {1, 2, 3},
+        {T0: (1, 5, (1, 2, 3)), T1: (2, 7, (2, 1, 3))},
+        assignments={T0: (1, 2, 3), T1: (2, 1, 3)},
+        shutting_down=frozenset({1, 2}),
+    )
+    changes = controlled_shutdowns(c)
+    after = apply(c, changes)
+    for tp in (T0, T1):
+        state = after.states[tp].leader_and_isr
+        assert state.leader == 3 and state.isr == (3,)
+    # T0: broker 1 hands it to 3 (epoch 6); then broker 2, no longer in its ISR, changes nothing
+    by_tp = {tp: [ch for ch in changes if ch.tp == tp] for tp in (T0, T1)}
+    assert [ch.new.leader_epoch for ch in by_tp[T0]] == [6]
+    # T1: broker 1 leaves the ISR first (epoch 8), then broker 2 hands it over (epoch 9), each
+    # write expecting the version the previous one produced
+    assert [ch.new.leader_epoch for ch in by_tp[T1]] == [8, 9]
+    assert [ch.expected_zk_version for ch in by_tp[T1]] == [3, 4]
+    # idempotent: a retried request finds nothing left to do
+    assert controlled_shutdowns(after) == []
+
+
+def test_controlled_shutdowns_ignore_brokers_that_are_gone() -> None:
+    c = ctx({2, 3}, {T0: (2, 5, (2, 3))}, shutting_down=frozenset({1}))
+    assert controlled_shutdowns(c) == []
+
+
+def test_controlled_shutdown_keeps_a_partition_whose_only_isr_member_leaves() -> None:
+    c = ctx({1, 2, 3}, {T0: (1, 5, (1,))}, shutting_down=frozenset({1}))
+    assert controlled_shutdowns(c) == []
+    assert controlled_shutdown(c, 1).remaining_leaderships == {T0}
+
+
+def test_leaderships_to_move_counts_only_partitions_someone_else_could_take() -> None:
+    leaders = {T0: 1, T1: 1, T2: 2}
+    assignments = {T0: (1, 2, 3), T1: (1, 3), T2: (2, 1)}
+    assert leaderships_to_move(1, leaders, assignments, {2, 3}) == {T0, T1}
+    assert leaderships_to_move(1, leaders, assignments, {2}) == {T0}  # T1's other replica is gone
+    assert leaderships_to_move(1, leaders, assignments, set()) == frozenset()  # the last broker
+    assert leaderships_to_move(1, {T0: 1}, {T0: (1,)}, {2, 3}) == frozenset()  # single replica

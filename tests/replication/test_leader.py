@@ -95,6 +95,22 @@ def test_shutting_down_or_dead_broker_never_rejoins() -> None:
     assert p.on_follower_fetch(3, 10, 0, now_ms=1).isr_update is None
 
 
+def test_caught_up_follower_outside_the_isr_holds_the_hw_only_while_eligible() -> None:
+    # 3 is out of the ISR and below the epoch start (10), so it cannot join yet, but it counts as
+    # caught up (within the lag): while it may join, the HW waits for it so it is not left
+    # behind; once it is shutting down (or gone) it holds nothing back.
+    leaving: set[int] = set()
+    p = leader(isr=(1, 2), leo=10, hw=9, isr_eligible=lambda b: b not in leaving)
+    assert p.on_follower_fetch(3, 9, 0, now_ms=0).isr_update is None
+    p.on_leader_append(20, now_ms=1)
+    p.on_follower_fetch(2, 20, 0, now_ms=2)
+    assert p.high_watermark == 9  # held by 3, caught up at 0 and eligible
+    leaving.add(3)
+    assert p.refresh_high_watermark(now_ms=3)
+    assert p.high_watermark == 20
+    assert not p.refresh_high_watermark(now_ms=4)  # nothing new
+
+
 def test_zombie_leader_cannot_ack_alone() -> None:
     # The leader lost its session; a new leader was elected (the znode moved on). The followers
     # stopped fetching from it. Its shrink write fails with BADVERSION and is never adopted, so

@@ -53,6 +53,13 @@ def test_cluster_mode_takes_broker_id() -> None:
     assert cfg.cluster_mode is True
     assert cfg.node_id == 3
     assert cfg.get_int("zookeeper.session.timeout.ms") == 18_000  # Kafka's default
+    # Kafka's defaults of controlled shutdown and the automatic preferred-leader rebalance
+    assert cfg.get_bool("controlled.shutdown.enable") is True
+    assert cfg.get_int("controlled.shutdown.max.retries") == 3
+    assert cfg.get_int("controlled.shutdown.retry.backoff.ms") == 5000
+    assert cfg.get_bool("auto.leader.rebalance.enable") is True
+    assert cfg.get_int("leader.imbalance.check.interval.seconds") == 300
+    assert cfg.get_int("leader.imbalance.per.broker.percentage") == 10
 
 
 @pytest.mark.parametrize(
@@ -63,6 +70,10 @@ def test_cluster_mode_takes_broker_id() -> None:
         ({"zookeeper.connect": "h:1", "zookeeper.session.timeout.ms": "0"}, "session.timeout"),
         ({"zookeeper.connect": "h:1", "unclean.leader.election.enable": "maybe"}, "true or false"),
         ({"default.replication.factor": "3"}, "needs zookeeper.connect"),
+        ({"zookeeper.connect": "h:1", "controlled.shutdown.enable": "yes"}, "true or false"),
+        ({"zookeeper.connect": "h:1", "controlled.shutdown.max.retries": "-1"}, "must not be negative"),
+        ({"zookeeper.connect": "h:1", "leader.imbalance.check.interval.seconds": "0"}, "must be positive"),
+        ({"zookeeper.connect": "h:1", "auto.leader.rebalance.enable": "1"}, "true or false"),
     ],
 )
 def test_refused_cluster_combinations(overrides: dict[str, str], message: str) -> None:
