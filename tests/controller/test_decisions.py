@@ -11,11 +11,11 @@ from exactly.controller.decisions import (
     ChangeReason,
     apply,
     controlled_shutdown,
+    controlled_shutdown_pending,
     controlled_shutdowns,
     diff_brokers,
     elect_offline_partitions,
     imbalanced_partitions,
-    leaderships_to_move,
     new_partitions,
     on_broker_change,
     on_brokers_failed,
@@ -190,10 +190,22 @@ def test_controlled_shutdown_keeps_a_partition_whose_only_isr_member_leaves() ->
     assert controlled_shutdown(c, 1).remaining_leaderships == {T0}
 
 
-def test_leaderships_to_move_counts_only_partitions_someone_else_could_take() -> None:
-    leaders = {T0: 1, T1: 1, T2: 2}
-    assignments = {T0: (1, 2, 3), T1: (1, 3), T2: (2, 1)}
-    assert leaderships_to_move(1, leaders, assignments, {2, 3}) == {T0, T1}
-    assert leaderships_to_move(1, leaders, assignments, {2}) == {T0}  # T1's other replica is gone
-    assert leaderships_to_move(1, leaders, assignments, set()) == frozenset()  # the last broker
-    assert leaderships_to_move(1, {T0: 1}, {T0: (1,)}, {2, 3}) == frozenset()  # single replica
+def test_controlled_shutdown_pending_until_leaderships_and_isr_memberships_are_gone() -> None:
+    def lai(leader: int, isr: tuple[int, ...]) -> LeaderAndIsr:
+        return LeaderAndIsr(leader, 5, isr, 1)
+
+    assignments = {T0: (1, 2, 3), T1: (1, 3), T2: (2, 1), TopicPartition("single", 0): (1,)}
+    states = {
+        T0: lai(1, (1, 2, 3)),
+        T1: lai(1, (1, 3)),
+        T2: lai(2, (2, 1)),
+        TopicPartition("single", 0): lai(1, (1,)),
+    }
+    assert controlled_shutdown_pending(1, states, assignments, {2, 3}) == {T0, T1, T2}
+    # T1's other replica is gone: nobody could take it over, so it does not hold the exit
+    assert controlled_shutdown_pending(1, states, assignments, {2}) == {T0, T2}
+    assert controlled_shutdown_pending(1, states, assignments, set()) == {T2}  # T2: still in its ISR
+    # the controller's work done: led elsewhere, out of the ISRs (the last ISR member stays)
+    done = {T0: lai(2, (2, 3)), T1: lai(3, (3,)), T2: lai(2, (2,)), TopicPartition("t", 3): lai(-1, (1,))}
+    assignments[TopicPartition("t", 3)] = (2, 1)
+    assert controlled_shutdown_pending(1, done, assignments, {2, 3}) == frozenset()

@@ -3,7 +3,8 @@
 Starts one standalone ZooKeeper (``D/zookeeper``) and N brokers (``D/broker-<id>``, broker ids
 0..N-1, each ``exactly serve`` with ``zookeeper.connect`` on a chroot ``/exactly``) on 127.0.0.1,
 prints ``bootstrap servers: h:p,h:p,...`` once every broker listens, and on SIGTERM/SIGINT stops
-the brokers (SIGTERM, one after the other) and then ZooKeeper. A broker that exits on its own stops the
+the brokers (SIGTERM, one after the other: each a controlled shutdown that hands its
+leaderships to the brokers still running) and then ZooKeeper. A broker that exits on its own stops the
 whole cluster with exit status 1, its output kept in ``D/broker-<id>.log``.
 
 Brokers run through ``exactly.testing.broker`` (the project's one launcher). They are

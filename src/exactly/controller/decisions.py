@@ -251,22 +251,30 @@ def controlled_shutdowns(ctx: ControllerContext) -> list[StateChange]:
     return changes
 
 
-def leaderships_to_move(
+def controlled_shutdown_pending(
     broker: int,
-    leaders: Mapping[TopicPartition, int],
+    states: Mapping[TopicPartition, LeaderAndIsr],
     assignments: Mapping[TopicPartition, tuple[int, ...]],
     available: Collection[int],
 ) -> frozenset[TopicPartition]:
-    """What a shutting-down broker waits for: partitions it leads (``leaders``: tp -> current
-    leader) that another replica could take over, i.e. one that is live and not shutting down
-    (``available``). Kafka's broker waits on the controller's ``remaining_leaderships`` instead,
-    which also lists partitions nobody else can take; waiting for those only delays the exit by
-    the retry back-offs (with every other replica gone nothing can change), so we do not."""
-    return frozenset(
-        tp
-        for tp, leader in leaders.items()
-        if leader == broker and any(b != broker and b in available for b in assignments.get(tp, ()))
-    )
+    """What a shutting-down broker waits for, read from the states it observes: partitions
+    (RF > 1) it still leads although another replica could take over, i.e. one that is live and
+    not shutting down (``available``), and partitions whose ISR it is still in next to others.
+    Empty once the controller's ``controlled_shutdown`` is applied: Kafka's broker waits for the
+    controller's answer instead, which lists ``remaining_leaderships`` including partitions nobody
+    else can take; waiting for those only delays the exit by the retry back-offs (with every other
+    replica gone nothing can change), so they do not count here."""
+    pending = set()
+    for tp, state in states.items():
+        replicas = assignments.get(tp, ())
+        if len(replicas) <= 1 or broker not in replicas:
+            continue
+        if state.leader == broker:
+            if any(b != broker and b in available for b in replicas):
+                pending.add(tp)
+        elif broker in state.isr and len(state.isr) > 1:
+            pending.add(tp)
+    return frozenset(pending)
 
 
 def preferred_elections(ctx: ControllerContext, tps: Iterable[TopicPartition]) -> list[StateChange]:

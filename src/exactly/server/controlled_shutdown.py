@@ -22,7 +22,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from exactly.controller.decisions import leaderships_to_move
+from exactly.cluster.znodes import LeaderAndIsr
+from exactly.controller.decisions import controlled_shutdown_pending
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -32,17 +33,22 @@ log = logging.getLogger("exactly.controlled_shutdown")
 
 
 def remaining(manager: ReplicaManager) -> frozenset[TopicPartition]:
-    """Leaderships of this broker another live, not shutting-down replica could take over."""
+    """What the controller has still to do for this broker, as far as this broker can see."""
     cache = manager.cache
-    leaders: dict[TopicPartition, int] = {}
+    states: dict[TopicPartition, LeaderAndIsr] = {}
     assignments: dict[TopicPartition, tuple[int, ...]] = {}
     for name in cache.topic_names():
-        for p in cache.partitions(name):
-            tp = TopicPartition(name, p.partition)
-            leaders[tp] = p.leader
-            assignments[tp] = p.replicas
+        cached = cache.topic(name)
+        if cached is None:
+            continue
+        for partition, replicas in cached.assignment.partitions.items():
+            tp = TopicPartition(name, partition)
+            state = cache.state(tp)
+            if state is not None:
+                states[tp] = state.leader_and_isr
+                assignments[tp] = tuple(replicas)
     available = cache.brokers.keys() - manager.shutting_down - {manager.broker_id}
-    return leaderships_to_move(manager.broker_id, leaders, assignments, available)
+    return controlled_shutdown_pending(manager.broker_id, states, assignments, available)
 
 
 async def controlled_shutdown(manager: ReplicaManager, max_retries: int, backoff_s: float) -> bool:
