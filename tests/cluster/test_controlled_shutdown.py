@@ -151,8 +151,12 @@ def test_sigterm_moves_leadership_before_the_leader_leaves(
             return kind == "state" and value.leader not in (before.leader, -1)
 
         wait_for(lambda: timeline.first(moved) is not None, what="the new leader in ZooKeeper")
-        new_leader = partition_metadata(survivors).leader
+        wait_for(
+            lambda: partition_metadata(survivors).leader not in (before.leader, -1),
+            what="the new leader in the survivors' Metadata",
+        )
         metadata_s = time.monotonic() - sigterm_at
+        new_leader = partition_metadata(survivors).leader
         victim.stop()
         wait_for(lambda: timeline.first(lambda k, _v: k == "deregistered") is not None, what="deregistration")
         moved_at = timeline.first(moved)
@@ -165,7 +169,9 @@ def test_sigterm_moves_leadership_before_the_leader_leaves(
         )
     finally:
         timeline.close()
-    # leadership moved while the old leader was still registered: a controlled move, not failover
+    # Leadership moved while the old leader was still registered: a controlled move, not the
+    # failover after its death. (One ZooKeeper session sees changes in zxid order, so this order
+    # is ZooKeeper's; the survivors' Metadata follows the same changes through their watches.)
     assert moved_at < gone_at
     after = zk_state(observer)
     assert after.leader == new_leader and after.leader != before.leader
@@ -262,7 +268,10 @@ def test_clean_bounces_of_the_leader_lose_and_duplicate_nothing(cluster: list[Br
             victim.stop()
             stopped_s = time.monotonic() - started
             survivors = [b for b in cluster if b.running]
-            assert partition_metadata(survivors).leader not in (leader_id, -1)
+            wait_for(
+                lambda s=survivors, gone=leader_id: partition_metadata(s).leader not in (gone, -1),
+                what="a new leader",
+            )
             victim.start(port=port or 0)
             wait_for(isr_full(cluster), timeout=60, what="the bounced broker back in the ISR")
             count = len(acked)

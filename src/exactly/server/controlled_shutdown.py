@@ -6,9 +6,9 @@ each sends ControlledShutdown to the controller and, while the answer still list
 sleeps ``controlled.shutdown.retry.backoff.ms``; when every attempt failed the broker goes on with
 an unclean shutdown. Here an attempt is a request znode (``cluster.controlled_shutdown``) and the
 answer is what this broker observes: its metadata cache, fed by the same ZooKeeper watches as
-everything else, no longer shows it leading a partition someone else could take over
-(``controller.decisions.leaderships_to_move``). An attempt waits up to the back-off for that,
-so the bound on the whole wait is Kafka's: retries x back-off.
+everything else, no longer shows it leading a partition someone else could take over nor in an
+ISR next to others (``controller.decisions.controlled_shutdown_pending``). An attempt waits up to
+the back-off for that, so the bound on the whole wait is Kafka's: retries x back-off.
 
 While it waits the broker keeps serving: a produce to a partition whose leadership moved is
 answered NOT_LEADER_OR_FOLLOWER (parked acks=all produces too, woken by the role change), and
