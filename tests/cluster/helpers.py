@@ -41,6 +41,9 @@ def cluster_overrides(zk_connect: str, broker_id: int) -> dict[str, str]:
         "zookeeper.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
         "offsets.topic.num.partitions": "1",
         "transaction.state.log.num.partitions": "1",
+        # Kafka's test harness shortens it too (5 s by default): a SIGTERMed broker whose partners
+        # are alive but out of the ISR waits at most 3 x this before it exits anyway
+        "controlled.shutdown.retry.backoff.ms": "1000",
     }
 
 

@@ -218,6 +218,53 @@ def test_parked_acks_all_produce_is_answered_when_leadership_moves(
     leader.stop()
 
 
+@pytest.fixture
+def fast_shrinking_cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
+    yield from running_cluster(
+        zk_connect,
+        tmp_path,
+        **{
+            "replica.lag.time.max.ms": "2000",
+            "zookeeper.session.timeout.ms": "10000",  # frozen followers stay registered
+            "controlled.shutdown.retry.backoff.ms": "500",
+        },
+    )
+
+
+def test_leader_alone_in_the_isr_gives_up_after_its_retries(
+    fast_shrinking_cluster: list[Broker], cluster_zk: Callable[[], ClusterZk]
+) -> None:
+    """Followers alive but out of the ISR could catch up and take over, so the leaving leader
+    retries (Kafka: the controller answers with the partitions it still leads), but only
+    ``controlled.shutdown.max.retries`` times; then it exits anyway (Kafka's "unclean shutdown")."""
+    cluster = fast_shrinking_cluster
+    create_rf3(cluster, min_isr=1)
+    observer = cluster_zk()
+    wait_for(isr_full(cluster), what="a full ISR")
+    leader = by_id(cluster, zk_state(observer).leader)
+    followers = [b for b in cluster if b is not leader]
+    for b in followers:
+        assert b.pid is not None
+        os.kill(b.pid, signal.SIGSTOP)
+    try:
+        # a write the frozen followers do not fetch makes them lag (an idle follower at the log
+        # end counts as caught up), so the leader shrinks the ISR to itself
+        with WireClient(leader.bootstrap) as wire:
+            response = wire.send(produce_request(TOPIC, 0, simple_batch([b"unreplicated"]), acks=1))
+            assert int(partition_response(response).error_code) == 0
+        wait_for(lambda: zk_state(observer).isr == (int(leader.name[-1]),), what="the ISR to shrink")
+        since = leader.log_size()
+        leader.stop()
+    finally:
+        for b in followers:
+            assert b.pid is not None
+            os.kill(b.pid, signal.SIGCONT)
+    text = leader.log_text(since)
+    assert text.count("remaining partitions to move") == 3  # controlled.shutdown.max.retries
+    assert "proceeding to do an unclean shutdown" in text
+    assert zk_state(observer).leader in (-1, int(leader.name[-1]))  # nobody else could lead
+
+
 @pytest.mark.slow
 def test_clean_bounces_of_the_leader_lose_and_duplicate_nothing(cluster: list[Broker]) -> None:
     """Kafka's ReplicationTest, clean_bounce: the current leader is SIGTERMed and restarted five
