@@ -265,6 +265,58 @@ def test_leader_alone_in_the_isr_gives_up_after_its_retries(
     assert zk_state(observer).leader in (-1, int(leader.name[-1]))  # nobody else could lead
 
 
+def test_a_leaving_follower_is_not_taken_back_into_the_isr(
+    fast_shrinking_cluster: list[Broker], zk_connect: str, cluster_zk: Callable[[], ClusterZk]
+) -> None:
+    """The leaving broker keeps following the partition it led while it waits for another one
+    that cannot move yet; the new leader sees it catch up but must not add it back to the ISR
+    (KAFKA-14140), or the partition would depend on a broker about to vanish."""
+    cluster = fast_shrinking_cluster
+    admin = create_rf3(cluster, min_isr=1)
+    observer = cluster_zk()
+    wait_for(isr_full(cluster), what="a full ISR")
+    leader_id = zk_state(observer).leader
+    controller_id = admin.list_topics(timeout=5).controller_id
+    frozen_id = next(b for b in (0, 1, 2) if b not in (leader_id, controller_id))
+    # "pinned" lives on the leader and the broker about to freeze only: once the frozen one is out
+    # of its ISR, nobody can take it over, so the leader retries (and follows) for a while
+    pinned = NewTopic("pinned", num_partitions=1, replica_assignment=[[leader_id, frozen_id]])
+    admin.create_topics([pinned])["pinned"].result(timeout=30)
+    leader, frozen = by_id(cluster, leader_id), by_id(cluster, frozen_id)
+    assert frozen.pid is not None
+    os.kill(frozen.pid, signal.SIGSTOP)
+    timeline: ZkTimeline | None = None
+    try:
+        with WireClient(leader.bootstrap) as wire:  # writes the frozen broker misses: it lags
+            for topic in (TOPIC, "pinned"):
+                response = wire.send(produce_request(topic, 0, simple_batch([b"x"]), acks=1))
+                assert int(partition_response(response).error_code) == 0
+
+        def shrunk() -> bool:
+            pinned_state = observer.partition_state(Tp("pinned", 0))
+            return (
+                frozen_id not in zk_state(observer).isr
+                and pinned_state is not None
+                and pinned_state.state.leader_and_isr.isr == (leader_id,)
+            )
+
+        wait_for(shrunk, what="the frozen broker out of both ISRs")
+        timeline = ZkTimeline(zk_connect, leader_id)
+        wait_for(lambda: timeline.first(lambda k, _v: k == "registered") is not None, what="the watches")
+        since = leader.log_size()
+        leader.stop()
+        wait_for(lambda: timeline.first(lambda k, _v: k == "deregistered") is not None, what="deregistration")
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+        if timeline is not None:
+            timeline.close()
+    states = [(k, v) for k, _t, v in timeline.events[: timeline.first(lambda k, _v: k == "deregistered")]]
+    moved = next(i for i, (k, v) in enumerate(states) if k == "state" and v.leader not in (leader_id, -1))
+    assert [v.isr for k, v in states[moved:] if k == "state" and leader_id in v.isr] == []
+    # it did wait (for "pinned", following the moved partition meanwhile), so there was time
+    assert "remaining partitions to move ['pinned-0']" in leader.log_text(since)
+
+
 @pytest.mark.slow
 def test_clean_bounces_of_the_leader_lose_and_duplicate_nothing(cluster: list[Broker]) -> None:
     """Kafka's ReplicationTest, clean_bounce: the current leader is SIGTERMed and restarted five
