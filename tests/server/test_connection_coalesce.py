@@ -190,3 +190,33 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
         await task
 
     asyncio.run(main())
+
+
+def test_drain_answers_the_request_in_hand_then_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cluster shutdown: a parked request (an acks=all produce about to be answered
+    NOT_LEADER_OR_FOLLOWER) is answered and written, requests not started are dropped, and the
+    connection closes after its writes; ``drain`` returns once the connection is gone."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        park: asyncio.Future[None] = loop.create_future()
+        conn, transport, started = _make(monkeypatch, park)
+        conn._lost = loop.create_future()
+        conn._frames.extend(
+            [_request(ApiKey.PRODUCE, 1), _request(ApiKey.FETCH, 2), _request(ApiKey.PRODUCE, 3)]
+        )
+        task = conn._task = loop.create_task(conn._process())
+        await asyncio.sleep(0.01)
+        draining = loop.create_task(conn.drain())
+        await asyncio.sleep(0.01)
+        assert not transport.closed  # the parked request is still owed its answer
+        park.set_result(None)
+        await asyncio.sleep(0.01)
+        assert [c for w in transport.writes for c in w] == [b"r1", b"r2"]
+        assert [tag for tag, _ in started] == [1, 2] and transport.closed
+        assert not draining.done()  # until the transport reports the connection lost
+        conn.connection_lost(None)
+        await asyncio.wait_for(draining, 1)
+        await task
+
+    asyncio.run(main())
