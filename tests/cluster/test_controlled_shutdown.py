@@ -98,6 +98,18 @@ def read_exactly(brokers: list[Broker], expected: int) -> list[int]:
         consumer.close()
 
 
+def write_at(leader: Broker, topic: str) -> None:
+    """One acks=1 record written at ``leader`` (retried until it has seen its leadership: the
+    topic's creation is answered once *some* broker knows the leaders)."""
+    with WireClient(leader.bootstrap) as wire:
+
+        def written() -> bool:
+            request = produce_request(topic, 0, simple_batch([b"x"]), acks=1)
+            return int(partition_response(wire.send(request)).error_code) == 0
+
+        wait_for(written, what=f"a write to {topic} at its leader")
+
+
 class ZkTimeline:
     """Watches the partition state and one broker's registration from the test's own ZooKeeper
     session. One session sees watch events in zxid order, so the order of this list is the order
@@ -255,9 +267,7 @@ def test_leader_alone_in_the_isr_gives_up_after_its_retries(
     try:
         # a write the frozen followers do not fetch makes them lag (an idle follower at the log
         # end counts as caught up), so the leader shrinks the ISR to itself
-        with WireClient(leader.bootstrap) as wire:
-            response = wire.send(produce_request(TOPIC, 0, simple_batch([b"unreplicated"]), acks=1))
-            assert int(partition_response(response).error_code) == 0
+        write_at(leader, TOPIC)
         wait_for(lambda: zk_state(observer).isr == (int(leader.name[-1]),), what="the ISR to shrink")
         since = leader.log_size()
         leader.stop()
@@ -293,10 +303,9 @@ def test_a_leaving_follower_is_not_taken_back_into_the_isr(
     os.kill(frozen.pid, signal.SIGSTOP)
     timeline: ZkTimeline | None = None
     try:
-        with WireClient(leader.bootstrap) as wire:  # writes the frozen broker misses: it lags
-            for topic in (TOPIC, "pinned"):
-                response = wire.send(produce_request(topic, 0, simple_batch([b"x"]), acks=1))
-                assert int(partition_response(response).error_code) == 0
+        # writes the frozen broker misses make it lag
+        for topic in (TOPIC, "pinned"):
+            write_at(leader, topic)
 
         def shrunk() -> bool:
             pinned_state = observer.partition_state(Tp("pinned", 0))
