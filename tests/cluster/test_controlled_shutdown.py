@@ -211,6 +211,8 @@ def test_parked_acks_all_produce_is_answered_when_leadership_moves(
     # Neither the leader nor the controller: the controller must act while it is frozen.
     frozen = next(b for b in cluster if b.name not in (f"broker-{leader_id}", f"broker-{controller_id}"))
     assert frozen.pid is not None and leader.pid is not None
+    write_at(leader, TOPIC)  # the leader knows it leads
+    size = sum(p.stat().st_size for p in leader.partition_dir(TOPIC, 0).glob("*.log"))
     answers: list[Any] = []
     wire = WireClient(leader.bootstrap, timeout=20)
     os.kill(frozen.pid, signal.SIGSTOP)
@@ -222,7 +224,7 @@ def test_parked_acks_all_produce_is_answered_when_leadership_moves(
         )
         sender.start()
         wait_for(
-            lambda: any(p.stat().st_size for p in leader.partition_dir(TOPIC, 0).glob("*.log")),
+            lambda: sum(p.stat().st_size for p in leader.partition_dir(TOPIC, 0).glob("*.log")) > size,
             what="the leader's append",
         )
         assert answers == []  # parked: the frozen ISR member has not fetched it
