@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exactly.controlled_shutdown")
 
+REQUEST_TIMEOUT_S = 1.0  # at least this long for one request znode to be created
+
 
 def remaining(manager: ReplicaManager) -> frozenset[TopicPartition]:
     """What the controller has still to do for this broker, as far as this broker can see."""
@@ -62,8 +64,12 @@ async def controlled_shutdown(manager: ReplicaManager, max_retries: int, backoff
     log.info("starting controlled shutdown of broker %d", manager.broker_id)
     for attempt in range(1, max_retries + 1):
         try:
-            await loop.run_in_executor(
-                None, manager.controller.shutdown_requests.request, manager.broker_id, epoch
+            # bounded: with ZooKeeper unreachable kazoo would wait for the session to expire
+            await asyncio.wait_for(
+                loop.run_in_executor(
+                    None, manager.controller.shutdown_requests.request, manager.broker_id, epoch
+                ),
+                timeout=max(backoff_s, REQUEST_TIMEOUT_S),
             )
         except Exception:  # ZooKeeper unreachable: retry after the back-off, as Kafka does
             log.exception("controlled shutdown request %d failed", attempt)
