@@ -25,6 +25,7 @@ from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
 from exactly.server.connection import KafkaConnection
+from exactly.server.controlled_shutdown import controlled_shutdown, resign_leaderships
 from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics
@@ -221,13 +222,13 @@ class Broker:
         log.info("shutting down")
         if self.replicas is not None:
             try:
-                await self.replicas.controlled_shutdown()
+                await controlled_shutdown(self.replicas)
             except Exception:  # the broker must still close
                 log.exception("controlled shutdown failed")
         if self._server is not None:
             self._server.close()
         if self.replicas is not None:
-            self.replicas.resign_leaderships()
+            resign_leaderships(self.replicas)
             draining = [asyncio.ensure_future(conn.drain()) for conn in list(self.connections)]
             if draining:
                 await asyncio.wait(draining, timeout=DRAIN_TIMEOUT_S)

@@ -53,12 +53,16 @@ def remaining(manager: ReplicaManager) -> frozenset[TopicPartition]:
     return controlled_shutdown_pending(manager.broker_id, states, assignments, available)
 
 
-async def controlled_shutdown(manager: ReplicaManager, max_retries: int, backoff_s: float) -> bool:
-    """Returns whether every movable leadership moved (False: Kafka's "proceeding to do an
-    unclean shutdown as all the controlled shutdown attempts failed")."""
+async def controlled_shutdown(manager: ReplicaManager) -> bool:
+    """SIGTERM, with ``controlled.shutdown.enable``: returns whether everything movable moved
+    (False: Kafka's "proceeding to do an unclean shutdown as all the controlled shutdown attempts
+    failed", or disabled, or never registered)."""
+    config = manager.broker.config
     epoch = manager.zk.broker_epoch
-    if epoch is None:
+    if epoch is None or not config.get_bool("controlled.shutdown.enable"):
         return False
+    max_retries = config.get_int("controlled.shutdown.max.retries")
+    backoff_s = config.get_int("controlled.shutdown.retry.backoff.ms") / 1000
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     log.info("starting controlled shutdown of broker %d", manager.broker_id)
@@ -89,3 +93,13 @@ async def controlled_shutdown(manager: ReplicaManager, max_retries: int, backoff
         )
     log.warning("proceeding to do an unclean shutdown as all the controlled shutdown attempts failed")
     return False
+
+
+def resign_leaderships(manager: ReplicaManager) -> None:
+    """Leaving: stop leading what is still led here (what could not move), so its parked acks=all
+    produces are answered NOT_LEADER_OR_FOLLOWER before the connections close rather than dropped
+    with them, and its parked reads re-check."""
+    for tp in list(manager.leaders):
+        del manager.leaders[tp]
+        manager.delayed_produces.wake(tp)
+        manager.broker.waiters.notify(tp)

@@ -14,11 +14,10 @@ rules of reads. This module applies them to the local logs. Changing the cluster
 (CreateTopics, DeleteTopics, auto-creation) is ``cluster_topics``' job, reached as ``topics``.
 
 Lifecycle: ``start`` (connect, register with the advertised endpoint, start the watches and the
-controller role) -> serve -> ``controlled_shutdown`` (SIGTERM: leaderships move away while this
-broker still serves and follows, see ``server.controlled_shutdown``) -> ``resign_leaderships``
-(what could not move answers its parked produces) -> ``stop`` (stop the fetchers and the
-controller, close the session: the registration, any ``/controller`` and the shutdown request
-disappear at once).
+controller role) -> serve -> on SIGTERM ``server.controlled_shutdown`` (leaderships move away
+while this broker still serves and follows; what could not move is resigned) -> ``stop`` (stop
+the fetchers and the controller, close the session: the registration, any ``/controller`` and
+the shutdown request disappear at once).
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ from exactly.replication.leader import IsrUpdate, LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.cluster_topics import ClusterTopics
-from exactly.server.controlled_shutdown import controlled_shutdown
 from exactly.server.delayed_produce import DelayedProduces
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
@@ -152,25 +150,6 @@ class ReplicaManager:
         self.controller.shutdown_requests.watch(lambda ids: self._hop(self._set_shutting_down, ids))
         self.controller.start()
         self.producer_ids.prefetch()
-
-    async def controlled_shutdown(self) -> bool:
-        """SIGTERM: move this broker's leaderships away before it closes (``controlled.shutdown.*``)."""
-        config = self.broker.config
-        if self._loop is None or self._stopped or not config.get_bool("controlled.shutdown.enable"):
-            return False
-        return await controlled_shutdown(
-            self,
-            config.get_int("controlled.shutdown.max.retries"),
-            config.get_int("controlled.shutdown.retry.backoff.ms") / 1000,
-        )
-
-    def resign_leaderships(self) -> None:
-        """Leaving: stop leading what is still led here, so parked acks=all produces are answered
-        (NOT_LEADER_OR_FOLLOWER) before the connections close rather than dropped with them."""
-        for tp in list(self.leaders):
-            del self.leaders[tp]
-            self._wake_acks(tp)
-            self.broker.waiters.notify(tp)
 
     async def stop(self) -> None:
         if self._stopped:
