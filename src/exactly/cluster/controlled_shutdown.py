@@ -12,8 +12,9 @@ themselves). One ephemeral znode per attempt serves both:
 
 * ``/controlled_shutdown/<broker id>-<sequence>`` (ephemeral, sequential), data
   ``{"version":1,"broker":B,"broker_epoch":E}``. Each attempt of the shutting-down broker creates
-  a new child, so the controller's children watch fires once per attempt (Kafka's retry of the
-  request); the controller handles every broker with a child whose broker epoch is the current
+  a new child, so the controller's children watch fires again for every attempt (Kafka's retry
+  of the request; attempts are a back-off apart, and a merged notification is harmless since the
+  controller reads every child); the controller handles every broker with a child whose broker epoch is the current
   one (an older epoch is Kafka's STALE_BROKER_EPOCH: ignored).
 * Leaders watch the same children: a broker with a child is not ISR-eligible.
 * The children are ephemeral, so they vanish with the broker's session: when it exits (or its
