@@ -7,6 +7,11 @@ the brokers (SIGTERM, one after the other: each a controlled shutdown that hands
 leaderships to the brokers still running) and then ZooKeeper. A broker that exits on its own stops the
 whole cluster with exit status 1, its output kept in ``D/broker-<id>.log``.
 
+``exactly cluster verify-replicas --bootstrap-server H:P [--topic T ...]`` compares every replica
+of every partition up to the high watermark (Kafka's ``kafka-replica-verification.sh``; see
+``exactly.client.replica_verification``): one line per partition, a line per difference, exit
+status 1 if any replica differs or cannot be read, 0 otherwise (lag alone is not an error).
+
 Brokers run through ``exactly.testing.broker`` (the project's one launcher). They are
 subprocesses, not threads: each is a real broker process with its own event loop,
 exactly what a deployment runs, and ``kill -9`` on one of them is a real broker failure.
@@ -28,7 +33,7 @@ START_TIMEOUT_S = 60.0
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("cluster", help="run ZooKeeper + N replicated brokers on loopback (development)")
     p.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
-    p.add_argument("--data-dir", required=True, type=Path, help="directory for ZooKeeper and broker data")
+    p.add_argument("--data-dir", type=Path, help="directory for ZooKeeper and broker data (required)")
     p.add_argument(
         "--zookeeper-port", type=int, default=0, help="ZooKeeper client port (default: a free one)"
     )
@@ -41,12 +46,39 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="broker config by Kafka name, for every broker",
     )
     p.set_defaults(func=run)
+    tools = p.add_subparsers(dest="cluster_command", metavar="TOOL")
+    v = tools.add_parser(
+        "verify-replicas", help="compare every replica's batches up to the high watermark (exit 1 on a difference)"
+    )
+    v.add_argument("--bootstrap-server", required=True, help="HOST:PORT[,HOST:PORT...] of the cluster")
+    v.add_argument("--topic", action="append", default=None, help="only this topic (repeatable; default: all)")
+    v.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
+    v.set_defaults(func=verify_replicas)
+
+
+def verify_replicas(args: argparse.Namespace) -> int:
+    from exactly.client.replica_verification import verify_replicas as verify
+    from exactly.client.wire import WireError
+
+    try:
+        verdicts = verify(args.bootstrap_server, args.topic, timeout_s=args.timeout)
+    except WireError as exc:
+        print(f"exactly cluster verify-replicas: {exc}", file=sys.stderr)
+        return 1
+    for verdict in verdicts:
+        print(verdict.describe())
+    bad = [v for v in verdicts if not v.consistent]
+    print(f"{len(verdicts)} partitions verified, {len(bad)} with differences or unreadable replicas")
+    return 1 if bad else 0
 
 
 def run(args: argparse.Namespace) -> int:
     from exactly.cluster.zookeeper import ZooKeeperError, ZooKeeperServer
     from exactly.testing.broker import Broker, BrokerError
 
+    if args.data_dir is None:
+        print("exactly cluster: --data-dir is required", file=sys.stderr)
+        return 2
     if args.brokers < 1:
         print("exactly cluster: --brokers must be at least 1", file=sys.stderr)
         return 2

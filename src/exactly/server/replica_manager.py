@@ -481,8 +481,11 @@ class ReplicaManager:
             return ErrorCode.not_leader_or_follower, None
         return ErrorCode.none, leader
 
-    def check_read(self, tp: TopicPartition, current_leader_epoch: int) -> ErrorCode:
-        """Epoch then leadership, for consumer reads (Fetch, ListOffsets)."""
+    def check_read(
+        self, tp: TopicPartition, current_leader_epoch: int, *, require_leader: bool = True
+    ) -> ErrorCode:
+        """Epoch then leadership, for consumer reads (Fetch, ListOffsets). ``require_leader=False``
+        is the debug replica id's read (any hosted replica, up to its own high watermark)."""
         cached = self.cache.topic(tp.topic)
         if cached is None or tp.partition not in cached.assignment.partitions:
             return ErrorCode.unknown_topic_or_partition
@@ -493,7 +496,7 @@ class ReplicaManager:
             current_leader_epoch,
             local.leader_epoch,
             is_leader=tp in self.leaders,
-            require_leader=True,
+            require_leader=require_leader,
         )
 
     async def wait_for_cache(self, predicate: Callable[[], bool], timeout_s: float) -> bool:

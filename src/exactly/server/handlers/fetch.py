@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 API_KEY = ApiKey.FETCH
 
 READ_COMMITTED = 1
+# Kafka's FetchRequest.DEBUGGING_CONSUMER_ID: served by any replica (leader or follower) up to that
+# replica's high watermark, without follower bookkeeping; the replica verification tool reads with it.
+DEBUG_REPLICA_ID = -2
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
@@ -64,6 +67,7 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
     read_committed = request.isolation_level == READ_COMMITTED
     replica_id = int(getattr(request, "replica_id", -1))
     from_follower = replica_id >= 0 and broker.replicas is not None
+    debug_read = replica_id == DEBUG_REPLICA_ID
     remaining = request.max_bytes
     min_one = True
     total = 0
@@ -82,7 +86,7 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
                 elif from_follower:
                     code = replicas.check_follower_read(tp, replica_id, epoch)
                 else:
-                    code = replicas.check_read(tp, epoch)
+                    code = replicas.check_read(tp, epoch, require_leader=not debug_read)
                 if code != ErrorCode.none:
                     errors = True
                     broker.metrics.error(ApiKey.FETCH, code)
