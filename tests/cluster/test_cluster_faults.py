@@ -206,3 +206,189 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(cluster: list[
     assert sum(len(v) for v in seen.values()) == producer.count()
     verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
     assert [v.compared_up_to for v in verdicts] == [len(seen[p]) for p in range(partitions)]
+
+
+def produce_acked(brokers: list[Broker], values: range) -> list[int]:
+    """Produce ``values`` to partition 0 with an idempotent acks=all producer; all must be acked."""
+    producer = Producer({"bootstrap.servers": bootstrap(brokers), "enable.idempotence": True, "acks": "all"})
+    acked: list[int] = []
+    errors: list[str] = []
+
+    def on_delivery(err: KafkaError | None, msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            acked.append(int(msg.value()))  # type: ignore[attr-defined]
+
+    for i in values:
+        producer.produce(TOPIC, value=str(i).encode(), partition=0, on_delivery=on_delivery)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    assert errors == []
+    return acked
+
+
+def fail_over(brokers: list[Broker], partition: int = 0) -> Broker:
+    """SIGKILL the partition's leader and wait for its registration to go and a new leader; -> it."""
+    leader = partition_states(brokers)[partition].leader
+    victim = broker_named(brokers, leader)
+    victim.kill()
+    wait_deregistered(brokers, leader)
+    wait_for(lambda: new_leader_elected(brokers, leader, partition), timeout=30, what="a new leader")
+    return victim
+
+
+# ---------------------------------------------------------------------------- truncation pitfalls
+
+
+@pytest.mark.slow
+def test_two_failovers_in_a_row_without_writes_leave_identical_replicas(cluster: list[Broker]) -> None:
+    """Two leader elections with nothing written in between (KAFKA-7415, KAFKA-10706): the second
+    leader never wrote in its epoch, the first missed it entirely. Both come back as followers of
+    the third, find the common prefix with OffsetsForLeaderEpoch, and end byte-identical; then a
+    follower's death bumps the epoch under an unchanged leader (KAFKA-7164) and the followers
+    truncate again before fetching. Nothing acknowledged is lost, nothing is duplicated."""
+    create_topic(cluster)
+    acked = produce_acked(cluster, range(100))
+    await_replicas_identical(bootstrap(cluster), [TOPIC])
+    first = fail_over(cluster)
+    second = fail_over(cluster)  # no write in the first new leader's epoch
+    third = broker_named(cluster, partition_states(cluster)[0].leader)
+    assert third not in (first, second)
+    first.start()
+    second.start()
+    wait_for(lambda: isr_full(cluster), timeout=60, what="both old leaders to rejoin the ISR")
+    await_replicas_identical(bootstrap(cluster), [TOPIC])
+    acked += produce_acked(cluster, range(100, 200))
+    # A follower dies: the controller shrinks the ISR with a leader-epoch bump, same leader.
+    follower = next(b for b in cluster if b is not third and b.running)
+    follower.kill()
+    wait_for(lambda: len(partition_states(cluster)[0].isr) == 2, timeout=30, what="the ISR to shrink")
+    follower.start()
+    wait_for(lambda: isr_full(cluster), timeout=60, what="the follower to rejoin the ISR")
+    acked += produce_acked(cluster, range(200, 300))
+    assert acked == list(range(300))
+    assert read_partitions(cluster, 1)[0] == list(range(300))
+    verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
+    assert verdicts[0].compared_up_to == 300
+
+
+# ---------------------------------------------------------------------------- zombie leader
+
+
+def fetch_response_waiting(follower: Broker, leader: Broker) -> bool:
+    """Whether ``follower``'s connection to ``leader`` holds unread bytes (Linux /proc).
+
+    With the follower SIGSTOPped, that means the leader has answered its last fetch and, the
+    follower being unable to send another, holds no parked fetch of it: a record appended at the
+    leader now cannot travel to this follower's socket. The follower's fetcher is its only
+    connection to the leader that carries traffic."""
+    assert follower.pid is not None and leader.port is not None
+    inodes: set[str] = set()
+    fd_dir = Path(f"/proc/{follower.pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            rx_queue = int(fields[4].split(":")[1], 16)
+            if remote_port == leader.port and fields[9] in inodes and rx_queue > 0:
+                return True
+    return False
+
+
+def freeze_without_parked_fetch(follower: Broker, leader: Broker) -> None:
+    """SIGSTOP ``follower`` at a moment where it has no fetch parked at ``leader``. If it was
+    stopped between reading an answer and sending its next fetch (no answer will come), let it
+    run again and retry."""
+    assert follower.pid is not None
+    for _ in range(20):
+        os.kill(follower.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: fetch_response_waiting(follower, leader), timeout=1.5, what="the parked fetch's answer")
+            return
+        except AssertionError:
+            os.kill(follower.pid, signal.SIGCONT)
+    raise AssertionError(f"{follower.name} could not be frozen without a fetch parked at {leader.name}")
+
+
+def request_queued(broker: Broker, wire: WireClient) -> bool:
+    """Whether the bytes ``wire`` sent wait unread at ``broker`` (it is stopped: the kernel took
+    the connection and the request for it)."""
+    client_port = wire.sock.getsockname()[1]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if local_port == broker.port and remote_port == client_port and int(fields[4].split(":")[1], 16) > 0:
+                return True
+    return False
+
+
+@pytest.mark.slow
+def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(cluster: list[Broker]) -> None:
+    """The leader is frozen (SIGSTOP) past its ZooKeeper session with an acks=1 tail its followers
+    never fetched; they elect a new leader and take acks=all writes. Resumed (SIGCONT), the old
+    leader still believes it leads: an acks=all write sent straight to it must not succeed (its
+    followers have moved on, and it cannot shrink the ISR to itself: the conditional ISR write
+    fails). It then rejoins as a follower, truncates the tail and that write, and every replica
+    ends identical."""
+    create_topic(cluster)
+    acked = produce_acked(cluster, range(50))
+    await_replicas_identical(bootstrap(cluster), [TOPIC])
+    leader_id = partition_states(cluster)[0].leader
+    zombie = broker_named(cluster, leader_id)
+    others = [b for b in cluster if b is not zombie]
+    frozen: list[Broker] = []
+    try:
+        for follower in others:
+            freeze_without_parked_fetch(follower, zombie)
+            frozen.append(follower)
+        # The tail: written by the leader alone (acks=1), never fetched by a follower.
+        with WireClient(zombie.bootstrap) as wire:
+            tail = partition_response(wire.send(produce_request(TOPIC, 0, simple_batch([b"9001", b"9002"]), acks=1)))
+        assert int(tail.error_code) == 0
+        assert int(tail.base_offset) == 50
+        assert zombie.pid is not None
+        os.kill(zombie.pid, signal.SIGSTOP)
+    finally:
+        for follower in frozen:
+            assert follower.pid is not None
+            os.kill(follower.pid, signal.SIGCONT)
+    try:
+        wait_for(lambda: new_leader_elected(others, leader_id), timeout=30, what="a leader other than the zombie")
+        acked += produce_acked(others, range(100, 150))
+        # An acks=all write straight to the zombie, queued in its socket before it resumes.
+        answer: list[object] = []
+        wire = WireClient(zombie.bootstrap, timeout=60)
+
+        def send_to_zombie() -> None:
+            answer.append(wire.send(produce_request(TOPIC, 0, simple_batch([b"9003"]), acks=-1, timeout_ms=10_000)))
+
+        sender = threading.Thread(target=send_to_zombie, daemon=True)
+        sender.start()
+        wait_for(lambda: request_queued(zombie, wire), timeout=10, what="the request to reach the zombie's socket")
+        since = zombie.log_size()
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    sender.join(60)
+    wire.close()
+    assert answer, "the zombie never answered the acks=all write"
+    code = int(partition_response(answer[0]).error_code)
+    assert code != 0, "a zombie leader acknowledged an acks=all write on its own"
+    wait_for(lambda: isr_full(cluster), timeout=60, what="the old leader to rejoin the ISR")
+    assert "truncated to 50" in zombie.log_text(since)
+    assert read_partitions(cluster, 1)[0] == acked == [*range(50), *range(100, 150)]
+    verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
+    assert verdicts[0].compared_up_to == 100
