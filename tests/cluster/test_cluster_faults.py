@@ -84,7 +84,10 @@ def new_leader_elected(brokers: list[Broker], old: int, partition: int = 0) -> b
 def wait_deregistered(brokers: list[Broker], broker_id: int) -> None:
     """Kafka's hard bounce waits for the dead broker's registration to go (its session expired)."""
     wait_for(
-        lambda: broker_id not in AdminClient({"bootstrap.servers": bootstrap(brokers)}).list_topics(timeout=5).brokers,
+        lambda: (
+            broker_id
+            not in AdminClient({"bootstrap.servers": bootstrap(brokers)}).list_topics(timeout=5).brokers
+        ),
         timeout=30,
         what=f"broker {broker_id}'s registration to expire",
     )
@@ -96,7 +99,10 @@ def read_partitions(brokers: list[Broker], partitions: int) -> dict[int, list[in
         {"bootstrap.servers": bootstrap(brokers), "group.id": "unused", "enable.auto.commit": False}
     )
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(partitions)}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
+            for p in range(partitions)
+        }
         consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions) if ends[p] > 0])
         seen: dict[int, list[int]] = {p: [] for p in range(partitions)}
         positions = {p: 0 for p in range(partitions)}
@@ -155,7 +161,9 @@ class ContinuousProducer:
         i = 0
         while not self._stop.is_set():
             if len(producer) < 200:
-                producer.produce(TOPIC, value=str(i).encode(), partition=i % self.partitions, on_delivery=self._on_delivery)
+                producer.produce(
+                    TOPIC, value=str(i).encode(), partition=i % self.partitions, on_delivery=self._on_delivery
+                )
                 i += 1
             producer.poll(0.005)
         remaining = producer.flush(120)
@@ -189,9 +197,15 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(cluster: list[
             victim = broker_named(cluster, leader)
             victim.kill()
             wait_deregistered(cluster, leader)
-            wait_for(lambda: new_leader_elected(cluster, leader), timeout=30, what="a new leader of partition 0")
-            acked_before = producer.count()
-            wait_for(lambda: producer.count() > acked_before + 50, timeout=60, what="writes to go on without it")
+            wait_for(
+                lambda old=leader: new_leader_elected(cluster, old),
+                timeout=30,
+                what="a new leader of partition 0",
+            )
+            before = producer.count()
+            wait_for(
+                lambda n=before: producer.count() > n + 50, timeout=60, what="writes to go on without it"
+            )
             victim.start()
         wait_for(lambda: isr_full(cluster), timeout=60, what="a full ISR after the last bounce")
         acked_before = producer.count()
@@ -315,7 +329,11 @@ def freeze_without_parked_fetch(follower: Broker, leader: Broker) -> None:
     for _ in range(20):
         os.kill(follower.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: fetch_response_waiting(follower, leader), timeout=1.5, what="the parked fetch's answer")
+            wait_for(
+                lambda: fetch_response_waiting(follower, leader),
+                timeout=1.5,
+                what="the parked fetch's answer",
+            )
             return
         except AssertionError:
             os.kill(follower.pid, signal.SIGCONT)
@@ -331,7 +349,11 @@ def request_queued(broker: Broker, wire: WireClient) -> bool:
             fields = line.split()
             local_port = int(fields[1].rsplit(":", 1)[1], 16)
             remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if local_port == broker.port and remote_port == client_port and int(fields[4].split(":")[1], 16) > 0:
+            if (
+                local_port == broker.port
+                and remote_port == client_port
+                and int(fields[4].split(":")[1], 16) > 0
+            ):
                 return True
     return False
 
@@ -357,7 +379,9 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(cluster:
             frozen.append(follower)
         # The tail: written by the leader alone (acks=1), never fetched by a follower.
         with WireClient(zombie.bootstrap) as wire:
-            tail = partition_response(wire.send(produce_request(TOPIC, 0, simple_batch([b"9001", b"9002"]), acks=1)))
+            tail = partition_response(
+                wire.send(produce_request(TOPIC, 0, simple_batch([b"9001", b"9002"]), acks=1))
+            )
         assert int(tail.error_code) == 0
         assert int(tail.base_offset) == 50
         assert zombie.pid is not None
@@ -367,18 +391,24 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(cluster:
             assert follower.pid is not None
             os.kill(follower.pid, signal.SIGCONT)
     try:
-        wait_for(lambda: new_leader_elected(others, leader_id), timeout=30, what="a leader other than the zombie")
+        wait_for(
+            lambda: new_leader_elected(others, leader_id), timeout=30, what="a leader other than the zombie"
+        )
         acked += produce_acked(others, range(100, 150))
         # An acks=all write straight to the zombie, queued in its socket before it resumes.
         answer: list[object] = []
         wire = WireClient(zombie.bootstrap, timeout=60)
 
         def send_to_zombie() -> None:
-            answer.append(wire.send(produce_request(TOPIC, 0, simple_batch([b"9003"]), acks=-1, timeout_ms=10_000)))
+            answer.append(
+                wire.send(produce_request(TOPIC, 0, simple_batch([b"9003"]), acks=-1, timeout_ms=10_000))
+            )
 
         sender = threading.Thread(target=send_to_zombie, daemon=True)
         sender.start()
-        wait_for(lambda: request_queued(zombie, wire), timeout=10, what="the request to reach the zombie's socket")
+        wait_for(
+            lambda: request_queued(zombie, wire), timeout=10, what="the request to reach the zombie's socket"
+        )
         since = zombie.log_size()
     finally:
         os.kill(zombie.pid, signal.SIGCONT)

@@ -48,10 +48,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
     tools = p.add_subparsers(dest="cluster_command", metavar="TOOL")
     v = tools.add_parser(
-        "verify-replicas", help="compare every replica's batches up to the high watermark (exit 1 on a difference)"
+        "verify-replicas",
+        help="compare every replica's batches up to the high watermark (exit 1 on a difference)",
     )
     v.add_argument("--bootstrap-server", required=True, help="HOST:PORT[,HOST:PORT...] of the cluster")
-    v.add_argument("--topic", action="append", default=None, help="only this topic (repeatable; default: all)")
+    v.add_argument(
+        "--topic", action="append", default=None, help="only this topic (repeatable; default: all)"
+    )
     v.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
     v.set_defaults(func=verify_replicas)
 

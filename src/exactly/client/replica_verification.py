@@ -54,7 +54,11 @@ def cluster_partitions(
     """-> (broker id -> ``host:port``, every partition of ``topics``, or of every non-internal topic)."""
     version = client.version_for(ApiKey.METADATA, METADATA_MAX_VERSION)
     module: Any = client.module(ApiKey.METADATA, version)
-    wanted = None if topics is None else tuple(build(module.MetadataRequestTopic, name=TopicName(t)) for t in topics)
+    wanted = (
+        None
+        if topics is None
+        else tuple(build(module.MetadataRequestTopic, name=TopicName(t)) for t in topics)
+    )
     response = client.call(ApiKey.METADATA, version, topics=wanted, allow_auto_topic_creation=False)
     brokers = {int(b.node_id): f"{b.host}:{int(b.port)}" for b in response.brokers}
     partitions: list[PartitionReplicas] = []

@@ -97,7 +97,11 @@ class PartitionVerdict:
             f"{self.tp.topic}-{self.tp.partition}: {self.batches} batches below offset "
             f"{self.compared_up_to} compared, high watermarks {{{hws}}}, max lag {self.max_lag}"
         )
-        lines = [head, *(f"  {d}" for d in self.differences), *(f"  unreachable: {u}" for u in self.unreachable)]
+        lines = [
+            head,
+            *(f"  {d}" for d in self.differences),
+            *(f"  unreachable: {u}" for u in self.unreachable),
+        ]
         return "\n".join(lines)
 
 
@@ -159,7 +163,9 @@ def _first_difference(
                 f"(crc32 {mine.checksum:08x} != {ref.checksum:08x}, {len(mine.data)} != {len(ref.data)} bytes)",
             )
     if len(reference) != len(other):
-        longer, which = (reference, "only the reference") if len(reference) > len(other) else (other, "only this replica")
+        longer, which = (
+            (reference, "only the reference") if len(reference) > len(other) else (other, "only this replica")
+        )
         extra = longer[min(len(reference), len(other))]
         return extra.base_offset, f"{which} has batch {extra.base_offset}-{extra.last_offset} below {bound}"
     return None
