@@ -15,14 +15,20 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.exceptions import KazooException
 
+from exactly.cluster.zk import ClusterZk
+from exactly.cluster.zookeeper import ZooKeeperServer
+from exactly.types import TopicPartition
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
@@ -40,6 +46,12 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     )
 
 
+@pytest.fixture
+def zk(cluster_zk: Callable[[], ClusterZk]) -> ClusterZk:
+    """The test's own ZooKeeper session on the cluster's chroot, to read the authoritative state."""
+    return cluster_zk()
+
+
 def bootstrap(brokers: list[Broker]) -> str:
     return ",".join(b.bootstrap for b in brokers if b.running)
 
@@ -48,14 +60,14 @@ def broker_named(brokers: list[Broker], broker_id: int) -> Broker:
     return next(b for b in brokers if b.name == f"broker-{broker_id}")
 
 
-def create_topic(brokers: list[Broker], partitions: int = 1, min_isr: int = 2) -> None:
+def create_topic(brokers: list[Broker], zk: ClusterZk, partitions: int = 1, min_isr: int = 2) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == len(brokers), what="every broker")
     topic = NewTopic(
         TOPIC, num_partitions=partitions, replication_factor=3, config={"min.insync.replicas": str(min_isr)}
     )
     admin.create_topics([topic])[TOPIC].result(timeout=30)
-    wait_for(lambda: all(p.leader >= 0 for p in partition_states(brokers).values()), what="leaders")
+    wait_for(lambda: isr_full(zk), what="leaders and full ISRs")
 
 
 @dataclass(frozen=True)
@@ -64,33 +76,42 @@ class PartitionState:
     isr: tuple[int, ...]
 
 
-def partition_states(brokers: list[Broker], via: list[Broker] | None = None) -> dict[int, PartitionState]:
-    """Every partition's leader and ISR as the (running) brokers' metadata reports them."""
-    admin = AdminClient({"bootstrap.servers": bootstrap(via or brokers)})
-    topic = admin.list_topics(TOPIC, timeout=5).topics[TOPIC]
-    return {p.id: PartitionState(p.leader, tuple(sorted(p.isrs))) for p in topic.partitions.values()}
+def partition_states(zk: ClusterZk) -> dict[int, PartitionState]:
+    """Every partition's leader and ISR as ZooKeeper holds them: the authority (a broker just
+    resumed from SIGSTOP answers Metadata from its stale cache until its watches catch up)."""
+    states: dict[int, PartitionState] = {}
+    try:
+        assignment = zk.topic_assignment(TOPIC)
+        for p in sorted(assignment.partitions if assignment is not None else ()):
+            observed = zk.partition_state(TopicPartition(TOPIC, p))
+            if observed is not None:
+                state = observed.state.leader_and_isr
+                states[p] = PartitionState(state.leader, tuple(sorted(state.isr)))
+    except KazooException:
+        return {}  # our own session moving (the ZooKeeper pause test): ask again
+    return states
 
 
-def isr_full(brokers: list[Broker]) -> bool:
-    states = partition_states(brokers)
+def isr_full(zk: ClusterZk) -> bool:
+    states = partition_states(zk)
     return bool(states) and all(s.isr == (0, 1, 2) and s.leader >= 0 for s in states.values())
 
 
-def new_leader_elected(brokers: list[Broker], old: int, partition: int = 0) -> bool:
-    state = partition_states(brokers).get(partition)
+def new_leader_elected(zk: ClusterZk, old: int, partition: int = 0) -> bool:
+    state = partition_states(zk).get(partition)
     return state is not None and state.leader not in (old, -1)
 
 
-def wait_deregistered(brokers: list[Broker], broker_id: int) -> None:
+def wait_deregistered(zk: ClusterZk, broker_id: int) -> None:
     """Kafka's hard bounce waits for the dead broker's registration to go (its session expired)."""
-    wait_for(
-        lambda: (
-            broker_id
-            not in AdminClient({"bootstrap.servers": bootstrap(brokers)}).list_topics(timeout=5).brokers
-        ),
-        timeout=30,
-        what=f"broker {broker_id}'s registration to expire",
-    )
+    wait_for(lambda: broker_id not in live_brokers(zk), timeout=30, what=f"broker {broker_id} to deregister")
+
+
+def live_brokers(zk: ClusterZk) -> set[int]:
+    try:
+        return set(zk.live_brokers())
+    except KazooException:
+        return {0, 1, 2}  # unknown while our own session moves: assume nothing changed
 
 
 def read_partitions(brokers: list[Broker], partitions: int) -> dict[int, list[int]]:
@@ -100,10 +121,10 @@ def read_partitions(brokers: list[Broker], partitions: int) -> dict[int, list[in
     )
     try:
         ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
+            p: consumer.get_watermark_offsets(KafkaPartition(TOPIC, p), timeout=10)[1]
             for p in range(partitions)
         }
-        consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions) if ends[p] > 0])
+        consumer.assign([KafkaPartition(TOPIC, p, 0) for p in range(partitions) if ends[p] > 0])
         seen: dict[int, list[int]] = {p: [] for p in range(partitions)}
         positions = {p: 0 for p in range(partitions)}
         while any(positions[p] < ends[p] for p in range(partitions)):
@@ -124,6 +145,9 @@ class ContinuousProducer:
 
     brokers: list[Broker]
     partitions: int
+    # librdkafka's wait for an answer; a frozen broker's in-flight requests block their partition
+    # (idempotence keeps them ordered) until it passes
+    request_timeout_ms: int = 30_000
     acked: dict[int, list[int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -158,6 +182,8 @@ class ContinuousProducer:
                 "max.in.flight.requests.per.connection": 5,
                 "message.timeout.ms": 120_000,
                 "linger.ms": 5,
+                "request.timeout.ms": self.request_timeout_ms,
+                "socket.timeout.ms": max(self.request_timeout_ms, 10_000),
             }
         )
         i = 0
@@ -185,7 +211,7 @@ class ContinuousProducer:
 @pytest.mark.slow
 @pytest.mark.parametrize("await_full_isr", [True, False], ids=["full-isr", "chasing"])
 def test_leader_hard_bounced_five_times_under_idempotent_producer(
-    cluster: list[Broker], await_full_isr: bool
+    cluster: list[Broker], zk: ClusterZk, await_full_isr: bool
 ) -> None:
     """ReplicationTest's hard_bounce: RF 3, min.insync.replicas 2, three partitions; the leader of
     partition 0 is killed with SIGKILL, its registration awaited gone, restarted, five times, while
@@ -196,20 +222,20 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(
     be back in the ISR, only for partition 0 to take acks=all writes again (so at least two ISR
     members exist and the next kill leaves an electable one)."""
     partitions = 3
-    create_topic(cluster, partitions)
+    create_topic(cluster, zk, partitions)
     producer = ContinuousProducer(cluster, partitions).start()
     try:
         wait_for(lambda: producer.count() >= 200, timeout=30, what="the producer to get going")
         for bounce in range(5):
             if await_full_isr:
-                wait_for(lambda: isr_full(cluster), timeout=60, what=f"a full ISR before bounce {bounce}")
-            wait_for(lambda: partition_states(cluster)[0].leader >= 0, timeout=30, what="a leader")
-            leader = partition_states(cluster)[0].leader
+                wait_for(lambda: isr_full(zk), timeout=60, what=f"a full ISR before bounce {bounce}")
+            wait_for(lambda: partition_states(zk)[0].leader >= 0, timeout=30, what="a leader")
+            leader = partition_states(zk)[0].leader
             victim = broker_named(cluster, leader)
             victim.kill()
-            wait_deregistered(cluster, leader)
+            wait_deregistered(zk, leader)
             wait_for(
-                lambda old=leader: new_leader_elected(cluster, old),
+                lambda old=leader: new_leader_elected(zk, old),
                 timeout=30,
                 what="a new leader of partition 0",
             )
@@ -220,7 +246,7 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(
                 what="partition 0 to take writes again",
             )
             victim.start()
-        wait_for(lambda: isr_full(cluster), timeout=60, what="a full ISR after the last bounce")
+        wait_for(lambda: isr_full(zk), timeout=60, what="a full ISR after the last bounce")
         acked_before = producer.count()
         wait_for(lambda: producer.count() > acked_before + 100, timeout=60, what="writes after the bounces")
     finally:
@@ -255,13 +281,13 @@ def produce_acked(brokers: list[Broker], values: range) -> list[int]:
     return acked
 
 
-def fail_over(brokers: list[Broker], partition: int = 0) -> Broker:
+def fail_over(brokers: list[Broker], zk: ClusterZk, partition: int = 0) -> Broker:
     """SIGKILL the partition's leader and wait for its registration to go and a new leader; -> it."""
-    leader = partition_states(brokers)[partition].leader
+    leader = partition_states(zk)[partition].leader
     victim = broker_named(brokers, leader)
     victim.kill()
-    wait_deregistered(brokers, leader)
-    wait_for(lambda: new_leader_elected(brokers, leader, partition), timeout=30, what="a new leader")
+    wait_deregistered(zk, leader)
+    wait_for(lambda: new_leader_elected(zk, leader, partition), timeout=30, what="a new leader")
     return victim
 
 
@@ -269,30 +295,32 @@ def fail_over(brokers: list[Broker], partition: int = 0) -> Broker:
 
 
 @pytest.mark.slow
-def test_two_failovers_in_a_row_without_writes_leave_identical_replicas(cluster: list[Broker]) -> None:
+def test_two_failovers_in_a_row_without_writes_leave_identical_replicas(
+    cluster: list[Broker], zk: ClusterZk
+) -> None:
     """Two leader elections with nothing written in between (KAFKA-7415, KAFKA-10706): the second
     leader never wrote in its epoch, the first missed it entirely. Both come back as followers of
     the third, find the common prefix with OffsetsForLeaderEpoch, and end byte-identical; then a
     follower's death bumps the epoch under an unchanged leader (KAFKA-7164) and the followers
     truncate again before fetching. Nothing acknowledged is lost, nothing is duplicated."""
-    create_topic(cluster)
+    create_topic(cluster, zk)
     acked = produce_acked(cluster, range(100))
     await_replicas_identical(bootstrap(cluster), [TOPIC])
-    first = fail_over(cluster)
-    second = fail_over(cluster)  # no write in the first new leader's epoch
-    third = broker_named(cluster, partition_states(cluster)[0].leader)
+    first = fail_over(cluster, zk)
+    second = fail_over(cluster, zk)  # no write in the first new leader's epoch
+    third = broker_named(cluster, partition_states(zk)[0].leader)
     assert third not in (first, second)
     first.start()
     second.start()
-    wait_for(lambda: isr_full(cluster), timeout=60, what="both old leaders to rejoin the ISR")
+    wait_for(lambda: isr_full(zk), timeout=60, what="both old leaders to rejoin the ISR")
     await_replicas_identical(bootstrap(cluster), [TOPIC])
     acked += produce_acked(cluster, range(100, 200))
     # A follower dies: the controller shrinks the ISR with a leader-epoch bump, same leader.
     follower = next(b for b in cluster if b is not third and b.running)
     follower.kill()
-    wait_for(lambda: len(partition_states(cluster)[0].isr) == 2, timeout=30, what="the ISR to shrink")
+    wait_for(lambda: len(partition_states(zk)[0].isr) == 2, timeout=30, what="the ISR to shrink")
     follower.start()
-    wait_for(lambda: isr_full(cluster), timeout=60, what="the follower to rejoin the ISR")
+    wait_for(lambda: isr_full(zk), timeout=60, what="the follower to rejoin the ISR")
     acked += produce_acked(cluster, range(200, 300))
     assert acked == list(range(300))
     assert read_partitions(cluster, 1)[0] == list(range(300))
@@ -372,17 +400,19 @@ def request_queued(broker: Broker, wire: WireClient) -> bool:
 
 
 @pytest.mark.slow
-def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(cluster: list[Broker]) -> None:
+def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(
+    cluster: list[Broker], zk: ClusterZk
+) -> None:
     """The leader is frozen (SIGSTOP) past its ZooKeeper session with an acks=1 tail its followers
     never fetched; they elect a new leader and take acks=all writes. Resumed (SIGCONT), the old
     leader still believes it leads: an acks=all write sent straight to it must not succeed (its
     followers have moved on, and it cannot shrink the ISR to itself: the conditional ISR write
     fails). It then rejoins as a follower, truncates the tail and that write, and every replica
     ends identical."""
-    create_topic(cluster)
+    create_topic(cluster, zk)
     acked = produce_acked(cluster, range(50))
     await_replicas_identical(bootstrap(cluster), [TOPIC])
-    leader_id = partition_states(cluster)[0].leader
+    leader_id = partition_states(zk)[0].leader
     zombie = broker_named(cluster, leader_id)
     others = [b for b in cluster if b is not zombie]
     frozen: list[Broker] = []
@@ -404,9 +434,7 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(cluster:
             assert follower.pid is not None
             os.kill(follower.pid, signal.SIGCONT)
     try:
-        wait_for(
-            lambda: new_leader_elected(others, leader_id), timeout=30, what="a leader other than the zombie"
-        )
+        wait_for(lambda: new_leader_elected(zk, leader_id), timeout=30, what="a leader other than the zombie")
         acked += produce_acked(others, range(100, 150))
         # An acks=all write straight to the zombie, queued in its socket before it resumes.
         answer: list[object] = []
@@ -430,8 +458,104 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(cluster:
     assert answer, "the zombie never answered the acks=all write"
     code = int(partition_response(answer[0]).error_code)
     assert code != 0, "a zombie leader acknowledged an acks=all write on its own"
-    wait_for(lambda: isr_full(cluster), timeout=60, what="the old leader to rejoin the ISR")
+    wait_for(lambda: isr_full(zk), timeout=60, what="the old leader to rejoin the ISR")
     assert "truncated to 50" in zombie.log_text(since)
     assert read_partitions(cluster, 1)[0] == acked == [*range(50), *range(100, 150)]
     verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
     assert verdicts[0].compared_up_to == 100
+
+
+# ---------------------------------------------------------------------------- pauses
+
+
+@pytest.mark.slow
+def test_each_broker_paused_past_its_session_under_idempotent_producer(
+    cluster: list[Broker], zk: ClusterZk
+) -> None:
+    """Trogdor's SIGSTOP fault, every broker in turn (the leader of partition 0 first): frozen
+    until the controller has declared it dead (its registration gone), then resumed. A resumed
+    leader is a zombie until it sees its session expired; a resumed follower fetches with a fenced
+    epoch. Each comes back, re-registers and rejoins the ISR; the idempotent acks=all producer
+    loses and duplicates nothing, and the replicas end identical."""
+    partitions = 3
+    create_topic(cluster, zk, partitions)
+    producer = ContinuousProducer(cluster, partitions, request_timeout_ms=5_000).start()
+    try:
+        wait_for(lambda: producer.count() >= 200, timeout=30, what="the producer to get going")
+        leader = partition_states(zk)[0].leader
+        order = [broker_named(cluster, leader), *(b for b in cluster if b.name != f"broker-{leader}")]
+        for paused in order:
+            wait_for(lambda: isr_full(zk), timeout=60, what=f"a full ISR before pausing {paused.name}")
+            paused_id = int(paused.name.split("-")[1])
+            assert paused.pid is not None
+            os.kill(paused.pid, signal.SIGSTOP)
+            try:
+                wait_deregistered(zk, paused_id)
+                wait_for(
+                    lambda gone=paused_id: all(
+                        s.leader not in (gone, -1) for s in partition_states(zk).values()
+                    ),
+                    timeout=30,
+                    what=f"leaders other than {paused.name}",
+                )
+                before = producer.count()
+                wait_for(lambda n=before: producer.count() > n + 50, timeout=60, what="writes without it")
+            finally:
+                os.kill(paused.pid, signal.SIGCONT)
+        wait_for(lambda: isr_full(zk), timeout=60, what="a full ISR after the pauses")
+        before = producer.count()
+        wait_for(lambda: producer.count() > before + 100, timeout=60, what="writes after the pauses")
+    finally:
+        producer.stop()
+    assert producer.errors == []
+    seen = read_partitions(cluster, partitions)
+    for p in range(partitions):
+        assert seen[p] == producer.acked[p], f"partition {p}: read differs from what was acknowledged"
+    await_replicas_identical(bootstrap(cluster), [TOPIC])
+
+
+# ---------------------------------------------------------------------------- ZooKeeper paused
+
+
+@pytest.mark.slow
+def test_zookeeper_paused_then_the_cluster_recovers(
+    cluster: list[Broker], zk: ClusterZk, zookeeper: ZooKeeperServer
+) -> None:
+    """ZooKeeper itself is frozen (SIGSTOP) for twice the session timeout: every broker loses its
+    connection (kazoo: SUSPENDED, then reconnecting). On resume the server decides whether the
+    sessions survived (clients that reconnect before its session tracker runs keep them; the
+    others expire, re-register and are handled as bounced). Either way the controller re-decides
+    what changed, writes go on, nothing acknowledged is lost or duplicated and the replicas end
+    identical."""
+    partitions = 3
+    create_topic(cluster, zk, partitions)
+    producer = ContinuousProducer(cluster, partitions).start()
+    assert zookeeper.process is not None
+    try:
+        wait_for(lambda: producer.count() >= 200, timeout=30, what="the producer to get going")
+        sizes = [b.log_size() for b in cluster]
+        os.kill(zookeeper.process.pid, signal.SIGSTOP)
+        try:
+            # Every broker notices the silent server (kazoo drops the connection after 2/3 of the
+            # session timeout); the pause then lasts past the session timeout itself.
+            paused_at = time.monotonic()
+            wait_for(
+                lambda: all(
+                    "Connection dropped" in b.log_text(s) for b, s in zip(cluster, sizes, strict=True)
+                ),
+                timeout=30,
+                what="every broker to lose ZooKeeper",
+            )
+            wait_for(lambda: time.monotonic() - paused_at > 2 * SESSION_MS / 1000, what="the pause")
+        finally:
+            os.kill(zookeeper.process.pid, signal.SIGCONT)
+        wait_for(lambda: isr_full(zk), timeout=60, what="a full ISR after ZooKeeper came back")
+        before = producer.count()
+        wait_for(lambda: producer.count() > before + 200, timeout=60, what="writes after ZooKeeper came back")
+    finally:
+        producer.stop()
+    assert producer.errors == []
+    seen = read_partitions(cluster, partitions)
+    for p in range(partitions):
+        assert seen[p] == producer.acked[p], f"partition {p}: read differs from what was acknowledged"
+    await_replicas_identical(bootstrap(cluster), [TOPIC])

@@ -300,6 +300,7 @@ class ControllerRuntime:
         assert self.lease is not None
         assignments: dict[TopicPartition, tuple[int, ...]] = {}
         states: dict[TopicPartition, PartitionState] = {}
+        zxids: dict[TopicPartition, int] = {}
         for topic in self.zk.topics() if topics is None else sorted(topics):
             assignment = self.zk.topic_assignment(topic)
             if assignment is None:
@@ -310,6 +311,7 @@ class ControllerRuntime:
                 observed = self.zk.partition_state(tp)
                 if observed is not None:
                     states[tp] = observed.state
+                    zxids[tp] = observed.modified_zxid
         live = self.zk.live_brokers()
         return ControllerContext(
             controller_epoch=self.lease.epoch,
@@ -318,6 +320,7 @@ class ControllerRuntime:
             states=states,
             shutting_down=in_effect(self.shutdown_requests.read(), live),
             unclean_election=self.unclean_election,
+            state_zxids=zxids,
         )
 
     def _decide_and_apply(

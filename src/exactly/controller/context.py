@@ -27,6 +27,8 @@ class ControllerContext:
     ``states``: the state znode of each partition that has one, with its zkVersion.
     ``shutting_down``: brokers in controlled shutdown (never elected, never re-added to the ISR).
     ``unclean_election``: per topic, ``unclean.leader.election.enable`` (topic config over broker's).
+    ``state_zxids``: the mzxid of each state znode (when it was last written); compared with a
+    broker epoch (a czxid) it tells which incarnation of that broker a state was written for.
     """
 
     controller_epoch: int
@@ -35,6 +37,7 @@ class ControllerContext:
     states: Mapping[TopicPartition, PartitionState]
     shutting_down: frozenset[int] = frozenset()
     unclean_election: Callable[[str], bool] = field(default=_never)
+    state_zxids: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def is_live(self, broker: int) -> bool:
         return broker in self.live_brokers

@@ -160,13 +160,54 @@ def elect_offline_partitions(ctx: ControllerContext) -> list[StateChange]:
     return changes
 
 
+def stale_replicas(ctx: ControllerContext) -> dict[TopicPartition, frozenset[int]]:
+    """Per partition, the live brokers its state znode names (leader or ISR member) although it
+    was written before their registration (mzxid < broker epoch): that leadership or membership
+    belonged to an earlier incarnation, which ended without any controller seeing it (the broker
+    re-registered while there was no controller, e.g. after ZooKeeper expired every session at
+    once).
+
+    The current incarnation cannot be named by such a write: it did not exist yet, and every later
+    write naming it has a larger mzxid. Left alone, the state keeps a leader that refuses to lead
+    on a decision older than its registration (``replication.roles``' AWAIT_CONTROLLER), and no
+    controller would ever rewrite it."""
+    stale: dict[TopicPartition, frozenset[int]] = {}
+    for tp, state in ctx.states.items():
+        written = ctx.state_zxids.get(tp)
+        if written is None:
+            continue
+        current = state.leader_and_isr
+        named = {current.leader, *current.isr}
+        found = frozenset(b for b in named if b in ctx.live_brokers and written < ctx.live_brokers[b])
+        if found:
+            stale[tp] = found
+    return stale
+
+
 def on_controller_failover(ctx: ControllerContext) -> list[StateChange]:
     """A newly elected controller's bootstrap (Kafka's state machines' start-up): replicas on
     brokers that are not live go offline (leaders re-elected, ISR membership removed with an epoch
     bump), then every partition still without a live leader gets an election attempt. The previous
-    controller may have died before handling those failures, so nothing can be assumed done."""
-    dead = {b for replicas in ctx.assignments.values() for b in replicas if not ctx.is_live(b)}
-    changes = on_brokers_failed(ctx, dead)
+    controller may have died before handling those failures, so nothing can be assumed done.
+
+    A replica named by a state written for an earlier incarnation (:func:`stale_replicas`) is
+    handled as failed in that partition, as :func:`on_broker_change` handles a bounce, and can
+    then be elected again by the offline pass. Kafka needs no such step: its new controller sends
+    LeaderAndIsr to every live broker, which a restarted broker obeys, whereas brokers that watch
+    ZooKeeper lead only on a state written after their registration."""
+    dead = frozenset(b for replicas in ctx.assignments.values() for b in replicas if not ctx.is_live(b))
+    stale = stale_replicas(ctx)
+    changes: list[StateChange] = []
+    for tp in _sorted(ctx.assignments):
+        gone = dead.intersection(ctx.assignments[tp]) | stale.get(tp, frozenset())
+        if not gone:
+            continue
+        view = replace(
+            ctx,
+            assignments={tp: ctx.assignments[tp]},
+            live_brokers={b: e for b, e in ctx.live_brokers.items() if b not in gone},
+        )
+        changes.extend(on_brokers_failed(view, gone))
     return changes + elect_offline_partitions(apply(ctx, changes))
 
 
