@@ -34,6 +34,7 @@ from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
 
 SESSION_MS = 2_500
+LAG_MS = 8_000  # replica.lag.time.max.ms: longer than freezing both followers takes
 TOPIC = "faults"
 
 
@@ -42,7 +43,7 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(
         zk_connect,
         tmp_path,
-        **{"zookeeper.session.timeout.ms": str(SESSION_MS), "replica.lag.time.max.ms": "10000"},
+        **{"zookeeper.session.timeout.ms": str(SESSION_MS), "replica.lag.time.max.ms": str(LAG_MS)},
     )
 
 
@@ -429,6 +430,7 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(
         assert int(tail.base_offset) == 50
         assert zombie.pid is not None
         os.kill(zombie.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
     finally:
         for follower in frozen:
             assert follower.pid is not None
@@ -436,6 +438,10 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(
     try:
         wait_for(lambda: new_leader_elected(zk, leader_id), timeout=30, what="a leader other than the zombie")
         acked += produce_acked(others, range(100, 150))
+        # Frozen past replica.lag.time.max.ms too: once resumed, its ISR expiration finds both
+        # followers lagging and tries to shrink the ISR to itself (a conditional write at the
+        # zkVersion it holds, which the controller has moved on from).
+        wait_for(lambda: time.monotonic() - stopped_at > LAG_MS / 1000, timeout=30, what="the lag time")
         # An acks=all write straight to the zombie, queued in its socket before it resumes.
         answer: list[object] = []
         wire = WireClient(zombie.bootstrap, timeout=60)
@@ -459,7 +465,9 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(
     code = int(partition_response(answer[0]).error_code)
     assert code != 0, "a zombie leader acknowledged an acks=all write on its own"
     wait_for(lambda: isr_full(zk), timeout=60, what="the old leader to rejoin the ISR")
-    assert "truncated to 50" in zombie.log_text(since)
+    resumed = zombie.log_text(since)
+    assert f"ISR now [{leader_id}]" not in resumed  # it never shrank the ISR to itself
+    assert "truncated to 50" in resumed
     assert read_partitions(cluster, 1)[0] == acked == [*range(50), *range(100, 150)]
     verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
     assert verdicts[0].compared_up_to == 100
