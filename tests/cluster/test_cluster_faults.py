@@ -19,15 +19,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.exceptions import KazooException
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i32, i64
 
 from exactly.cluster.zk import ClusterZk
+from exactly.cluster.znodes import TopicAssignment
 from exactly.cluster.zookeeper import ZooKeeperServer
+from exactly.protocol.apis import ApiKey, build, schema
 from exactly.types import TopicPartition
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
 from tests.support.broker import Broker
@@ -566,4 +571,90 @@ def test_zookeeper_paused_then_the_cluster_recovers(
     seen = read_partitions(cluster, partitions)
     for p in range(partitions):
         assert seen[p] == producer.acked[p], f"partition {p}: read differs from what was acknowledged"
+    await_replicas_identical(bootstrap(cluster), [TOPIC])
+
+
+# ---------------------------------------------------------------------------- KIP-207
+
+
+@pytest.fixture
+def long_session_cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
+    """The default test session (6 s): a frozen follower stays registered, and in the ISR, a while."""
+    yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "30000"})
+
+
+def latest_offset(broker: Broker, version: int) -> tuple[int, int]:
+    """A consumer's ListOffsets(latest) for partition 0 at ``broker`` -> (error code, offset)."""
+    with WireClient(broker.bootstrap) as wire:
+        module: Any = schema(ApiKey.LIST_OFFSETS, version).request_module
+        partition = build(module.ListOffsetsPartition, partition_index=i32(0), timestamp=i64(-1))
+        request = build(
+            module.ListOffsetsRequest,
+            replica_id=BrokerId(-1),
+            topics=(build(module.ListOffsetsTopic, name=TopicName(TOPIC), partitions=(partition,)),),
+        )
+        (t,) = wire.send(request).topics
+    (p,) = t.partitions
+    return int(p.error_code), int(p.offset)
+
+
+def segment_size(broker: Broker) -> int:
+    return sum(p.stat().st_size for p in broker.partition_dir(TOPIC, 0).glob("*.log"))
+
+
+@pytest.mark.slow
+def test_new_leader_withholds_offsets_until_its_high_watermark_reaches_its_epoch_start(
+    long_session_cluster: list[Broker], zk: ClusterZk
+) -> None:
+    """KIP-207: a new leader whose high watermark is still below the offset its epoch started at
+    answers a consumer's ListOffsets with OFFSET_NOT_AVAILABLE (LEADER_NOT_AVAILABLE before v5),
+    not with the lagging HW, until its followers have fetched up to there.
+
+    Construction: the follower that will not be elected is frozen (still registered, still in the
+    ISR), the leader takes acks=1 records that only the other follower fetches, and stops; the
+    other follower leads with those records above its HW, which the frozen one holds down."""
+    cluster = long_session_cluster
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="every broker")
+    # The controller is the successor (it elects itself as the next replica in preference order);
+    # the frozen follower must be neither the controller nor earlier in that order.
+    controller_id = zk.controller_id()
+    assert controller_id is not None
+    old_leader, frozen_id = sorted({0, 1, 2} - {controller_id})
+    successor_id = controller_id
+    # Written to ZooKeeper as the admin path would (the controller creates the state).
+    zk.create_topic(
+        TOPIC, TopicAssignment({0: (old_leader, successor_id, frozen_id)}), {"min.insync.replicas": "2"}
+    )
+    wait_for(lambda: isr_full(zk), what="a full ISR")
+    produce_acked(cluster, range(20))
+    await_replicas_identical(bootstrap(cluster), [TOPIC])
+    assert partition_states(zk)[0].leader == old_leader
+    leader, successor, frozen = (broker_named(cluster, b) for b in (old_leader, successor_id, frozen_id))
+    freeze_without_parked_fetch(frozen, leader)
+    assert frozen.pid is not None
+    try:
+        with WireClient(leader.bootstrap) as wire:
+            batch = simple_batch([b"20", b"21", b"22"])
+            assert (
+                int(partition_response(wire.send(produce_request(TOPIC, 0, batch, acks=1))).error_code) == 0
+            )
+        wait_for(lambda: segment_size(successor) == segment_size(leader), what="the successor to fetch them")
+        leader.stop()
+        wait_for(
+            lambda: partition_states(zk)[0].leader == successor_id, timeout=30, what="the successor to lead"
+        )
+
+        def answered_as_leader() -> tuple[int, int] | None:
+            answer = latest_offset(successor, 5)
+            return None if answer[0] in (6, 74) else answer  # not yet leader / epoch moving
+
+        wait_for(lambda: answered_as_leader() is not None, what="the successor to answer as leader")
+        assert latest_offset(successor, 5) == (78, -1)  # OFFSET_NOT_AVAILABLE
+        assert latest_offset(successor, 4) == (5, -1)  # LEADER_NOT_AVAILABLE
+        assert frozen_id in partition_states(zk)[0].isr  # the window was what the test set up
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    wait_for(lambda: latest_offset(successor, 5) == (0, 23), what="the HW to reach the epoch start")
+    leader.start()
     await_replicas_identical(bootstrap(cluster), [TOPIC])

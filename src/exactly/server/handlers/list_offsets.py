@@ -1,6 +1,14 @@
 """ListOffsets (2), v1+: earliest (-2), latest (-1: high watermark, or the last stable offset
 under isolation_level=1) and by timestamp (first record with timestamp >= the target).
 
+In a cluster only the leader answers, and (KIP-207) a client's ListOffsets gets the retriable
+OFFSET_NOT_AVAILABLE while the leader's high watermark is below the offset its leader epoch
+started at: a new leader's HW lags until its followers fetch again, and answering with it could
+hand a consumer an offset below what the previous leader already reported (auto.offset.reset
+and lag monitoring would see offsets go backwards). Versions before 5 get LEADER_NOT_AVAILABLE
+instead, as Kafka answers them (their clients do not know code 78). Replica requests
+(replica_id >= 0) are answered as before.
+
 By timestamp: the time index finds the first batch whose max timestamp reaches the target; that
 one batch is then decoded to find the exact record, as Kafka does. This is the only broker path
 that decodes records, and it is not a hot path.
@@ -26,11 +34,14 @@ API_KEY = ApiKey.LIST_OFFSETS
 LATEST = -1
 EARLIEST = -2
 READ_COMMITTED = 1
+CONSUMER_REPLICA_ID = -1
+OFFSET_NOT_AVAILABLE_SINCE = 5  # ListOffsets version that introduced the code (KIP-207)
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+    from_client = int(getattr(request, "replica_id", CONSUMER_REPLICA_ID)) == CONSUMER_REPLICA_ID
     topics = []
     for topic in request.topics:
         parts = []
@@ -45,6 +56,18 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 code = replicas.check_read(tp, getattr(p, "current_leader_epoch", -1))
                 leader = replicas.leaders.get(tp)
                 leader_epoch = leader.leader_epoch if leader is not None else -1
+                if (
+                    code == ErrorCode.none
+                    and from_client
+                    and leader is not None
+                    and plog is not None
+                    and plog.high_watermark < leader.epoch_start_offset
+                ):
+                    code = (
+                        ErrorCode.offset_not_available
+                        if ctx.version >= OFFSET_NOT_AVAILABLE_SINCE
+                        else ErrorCode.leader_not_available
+                    )
             if plog is None or code != ErrorCode.none:
                 code = code if code != ErrorCode.none else ErrorCode.unknown_topic_or_partition
                 broker.metrics.error(ApiKey.LIST_OFFSETS, code)
