@@ -7,7 +7,7 @@ and markers in log order before ``load_complete``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import pytest
@@ -24,11 +24,13 @@ TOPIC = "__test_state"
 class FakeTopic:
     """The two calls the runtime makes on InternalTopics, over an in-memory log."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, replicated: bool = False) -> None:
         self.log: list[tuple[int, Record, int]] = []  # (partition, record, producer id)
         self.fail: ErrorCode | None = None
         self.batches: list[ReplayedBatch] = []
         self.events: list[str] = []
+        self.replicated = replicated
+        self.acks: asyncio.Event | None = None  # replicated appends wait for it when set
 
     def append(
         self,
@@ -48,9 +50,17 @@ class FakeTopic:
         self.events.append(f"append {records[0][0]!r}")
         return base
 
-    def replay(self, topic: str) -> Iterator[ReplayedBatch]:
+    async def append_replicated(self, topic: str, partition: int, records: Sequence[Record], **kw: Any) -> int:
+        base = self.append(topic, partition, records, **kw)
+        if self.acks is not None:
+            await self.acks.wait()
+        self.events.append(f"acked {records[0][0]!r}")
+        return base
+
+    def replay(self, topic: str, partitions: Iterable[int] | None = None) -> Iterator[ReplayedBatch]:
         assert topic == TOPIC
-        yield from self.batches
+        wanted = None if partitions is None else set(partitions)
+        yield from (b for b in self.batches if wanted is None or b.partition in wanted)
 
 
 class Shard:
@@ -95,8 +105,10 @@ class Shard:
         return Write(partition=0, records=((key, b"v"),), complete=complete, **kw)
 
 
-def runtime(side_effect: Any = None, **kw: Any) -> tuple[CoordinatorRuntime, Shard, FakeTopic]:
-    topic = FakeTopic()
+def runtime(
+    side_effect: Any = None, *, replicated: bool = False, **kw: Any
+) -> tuple[CoordinatorRuntime, Shard, FakeTopic]:
+    topic = FakeTopic(replicated=replicated)
     shard = Shard(topic)
     rt = CoordinatorRuntime("test", TOPIC, cast(InternalTopics, topic), shard, side_effect=side_effect, **kw)
     return rt, shard, topic
@@ -237,3 +249,89 @@ def test_unload_answers_parked_requests_and_a_reload_replays_again() -> None:
         assert rt.loaded and shard.replayed == [("record", b"a", b"v", 0, -1), ("loaded",)]
 
     asyncio.run(main())
+
+
+# ---- cluster mode: owned partitions, acks=all appends under one lock ---------------------------
+
+
+def partition_batch(partition: int, key: bytes) -> ReplayedBatch:
+    return ReplayedBatch(partition, 0, -1, False, None, ((0, key, b"v"),))
+
+
+def test_replicated_runtime_owns_nothing_until_reloaded_and_replays_only_owned_partitions() -> None:
+    async def scenario() -> None:
+        rt, shard, topic = runtime(replicated=True)
+        topic.batches = [partition_batch(0, b"p0"), partition_batch(1, b"p1"), partition_batch(2, b"p2")]
+        assert rt.owner_error(0) == ErrorCode.not_coordinator
+        await rt.reload({0, 2})
+        assert [r[1] for r in shard.replayed if r[0] == "record"] == [b"p0", b"p2"]
+        assert rt.owner_error(0) == ErrorCode.none
+        assert rt.owner_error(1) == ErrorCode.not_coordinator
+        assert await rt.reload(set()) is None  # resigned everything
+        assert rt.owner_error(0) == ErrorCode.not_coordinator and not rt.loaded
+
+    asyncio.run(scenario())
+
+
+def test_replicated_answer_waits_for_the_isr_and_operations_do_not_interleave() -> None:
+    """A second operation's coordinator call runs only after the first one's write was
+    acknowledged and completed (no interleaving between an append and its completion)."""
+
+    async def scenario() -> None:
+        rt, shard, topic = runtime(replicated=True)
+        await rt.reload({0})
+        topic.acks = asyncio.Event()
+
+        def op(key: bytes) -> Any:
+            def run(_token: RequestToken) -> CoordinatorResult[str]:
+                topic.events.append(f"op {key!r}")
+                return CoordinatorResult(writes=(shard.write(key, CoordinatorResult(response=f"done {key!r}")),))
+
+            return run
+
+        first = rt.call(op(b"a"))
+        second = rt.call(op(b"b"))
+        await asyncio.sleep(0.01)
+        assert not first.done() and topic.events == ["op b'a'", "append b'a'"]
+        topic.acks.set()
+        assert await first == "done b'a'" and await second == "done b'b'"
+        assert topic.events == [
+            "op b'a'",
+            "append b'a'",
+            "acked b'a'",
+            "complete b'a' none @0",
+            "op b'b'",
+            "append b'b'",
+            "acked b'b'",
+            "complete b'b' none @1",
+        ]
+
+    asyncio.run(scenario())
+
+
+def test_replicated_failed_append_reaches_the_completion() -> None:
+    async def scenario() -> None:
+        rt, shard, topic = runtime(replicated=True)
+        await rt.reload({0})
+        topic.fail = ErrorCode.not_enough_replicas
+        answer = await rt.execute(lambda: CoordinatorResult(writes=(shard.write(b"x"),)))
+        assert answer == "failed not_enough_replicas"
+
+    asyncio.run(scenario())
+
+
+def test_reload_answers_parked_requests_not_coordinator() -> None:
+    async def scenario() -> None:
+        rt, shard, _topic = runtime(replicated=True)
+        await rt.reload({0})
+
+        def park(token: RequestToken) -> CoordinatorResult[Any]:
+            shard.parked = token
+            return CoordinatorResult()
+
+        parked = rt.call(park)
+        await asyncio.sleep(0)
+        await rt.reload({1})
+        assert await parked == "not_coordinator"
+
+    asyncio.run(scenario())

@@ -239,6 +239,7 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.txn.stop()
         if self._server is not None:
             await self._server.wait_closed()
         if self.replicas is not None:

@@ -43,6 +43,7 @@ from exactly.storage.log_manager import (
     UnknownTopicError,
 )
 from exactly.storage.partition_log import PartitionLog
+from exactly.topics import INTERNAL_TOPICS
 from exactly.types import TopicPartition
 
 log = logging.getLogger("exactly.cluster_topics")
@@ -91,6 +92,7 @@ class ClusterTopics:
         self._wait_for_cache = wait_for_cache
         self._spawn = spawn
         self._auto_creating: set[str] = set()
+        self._refused: set[str] = set()  # internal topics refused for too few brokers (logged once)
 
     # --- ids -------------------------------------------------------------------------------------
 
@@ -134,6 +136,44 @@ class ClusterTopics:
         if timeout_s > 0 and not await self._wait_for_cache(lambda: self.cache.has_leaders(name), timeout_s):
             return ErrorCode.request_timed_out, f"Timed out waiting for leaders of {name}", topic_id
         return ErrorCode.none, None, topic_id
+
+    def request_internal_topic(
+        self, name: str, partitions: int, replication_factor: int, overrides: dict[str, str]
+    ) -> ErrorCode:
+        """A coordinator's internal topic, created when first needed (Kafka's
+        ``createInternalTopic`` on FindCoordinator): NONE once it is in the metadata cache, else
+        COORDINATOR_NOT_AVAILABLE while it is written in the background. Like Kafka (KIP-115), it
+        is not created while fewer live brokers than its replication factor exist: no smaller
+        factor is ever chosen silently, the clients keep asking until the cluster is big enough."""
+        if self.cache.topic(name) is not None:
+            return ErrorCode.none
+        if name in self._auto_creating:
+            return ErrorCode.coordinator_not_available
+        code, message, replicas = self.plan_assignment(partitions, replication_factor)
+        if code != ErrorCode.none:
+            if name not in self._refused:
+                self._refused.add(name)
+                log.warning(
+                    "internal topic %s not created: %s (%d live brokers, replication factor %d)",
+                    name,
+                    message,
+                    len(self.cache.brokers),
+                    replication_factor,
+                )
+            return ErrorCode.coordinator_not_available
+        self._refused.discard(name)
+        self._auto_creating.add(name)
+
+        async def create() -> None:
+            try:
+                await self.create_topic(name, replicas, overrides, 0)
+            except Exception:
+                log.exception("creation of internal topic %s failed", name)
+            finally:
+                self._auto_creating.discard(name)
+
+        self._spawn(create(), f"create-{name}")
+        return ErrorCode.coordinator_not_available
 
     def request_auto_create(self, name: str, partitions: int) -> None:
         """Metadata's auto-creation: write the topic in the background (default.replication.factor,
@@ -260,6 +300,7 @@ class ClusterTopics:
                     len(cached.assignment.partitions),
                     dict(cached.config),
                     now_ms=now_ms(),
+                    internal=tp.topic in INTERNAL_TOPICS,
                     topic_id=topic_id,
                 )
             except (TopicExistsError, InvalidConfigError) as exc:

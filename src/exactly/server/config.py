@@ -58,8 +58,12 @@ _DEFAULTS: dict[str, str] = {
     "transactional.id.expiration.ms": "604800000",
     "transaction.state.log.num.partitions": "50",
     "transaction.state.log.segment.bytes": "104857600",
+    "transaction.state.log.replication.factor": "3",  # cluster mode only; a single broker uses 1
+    "transaction.state.log.min.isr": "2",  # cluster mode only
     "offsets.topic.num.partitions": "50",
     "offsets.topic.segment.bytes": "104857600",
+    "offsets.topic.replication.factor": "3",  # cluster mode only; a single broker uses 1
+    "offsets.commit.timeout.ms": "5000",  # cluster mode: how long a coordinator write waits for the ISR
     "offsets.retention.minutes": "10080",
     "offsets.retention.check.interval.ms": "600000",
     "group.initial.rebalance.delay.ms": "3000",

@@ -31,9 +31,19 @@ timeouts, offset retention) are registered with :meth:`CoordinatorRuntime.every`
 Loading is replay: :meth:`CoordinatorRuntime.load` feeds every batch of the topic, in offset
 order, to the coordinator's ``replay`` / ``replay_end_transaction``, then drives
 ``load_complete``; :meth:`CoordinatorRuntime.unload` is the reverse (parked requests are answered
-NOT_COORDINATOR, the state is dropped). When the cluster arrives, appends become acks=all writes (step 1 awaits the
-high watermark instead of returning at once) and a runtime loads/unloads per partition on
-leadership changes; the coordinator contract (:mod:`exactly.coordinator.shard`) stays as it is.
+NOT_COORDINATOR, the state is dropped).
+
+Cluster mode (``InternalTopics.replicated``): the runtime owns only the partitions of the topic
+this broker leads (``owned``; None = every partition, the single broker). Requests for a key of
+another partition are answered NOT_COORDINATOR (:meth:`CoordinatorRuntime.owner_error`), and
+while a load runs COORDINATOR_LOAD_IN_PROGRESS. Step 1 becomes an acks=all append
+(``InternalTopics.append_replicated``: awaited until the ISR has it), so every operation -- its
+coordinator call, its writes and their completions -- runs under one asyncio lock
+(:meth:`CoordinatorRuntime.execute`, :meth:`CoordinatorRuntime.call`): nothing interleaves
+between an append and its completion, as with synchronous storage. When the led set changes,
+:meth:`CoordinatorRuntime.reload` unloads and replays every owned partition under that lock (a
+simple first form: one coordinator object for all owned partitions, reloaded as a whole; the
+coordinator contract, :mod:`exactly.coordinator.shard`, does not change).
 
 Everything runs on the broker's one event loop; the coordinator is never entered concurrently.
 """
@@ -41,9 +51,10 @@ Everything runs on the broker's one event loop; the coordinator is never entered
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -134,13 +145,52 @@ class CoordinatorRuntime:
         self._periodic: list[_Periodic] = []
         self._wake: asyncio.Event | None = None
         self._sleep_until: int | None = None  # when the timer loop wakes next (ms), if sleeping
+        # Cluster mode: the partitions this broker leads (None: all), one operation at a time.
+        self.replicated = internal.replicated
+        self.owned: frozenset[int] | None = frozenset() if self.replicated else None
+        self._lock = asyncio.Lock()
+        self._calls: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------
+    def owner_error(self, partition: int) -> ErrorCode:
+        """What a request for a key of ``partition`` gets before reaching the coordinator:
+        NOT_COORDINATOR when this broker does not lead it, COORDINATOR_LOAD_IN_PROGRESS while
+        loading, else NONE."""
+        if self.owned is not None and partition not in self.owned:
+            return ErrorCode.not_coordinator
+        return ErrorCode.none if self.loaded else ErrorCode.coordinator_load_in_progress
+
     def load(self) -> LoadStats:
         """Replay every batch of the topic in log order, then drive ``load_complete``."""
+        stats = self._replay()
+        self.drive(self.shard.load_complete(now_ms()))
+        self.loaded = True
+        return stats
+
+    async def reload(
+        self, owned: Collection[int], before_load: Callable[[], None] | None = None
+    ) -> LoadStats | None:
+        """Cluster mode: the led partitions changed to ``owned``. Under the operation lock (after
+        the operation in flight), unload, then -- when anything is still owned -- call
+        ``before_load`` and replay the owned partitions. None when nothing is owned."""
+        async with self._lock:
+            if self.loaded:
+                self.loaded = False
+                await self._drive_replicated(self.shard.unload(now_ms()))
+            self.owned = frozenset(owned)
+            if not self.owned:
+                return None
+            if before_load is not None:
+                before_load()
+            stats = self._replay()
+            await self._drive_replicated(self.shard.load_complete(now_ms()))
+            self.loaded = True
+            return stats
+
+    def _replay(self) -> LoadStats:
         shard = self.shard
         batches = records = 0
-        for batch in self.internal.replay(self.topic):
+        for batch in self.internal.replay(self.topic, self.owned):
             batches += 1
             if batch.control is not None:
                 shard.replay_end_transaction(
@@ -162,8 +212,6 @@ class CoordinatorRuntime:
                     self._log.exception(
                         "skipping undecodable record at %s-%d offset %d", self.topic, batch.partition, offset
                     )
-        self.drive(shard.load_complete(now_ms()))
-        self.loaded = True
         return LoadStats(batches, records)
 
     def unload(self) -> None:
@@ -192,8 +240,83 @@ class CoordinatorRuntime:
             if not fut.done():  # the waiting connection may have gone away
                 fut.set_result(response)
 
-        self._run(op, answer)
+        if self.replicated:
+            task = asyncio.get_running_loop().create_task(self._call_replicated(op, answer, fut))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+        else:
+            self._run(op, answer)
         return fut
+
+    async def _call_replicated(
+        self,
+        op: Callable[[RequestToken], CoordinatorResult[R]],
+        answer: Callable[[R], None],
+        fut: asyncio.Future[R],
+    ) -> None:
+        try:
+            async with self._lock:
+                token = next(self._tokens)
+                self._waiting[token] = answer
+                try:
+                    response = await self._drive_replicated(op(token))
+                except BaseException:
+                    self._waiting.pop(token, None)
+                    raise
+                if response is not None:
+                    self._deliver(token, response)
+                self._maybe_wake()
+        except Exception as exc:  # the request's handler sees it, as with a synchronous drive
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def execute(self, op: Callable[[], CoordinatorResult[R]]) -> R | None:
+        """Run ``op()`` and carry out its result; returns the answer (None if it has none). On a
+        single broker this is :meth:`drive`; in cluster mode the operation runs under the lock
+        and its writes are awaited until the ISR has them."""
+        if not self.replicated:
+            return self.drive(op())
+        async with self._lock:
+            response = await self._drive_replicated(op())
+            self._maybe_wake()
+            return response
+
+    async def run_async(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
+        """:meth:`run` for either mode (cluster mode: under the lock, writes acknowledged)."""
+        if not self.replicated:
+            return self.run(op)
+        answers: list[R] = []
+        async with self._lock:
+            token = next(self._tokens)
+            self._waiting[token] = answers.append
+            try:
+                response = await self._drive_replicated(op(token))
+                if response is not None:
+                    self._deliver(token, response)
+            finally:
+                self._waiting.pop(token, None)
+        return answers[0] if answers else None
+
+    async def _drive_replicated(self, result: CoordinatorResult[R]) -> R | None:
+        """:meth:`drive` with acks=all appends; the caller holds the lock."""
+        answers = _Answers(result)
+        await self._carry_out_replicated(result, answers)
+        for reply in answers.replies:
+            self._deliver(reply.token, reply.response)
+        return answers.response  # type: ignore[no-any-return]
+
+    async def _carry_out_replicated(self, result: CoordinatorResult[Any], answers: _Answers) -> None:
+        for write in result.writes:
+            nxt = write.complete(await self._append_replicated(write))
+            answers.add(nxt)
+            await self._carry_out_replicated(nxt, answers)
+        for effect in result.effects:
+            if self._side_effect is None:
+                raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
+            follow = self._side_effect(effect)
+            if follow is not None:
+                answers.add(follow)
+                await self._carry_out_replicated(follow, answers)
 
     def run(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
         """Like :meth:`call` for an operation answered before it returns (None if it was not)."""
@@ -256,7 +379,25 @@ class CoordinatorRuntime:
                 transactional=write.transactional,
             )
             return AppendOutcome(now_ms=now_ms(), base_offset=base)
-        except AppendFailed as exc:
+        except Exception as exc:
+            return self._failed(write, exc)
+
+    async def _append_replicated(self, write: Write) -> AppendOutcome:
+        try:
+            base = await self.internal.append_replicated(
+                self.topic,
+                write.partition,
+                write.records,
+                producer_id=write.producer_id,
+                producer_epoch=write.producer_epoch,
+                transactional=write.transactional,
+            )
+            return AppendOutcome(now_ms=now_ms(), base_offset=base)
+        except Exception as exc:
+            return self._failed(write, exc)
+
+    def _failed(self, write: Write, exc: Exception) -> AppendOutcome:
+        if isinstance(exc, AppendFailed):
             self._log.warning(
                 "append to %s-%d (%s) failed: %s (%s)",
                 self.topic,
@@ -266,9 +407,8 @@ class CoordinatorRuntime:
                 exc,
             )
             return AppendOutcome(now_ms=now_ms(), error=exc.error_code)
-        except Exception:
-            self._log.exception("unexpected error appending to %s-%d", self.topic, write.partition)
-            return AppendOutcome(now_ms=now_ms(), error=ErrorCode.unknown_server_error)
+        self._log.error("unexpected error appending to %s-%d", self.topic, write.partition, exc_info=exc)
+        return AppendOutcome(now_ms=now_ms(), error=ErrorCode.unknown_server_error)
 
     # ---- time ---------------------------------------------------------------------------------
     def _maybe_wake(self) -> None:
@@ -297,7 +437,7 @@ class CoordinatorRuntime:
                     pass
             self._sleep_until = None
             try:
-                self.drive(self.shard.poll(now_ms()))
+                await self.execute(lambda: self.shard.poll(now_ms()))
             except Exception:  # a bug in one timer must not stop every timer
                 self._log.exception("%s coordinator poll failed", self.name)
                 await asyncio.sleep(IDLE_POLL_S)
@@ -306,6 +446,8 @@ class CoordinatorRuntime:
         while True:
             await asyncio.sleep(job.interval_s)
             try:
-                job.job()
+                outcome = job.job()
+                if inspect.isawaitable(outcome):
+                    await outcome
             except Exception:  # one bad run must not stop the job for good
                 self._log.exception("%s failed", job.name)

@@ -13,9 +13,15 @@ What the broker calls:
 * ``on_marker(partition, producer_id, commit)`` from the transaction marker writer right after a
   COMMIT/ABORT marker was appended to ``__consumer_offsets-<partition>``.
 
-What the handlers call: ``call(op)`` runs one coordinator request with its token and returns an
-asyncio future of its answer (the runtime's ``call``). A JoinGroup parked for a rebalance
-resolves later, from another request or the timer loop.
+What the handlers call: ``load_error_for(group_id)`` first (NOT_COORDINATOR /
+COORDINATOR_LOAD_IN_PROGRESS / NONE), then ``call(op)``, which runs one coordinator request with
+its token and returns an asyncio future of its answer (the runtime's ``call``). A JoinGroup
+parked for a rebalance resolves later, from another request or the timer loop.
+
+Cluster mode: nothing is loaded at start-up; the replica manager calls
+``on_leadership(partitions)`` whenever the set of ``__consumer_offsets`` partitions this broker
+leads changes, and the runtime reloads them (groups of other partitions answer NOT_COORDINATOR).
+Offset commits are acknowledged once the partition's ISR has them.
 """
 
 from __future__ import annotations
@@ -104,7 +110,9 @@ class GroupRuntime:
 
     def load(self) -> None:
         """Replay every ``__consumer_offsets`` batch in log order, then start the loaded members'
-        session timers."""
+        session timers. Cluster mode: nothing (loads follow leadership, ``on_leadership``)."""
+        if self.runtime.replicated:
+            return
         stats = self.runtime.load()
         if stats.batches:
             log.info(
@@ -117,25 +125,50 @@ class GroupRuntime:
     def start_tasks(self) -> list[asyncio.Task[None]]:
         return self.runtime.start_tasks()
 
+    async def on_leadership(self, partitions: frozenset[int]) -> None:
+        """Cluster mode: this broker now leads exactly ``partitions`` of the offsets topic."""
+        if partitions == self.runtime.owned:
+            return
+        stats = await self.runtime.reload(partitions)
+        log.info(
+            "group coordinator for %s partitions %s: %d groups loaded from %d records",
+            CONSUMER_OFFSETS_TOPIC,
+            sorted(partitions),
+            len(self.coordinator.groups),
+            0 if stats is None else stats.records,
+        )
+
     def on_marker(self, partition: int, producer_id: int, commit: bool) -> None:
         self.coordinator.complete_transaction(producer_id, commit, partition)
 
     # ---- requests -----------------------------------------------------------------------------
     @property
     def load_error(self) -> ErrorCode:
-        """What a group request gets before the coordinator is ready (ErrorCode.none after)."""
-        return ErrorCode.none if self.loaded else ErrorCode.coordinator_load_in_progress
+        """What a request about every group (ListGroups) gets: COORDINATOR_LOAD_IN_PROGRESS while
+        a load runs, else NONE (in cluster mode it lists the groups of the led partitions)."""
+        runtime = self.runtime
+        if runtime.loaded or runtime.owned == frozenset():
+            return ErrorCode.none
+        return ErrorCode.coordinator_load_in_progress
+
+    def load_error_for(self, group_id: str) -> ErrorCode:
+        """What a request for ``group_id`` gets before reaching the coordinator (NONE: go on)."""
+        return self.runtime.owner_error(self.coordinator.partition_for(group_id))
 
     def call(self, op: Callable[[RequestToken], CoordinatorResult[Any]]) -> asyncio.Future[Any]:
         """Run ``op(token)`` (a coordinator request) and return a future of its answer."""
         return self.runtime.call(op)
 
     # ---- offset retention ---------------------------------------------------------------------
-    def cleanup(self) -> CleanupStats:
+    async def cleanup(self) -> CleanupStats:
         """One retention run: expire offsets, remove dead groups (writes done when it returns)."""
         started = now_ms()
         coord = self.coordinator
-        answer = self.runtime.run(lambda token: coord.cleanup_group_metadata(started, token))
+        if not self.runtime.loaded:
+            return CleanupStats()
+        answer: object = await self.runtime.run_async(
+            lambda token: coord.cleanup_group_metadata(started, token)
+        )
         stats = answer if isinstance(answer, CleanupStats) else CleanupStats()
         self.broker.metrics.offsets_expired += stats.offsets_removed
         self.broker.metrics.groups_removed += stats.groups_removed

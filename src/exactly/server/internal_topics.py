@@ -10,12 +10,21 @@ nothing to await (acks=all is immediate with one replica).
 Internal topics are created lazily, like Kafka does on the first FindCoordinator, with Kafka's
 defaults (50 partitions, compacted, 100 MiB segments), and before replay at start-up when they
 already exist on disk.
+
+In cluster mode (the broker has a replica manager) the topics are cluster topics: created
+through the cluster admin path (``ClusterTopics.request_internal_topic``) with
+``offsets.topic.replication.factor`` / ``transaction.state.log.replication.factor`` and, for the
+transaction log, ``min.insync.replicas`` = ``transaction.state.log.min.isr``; appends and markers
+go through the partition's leadership and are acknowledged only once the ISR has them
+(:meth:`InternalTopics.append_replicated`, :meth:`InternalTopics.write_marker_replicated`: Kafka's
+acks=-1 with ``offsets.commit.timeout.ms``). The synchronous :meth:`InternalTopics.append` and
+:meth:`InternalTopics.write_marker` are the single broker's.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,19 +87,52 @@ class InternalTopics:
             return self.broker.config.get_int("offsets.topic.num.partitions")
         return self.broker.config.get_int("transaction.state.log.num.partitions")
 
+    @property
+    def replicated(self) -> bool:
+        """Cluster mode: the internal topics are replicated cluster topics."""
+        return self.broker.replicas is not None
+
+    def _overrides(self, name: str) -> dict[str, str]:
+        cfg = self.broker.config
+        if name == CONSUMER_OFFSETS_TOPIC:
+            return {"cleanup.policy": "compact", "segment.bytes": cfg.get("offsets.topic.segment.bytes")}
+        overrides = {
+            "cleanup.policy": "compact",
+            "segment.bytes": cfg.get("transaction.state.log.segment.bytes"),
+        }
+        if self.replicated:
+            overrides["min.insync.replicas"] = cfg.get("transaction.state.log.min.isr")
+        return overrides
+
+    def request(self, name: str) -> ErrorCode:
+        """Make sure ``name`` exists (FindCoordinator's first lookup creates it): NONE when it
+        does, else COORDINATOR_NOT_AVAILABLE (cluster mode: until the admin path has written it
+        and the cache has seen it; never when storage refuses on a single broker)."""
+        replicas = self.broker.replicas
+        if replicas is None:
+            try:
+                self.ensure(name)
+            except AppendFailed as exc:
+                log.error("cannot create %s: %s", name, exc)
+                return ErrorCode.coordinator_not_available
+            return ErrorCode.none
+        rf_key = (
+            "offsets.topic.replication.factor"
+            if name == CONSUMER_OFFSETS_TOPIC
+            else "transaction.state.log.replication.factor"
+        )
+        return replicas.topics.request_internal_topic(
+            name, self.partitions_of(name), self.broker.config.get_int(rf_key), self._overrides(name)
+        )
+
     def ensure(self, name: str) -> TopicInfo:
+        """Single broker: the local topic, created on first use."""
         info = self.broker.logs.topic(name)
         if info is not None:
             return info
-        segment_key = (
-            "offsets.topic.segment.bytes"
-            if name == CONSUMER_OFFSETS_TOPIC
-            else "transaction.state.log.segment.bytes"
-        )
-        overrides = {
-            "cleanup.policy": "compact",
-            "segment.bytes": self.broker.config.get(segment_key),
-        }
+        if self.replicated:  # cluster topics are created by the admin path only
+            raise AppendFailed(ErrorCode.not_coordinator, f"{name} is not created yet")
+        overrides = self._overrides(name)
         try:
             info = self.broker.logs.create_topic(
                 name, self.partitions_of(name), overrides, now_ms=now_ms(), internal=True
@@ -161,12 +203,82 @@ class InternalTopics:
         self._append_raw(plog, raw, now)
         return True
 
-    def _append_raw(self, plog: PartitionLog, raw: bytes, now: int) -> int:
+    # ---- cluster mode: leader appends acknowledged by the ISR ---------------------------------
+    async def append_replicated(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None]],
+        *,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        transactional: bool = False,
+    ) -> int:
+        """:meth:`append` on a cluster: only as the partition's leader (NOT_LEADER_OR_FOLLOWER
+        otherwise), refused before writing when the ISR is below min.insync.replicas
+        (NOT_ENOUGH_REPLICAS), returned once the high watermark passed the batch (else
+        REQUEST_TIMED_OUT / NOT_LEADER_OR_FOLLOWER / NOT_ENOUGH_REPLICAS_AFTER_APPEND). The
+        coordinators map these to their own errors."""
+        now = now_ms()
+        raw = build_batch(
+            [Record(key=k, value=v) for k, v in records],
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=-1,
+            transactional=transactional,
+            base_timestamp=now,
+        )
+        return await self._append_acked(TopicPartition(topic, partition), raw, now)
+
+    async def write_marker_replicated(
+        self,
+        tp: TopicPartition,
+        result: ControlType,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+    ) -> None:
+        """:meth:`write_marker` on a cluster, as the partition's leader with acks=-1 (Kafka's
+        WriteTxnMarkers handling); raises AppendFailed (UNKNOWN_TOPIC_OR_PARTITION for a partition
+        the cluster does not have, TRANSACTION_COORDINATOR_FENCED from the producer state, ...)."""
+        now = now_ms()
+        raw = build_control_batch(
+            result,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+            timestamp=now,
+        )
+        await self._append_acked(tp, raw, now)
+
+    async def _append_acked(self, tp: TopicPartition, raw: bytes, now: int) -> int:
+        replicas = self.broker.replicas
+        assert replicas is not None, "cluster mode only"
+        code, leader = replicas.leader_for_write(tp)
+        plog = self.broker.logs.get_partition(tp)
+        if leader is None or plog is None:
+            if code == ErrorCode.none:
+                code = ErrorCode.not_leader_or_follower
+            raise AppendFailed(code, f"{tp}: this broker does not lead it")
+        min_isr = plog.config.min_insync_replicas
+        code = leader.check_before_append(-1, min_isr)
+        if code != ErrorCode.none:
+            raise AppendFailed(code, f"{tp}: ISR {list(leader.isr)} below min.insync.replicas {min_isr}")
+        base = self._append_raw(plog, raw, now, leader_epoch=leader.leader_epoch)
+        timeout_s = self.broker.config.get_int("offsets.commit.timeout.ms") / 1000
+        code = await replicas.wait_for_acks(tp, leader, plog.log_end_offset, min_isr, timeout_s)
+        if code != ErrorCode.none:
+            raise AppendFailed(code, f"{tp}: not acknowledged by the ISR ({code.name})")
+        return base
+
+    def _append_raw(
+        self, plog: PartitionLog, raw: bytes, now: int, *, leader_epoch: int = INITIAL_LEADER_EPOCH
+    ) -> int:
         buf = bytearray(raw)
         header = BatchHeader.parse(buf, 0)
         try:
             result = plog.append(
-                buf, header, leader_epoch=INITIAL_LEADER_EPOCH, now_ms=now, origin=AppendOrigin.COORDINATOR
+                buf, header, leader_epoch=leader_epoch, now_ms=now, origin=AppendOrigin.COORDINATOR
             )
         except (InvalidRecordError, ProducerStateError) as exc:
             raise AppendFailed(exc.error_code, str(exc)) from exc
@@ -177,14 +289,15 @@ class InternalTopics:
         return result.first_offset
 
     # ---- replay -----------------------------------------------------------------------------
-    def replay(self, topic: str) -> Iterator[ReplayedBatch]:
-        """Every batch of every partition of ``topic`` in offset order (nothing if the topic does
-        not exist yet). Reads up to the log end: with one replica everything appended is durable
-        as far as this broker can know (recovery already truncated torn tails)."""
+    def replay(self, topic: str, partitions: Iterable[int] | None = None) -> Iterator[ReplayedBatch]:
+        """Every batch of ``partitions`` (default: every partition) of ``topic`` in offset order
+        (nothing if the topic does not exist yet). Reads up to the log end: with one replica
+        everything appended is durable as far as this broker can know (recovery already truncated
+        torn tails); a new cluster leader reads to its log end too, as Kafka's loads do."""
         info = self.broker.logs.topic(topic)
         if info is None:
             return
-        for partition in range(info.partitions):
+        for partition in range(info.partitions) if partitions is None else sorted(partitions):
             plog = self.broker.logs.get_partition(TopicPartition(topic, partition))
             if plog is None:
                 continue

@@ -121,6 +121,13 @@ class MetadataCache:
             out.append(PartitionMetadata(partition, leader, epoch, tuple(replicas), isr, offline))
         return out
 
+    def leader(self, tp: TopicPartition) -> BrokerEndpoint | None:
+        """The live leader of ``tp``, or None (no state yet, offline, or the leader is gone)."""
+        state = self._states.get(tp)
+        if state is None:
+            return None
+        return self.brokers.get(state.leader_and_isr.leader)
+
     def has_leaders(self, name: str) -> bool:
         """Every partition of ``name`` has a live leader (CreateTopics answers then, as Kafka's
         DelayedCreatePartitions)."""

@@ -45,6 +45,7 @@ from exactly.server.delayed_produce import DelayedProduces
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
 from exactly.storage.partition_log import PartitionLog
+from exactly.topics import INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -284,6 +285,8 @@ class ReplicaManager:
         for partition in list(self.cache.partitions(name)):
             self._on_state(TopicPartition(name, partition.partition), None)
         self.cache.remove_topic(name)
+        if name in INTERNAL_TOPICS:
+            self._coordinators_follow(name)
         info = self.broker.logs.topic(name)
         if info is not None:
             self.broker.logs.delete_topic(name)
@@ -304,6 +307,19 @@ class ReplicaManager:
             self._apply(tp, decision)
         except Exception:  # one partition's failure must not stop the others
             log.exception("%s: %s failed", tp, decision.action.value)
+        if tp.topic in INTERNAL_TOPICS:
+            self._coordinators_follow(tp.topic)
+
+    def _coordinators_follow(self, topic: str) -> None:
+        """Kafka's ``onLeadershipChange`` for the coordinators: hand the set of partitions of
+        ``topic`` this broker now leads (with their leader epochs) to its coordinator, which
+        loads what it gained and drops what it lost (nothing when the set is unchanged: an epoch
+        bump with the same leader, as the decisions' ``coordinator_election`` flag says)."""
+        led = {tp.partition: leader.leader_epoch for tp, leader in self.leaders.items() if tp.topic == topic}
+        if topic == TRANSACTION_STATE_TOPIC:
+            self._spawn(self.broker.txn.on_leadership(led), f"coordinator-{topic}")
+        else:
+            self._spawn(self.broker.groups.on_leadership(frozenset(led)), f"coordinator-{topic}")
 
     def _apply(self, tp: TopicPartition, decision: RoleDecision) -> None:
         action = decision.action
@@ -460,7 +476,7 @@ class ReplicaManager:
     # --- serving ---------------------------------------------------------------------------------
 
     def manages(self, tp: TopicPartition) -> bool:
-        """Whether ``tp`` is a cluster partition (internal topics stay local in this step)."""
+        """Whether ``tp`` is a cluster partition (internal topics included)."""
         return self.cache.topic(tp.topic) is not None
 
     def after_leader_append(self, plog: PartitionLog) -> None:

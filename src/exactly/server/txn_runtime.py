@@ -24,6 +24,17 @@ decided transaction completes.
 The coordinator epoch is persisted (``txn-coordinator-epoch``) and bumped at every start, so
 markers of a previous incarnation can be told apart (TRANSACTION_COORDINATOR_FENCED).
 
+Cluster mode differs in three ways. Ownership: nothing is loaded at start-up; the replica
+manager calls :meth:`TxnRuntime.on_leadership` with the ``__transaction_state`` partitions this
+broker leads and their leader epochs, the runtime reloads them, and requests for other
+transactional ids get NOT_COORDINATOR (:meth:`TxnRuntime.owner_error`). The coordinator epoch of
+a transaction's markers is its partition's leader epoch at load time (no epoch file). Markers
+are sent by :class:`~exactly.server.txn_marker_sender.TxnMarkerSender` in a background task per
+transaction, to each partition's current leader, and EndTxn is answered once PrepareCommit /
+PrepareAbort is acknowledged by the ISR (Kafka's order: the client's next transaction meets
+CONCURRENT_TRANSACTIONS until Complete* is written, and retries). A reload cancels the marker
+tasks; the new load hands every Prepare* back (``load_complete``), so the markers are re-sent.
+
 ``EXACTLY_FAULT=crash-after-prepare`` (tests only) kills the process with SIGKILL right after a
 PrepareCommit/PrepareAbort is durable and before any marker: the coordinator-crash scenario. It
 never fires while start-up completes the transactions a previous crash left in Prepare*, so a
@@ -36,6 +47,7 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -45,10 +57,12 @@ from exactly.coordinator.result import CoordinatorResult
 from exactly.coordinator.txn.config import TxnCoordinatorConfig
 from exactly.coordinator.txn.coordinator import TransactionCoordinator
 from exactly.coordinator.txn.effects import WriteMarkers
+from exactly.coordinator.txn.state import TransactionState
 from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
 from exactly.server.coordinator_runtime import CoordinatorRuntime
 from exactly.server.internal_topics import AppendFailed
+from exactly.server.txn_marker_sender import TxnMarkerSender
 from exactly.storage.durable import write_durably
 from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 
@@ -60,6 +74,7 @@ log = logging.getLogger("exactly.txn")
 R = TypeVar("R")
 
 MARKER_RETRY_S = 1.0
+_COMPLETING = (TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
 # Marker errors after which retrying cannot help: the partition moved on past this transaction.
 _SKIP_MARKER_ERRORS = {
     ErrorCode.invalid_producer_epoch,
@@ -102,7 +117,7 @@ class TxnRuntime:
         self.runtime.every(
             "txn-id-expiration",
             self.config.remove_expired_transactional_ids_interval_ms / 1000,
-            lambda: self.runtime.drive(coord.expire_transactional_ids(now_ms())),
+            lambda: self.runtime.execute(lambda: coord.expire_transactional_ids(now_ms())),
         )
         self.runtime.every("txn-marker-retry", MARKER_RETRY_S, self._retry_markers)
         self._epoch_file = broker.data_dir / "txn-coordinator-epoch"
@@ -110,9 +125,18 @@ class TxnRuntime:
         self._fault = os.environ.get("EXACTLY_FAULT", "")
         self._loaded = False  # the fault never fires while load() completes owed transactions
         self._owed_at_load = 0
+        # Cluster mode: leader epochs of the led partitions at load, the marker tasks of this
+        # load (cancelled by the next one) and the load's generation.
+        self.marker_sender = TxnMarkerSender(broker)
+        self._partition_epochs: dict[int, int] = {}
+        self._marker_tasks: set[asyncio.Task[None]] = set()
+        self._generation = 0
 
     # ---- lifecycle --------------------------------------------------------------------------
     def load(self) -> None:
+        if self.runtime.replicated:
+            self._loaded = True  # cluster mode: loads follow leadership (on_leadership)
+            return
         epoch = _bump_epoch(self._epoch_file)
         self.coordinator.begin_load(epoch)
         stats = self.runtime.load()
@@ -127,23 +151,74 @@ class TxnRuntime:
     def start_tasks(self) -> list[asyncio.Task[None]]:
         return self.runtime.start_tasks()
 
+    async def stop(self) -> None:
+        """At shutdown: stop sending markers (cluster mode; the next coordinator re-sends)."""
+        tasks = list(self._marker_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.marker_sender.close()
+
+    async def on_leadership(self, epochs: dict[int, int]) -> None:
+        """Cluster mode: this broker now leads exactly the ``__transaction_state`` partitions in
+        ``epochs`` (partition -> leader epoch). Reload when the set changed (an epoch bump with
+        the same leader does not reload, as Kafka's ``onElection`` is not called then)."""
+        if frozenset(epochs) == self.runtime.owned:
+            return
+        for task in list(self._marker_tasks):
+            task.cancel()
+        self._generation += 1
+        self._partition_epochs = dict(epochs)
+        # The coordinator's own epoch only tells its stale appends apart; markers carry the
+        # partition's leader epoch (``_send_markers``).
+        internal_epoch = max(epochs.values(), default=0)
+        self._owed_at_load = 0
+        stats = await self.runtime.reload(epochs, lambda: self.coordinator.begin_load(internal_epoch))
+        log.info(
+            "transaction coordinator for %s partitions %s (leader epochs %s): %d records loaded; "
+            "%d transactions to complete",
+            TRANSACTION_STATE_TOPIC,
+            sorted(epochs),
+            dict(sorted(epochs.items())),
+            0 if stats is None else stats.records,
+            self._owed_at_load,
+        )
+
+    def owner_error(self, transactional_id: str) -> ErrorCode:
+        """What a request for ``transactional_id`` gets before reaching the coordinator:
+        NOT_COORDINATOR (another broker leads its partition), COORDINATOR_LOAD_IN_PROGRESS, or
+        NONE. The coordinator itself answers LOAD_IN_PROGRESS while loading too."""
+        return self.runtime.owner_error(self.coordinator.partition_for(transactional_id))
+
     # ---- driving ----------------------------------------------------------------------------
     def drive(self, result: CoordinatorResult[R]) -> R:
-        """Carry out the result of a client request; returns its response.
+        """Carry out the result of a client request; returns its response (single broker).
 
         The transaction coordinator never parks a request and storage is synchronous, so a
         request's response is known once its writes are driven.
         """
         return cast(R, self.runtime.drive(result))
 
+    async def execute(self, op: Callable[[], CoordinatorResult[R]]) -> R:
+        """Run a client request ``op()`` and carry out its result; returns its response (in
+        cluster mode once its writes are acknowledged by the ISR)."""
+        return cast(R, await self.runtime.execute(op))
+
     def _markers(self, effect: object) -> CoordinatorResult[Any] | None:
         """The runtime's side-effect handler: write one transaction's markers."""
         assert isinstance(effect, WriteMarkers), effect
-        if not self._loaded:
+        if not self._loaded or (self.runtime.replicated and not self.runtime.loaded):
             self._owed_at_load += 1
-        if self._fault == "crash-after-prepare" and self._loaded:
+        elif self._fault == "crash-after-prepare":
             log.error("EXACTLY_FAULT=crash-after-prepare: killing the broker before markers")
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.runtime.replicated:
+            task = asyncio.get_running_loop().create_task(
+                self._send_markers(effect, self._generation), name=f"txn-markers-{effect.transactional_id}"
+            )
+            self._marker_tasks.add(task)
+            task.add_done_callback(self._marker_tasks.discard)
+            return None
         if not self._write_markers(effect):
             self._pending_markers.append(effect)
             return None
@@ -172,11 +247,38 @@ class TxnRuntime:
                 self.broker.groups.on_marker(tp.partition, markers.producer_id, commit)
         return ok
 
-    def _abort_timed_out(self) -> None:
-        result = self.coordinator.expire_timed_out(now_ms())
-        for write in result.writes:
-            log.info("aborting timed-out transaction (%s)", write.describe)
-        self.runtime.drive(result)
+    async def _send_markers(self, markers: WriteMarkers, generation: int) -> None:
+        """Cluster mode: send the markers, then persist Complete* (retried while its append
+        fails). Cancelled by a reload; the new load re-sends what is still in Prepare*."""
+        partition = self.coordinator.partition_for(markers.transactional_id)
+        epoch = self._partition_epochs.get(partition)
+        if epoch is None:
+            return
+        try:
+            await self.marker_sender.send(markers, epoch)
+            tid = markers.transactional_id
+            while generation == self._generation:
+                await self.runtime.execute(
+                    lambda: self.coordinator.on_markers_written(
+                        tid, markers.producer_id, markers.producer_epoch, markers.result
+                    )
+                )
+                if self.coordinator.pending_state(tid) not in _COMPLETING:
+                    return
+                await asyncio.sleep(MARKER_RETRY_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("completing %s failed", markers.transactional_id)
+
+    async def _abort_timed_out(self) -> None:
+        def expire() -> CoordinatorResult[Any]:
+            result = self.coordinator.expire_timed_out(now_ms())
+            for write in result.writes:
+                log.info("aborting timed-out transaction (%s)", write.describe)
+            return result
+
+        await self.runtime.execute(expire)
 
     def _retry_markers(self) -> None:
         pending, self._pending_markers = self._pending_markers, []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kio.schema.errors import ErrorCode
+
 from exactly.protocol.apis import ApiKey, build
 from exactly.server.clock import now_ms
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
@@ -17,15 +19,21 @@ API_KEY = ApiKey.ADD_OFFSETS_TO_TXN
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    broker.internal.ensure(CONSUMER_OFFSETS_TOPIC)
-    step = broker.txn.coordinator.add_offsets_to_txn(
-        request.transactional_id,
-        request.producer_id,
-        request.producer_epoch,
-        request.group_id,
-        now_ms=now_ms(),
-        request_version=ctx.version,
+    error = broker.txn.owner_error(request.transactional_id)
+    if error is not ErrorCode.none:
+        broker.metrics.error(API_KEY, error)
+        return build(ctx.api.response_type, error_code=error)
+    broker.internal.request(CONSUMER_OFFSETS_TOPIC)
+    coord = broker.txn.coordinator
+    result = await broker.txn.execute(
+        lambda: coord.add_offsets_to_txn(
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            request.group_id,
+            now_ms=now_ms(),
+            request_version=ctx.version,
+        )
     )
-    result = broker.txn.drive(step)
     broker.metrics.error(API_KEY, result.error)
     return build(ctx.api.response_type, error_code=result.error)

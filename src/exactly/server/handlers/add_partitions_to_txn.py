@@ -26,6 +26,14 @@ if TYPE_CHECKING:
 API_KEY = ApiKey.ADD_PARTITIONS_TO_TXN
 
 
+def _exists(broker: Broker, tp: TopicPartition) -> bool:
+    """A partition of the cluster (its leader may be another broker), or a local one."""
+    if broker.replicas is not None:
+        cached = broker.replicas.cache.topic(tp.topic)
+        return cached is not None and tp.partition in cached.assignment.partitions
+    return broker.partition(tp.topic, tp.partition) is not None
+
+
 def _partitions(
     broker: Broker, topics: Iterable[Any]
 ) -> tuple[list[TopicPartition], dict[TopicPartition, ErrorCode]]:
@@ -35,26 +43,30 @@ def _partitions(
         for p in topic.partitions:
             tp = TopicPartition(topic.name, p)
             wanted.append(tp)
-            if broker.partition(topic.name, p) is None:
+            if not _exists(broker, tp):
                 unknown[tp] = ErrorCode.unknown_topic_or_partition
     return wanted, unknown
 
 
-def _one(
+async def _one(
     broker: Broker, ctx: RequestContext, tid: str, pid: int, epoch: int, topics: Any, verify: bool
 ) -> dict[TopicPartition, ErrorCode]:
     wanted, unknown = _partitions(broker, topics)
     if unknown:
         return {tp: unknown.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
+    error = broker.txn.owner_error(tid)
+    if error is not ErrorCode.none:  # cluster mode: another broker coordinates tid
+        return dict.fromkeys(wanted, error)
     coord = broker.txn.coordinator
     result: AddPartitionsResult
     if verify:
         result = coord.verify_partitions_in_txn(tid, pid, epoch, wanted, request_version=ctx.version)
     else:
-        step = coord.add_partitions_to_txn(
-            tid, pid, epoch, wanted, now_ms=now_ms(), request_version=ctx.version
+        result = await broker.txn.execute(
+            lambda: coord.add_partitions_to_txn(
+                tid, pid, epoch, wanted, now_ms=now_ms(), request_version=ctx.version
+            )
         )
-        result = broker.txn.drive(step)
     return result.as_dict()
 
 
@@ -75,7 +87,7 @@ def _topic_results(mod: Any, errors: dict[TopicPartition, ErrorCode]) -> tuple[A
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     if ctx.version <= 3:
-        errors = _one(
+        errors = await _one(
             broker,
             ctx,
             request.v3_and_below_transactional_id,
@@ -89,7 +101,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         return build(ctx.api.response_type, results_by_topic_v3_and_below=_topic_results(mod, errors))
     results = []
     for txn in request.transactions:
-        errors = _one(
+        errors = await _one(
             broker,
             ctx,
             txn.transactional_id,

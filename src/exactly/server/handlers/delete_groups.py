@@ -22,13 +22,14 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     names = list(dict.fromkeys(request.groups_names))
     results: list[DeleteGroupResult]
-    if runtime.load_error is not ErrorCode.none:
-        results = [DeleteGroupResult(g, runtime.load_error) for g in names]
-    elif names:
+    refused = {g: code for g in names if (code := runtime.load_error_for(g)) is not ErrorCode.none}
+    ours = [g for g in names if g not in refused]
+    deleted: dict[str, DeleteGroupResult] = {}
+    if ours:
         coordinator = runtime.coordinator
-        results = await runtime.call(lambda token: coordinator.delete_groups(names, now_ms(), token))
-    else:
-        results = []
+        answer = await runtime.call(lambda token: coordinator.delete_groups(ours, now_ms(), token))
+        deleted = {r.group_id: r for r in answer}
+    results = [deleted[g] if g in deleted else DeleteGroupResult(g, refused[g]) for g in names]
     mod = ctx.api.response_module
     for r in results:
         broker.metrics.error(API_KEY, r.error_code)

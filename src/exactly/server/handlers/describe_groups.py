@@ -26,12 +26,13 @@ GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
-    if runtime.load_error is not ErrorCode.none:
-        described = [
-            DescribedGroup(group_id=g, error_code=runtime.load_error, group_state="") for g in request.groups
-        ]
-    else:
-        described = runtime.coordinator.describe_groups(request.groups, ctx.version)
+    refused = {g: code for g in request.groups if (code := runtime.load_error_for(g)) is not ErrorCode.none}
+    ours = [g for g in request.groups if g not in refused]
+    found = iter(runtime.coordinator.describe_groups(ours, ctx.version) if ours else ())
+    described = [
+        DescribedGroup(group_id=g, error_code=refused[g], group_state="") if g in refused else next(found)
+        for g in request.groups
+    ]
     include_ops = bool(getattr(request, "include_authorized_operations", False))
     mod = ctx.api.response_module
     groups = []

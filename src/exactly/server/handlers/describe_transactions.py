@@ -23,13 +23,15 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     states = []
     for d in broker.txn.coordinator.describe_transactions(request.transactional_ids):
-        if d.error:
+        # a cluster broker that does not lead the id's partition answers NOT_COORDINATOR
+        error = broker.txn.owner_error(d.transactional_id) or d.error
+        if error:
             # Kafka sets only the error code and the id; every other field keeps its schema
             # default (0, "", empty), not the -1 "no producer" values
             states.append(
                 build(
                     mod.TransactionState,
-                    error_code=d.error,
+                    error_code=error,
                     transactional_id=d.transactional_id,
                     transaction_start_time=ms_to_datetime(0),
                 )

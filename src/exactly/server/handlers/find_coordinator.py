@@ -1,21 +1,27 @@
-"""FindCoordinator (10): this broker coordinates every group and every transactional id.
+"""FindCoordinator (10): the broker that coordinates a group or a transactional id.
 
 Like Kafka, the first lookup of a kind creates its internal topic (``__consumer_offsets`` for
 groups, ``__transaction_state`` for transactions). v0-v3 carry one key (v0: groups only); v4+
 batch ``coordinator_keys`` and answer each key separately. An unknown key type is
 INVALID_REQUEST (Kafka's ``CoordinatorType.forId`` throws), with no coordinator node.
+
+A single broker coordinates every key. In cluster mode the coordinator of a key is the current
+leader of its partition of the internal topic, from the metadata cache; COORDINATOR_NOT_AVAILABLE
+while the topic is being created (or cannot be: too few live brokers) or the partition has no
+live leader. The leader itself answers COORDINATOR_LOAD_IN_PROGRESS until it has loaded.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.coordinator.group.records import partition_for as group_partition
+from exactly.coordinator.txn.log import partition_for as txn_partition
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.internal_topics import AppendFailed
 from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
+from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -30,30 +36,40 @@ INVALID_REQUEST_MESSAGE = (
 )
 COORDINATOR_NOT_AVAILABLE_MESSAGE = "The coordinator is not available."
 
-log = logging.getLogger("exactly.find_coordinator")
+
+Coordinator = tuple[ErrorCode, str | None, int, str, int]  # error, message, node, host, port
 
 
-def _lookup(broker: Broker, key_type: int) -> tuple[ErrorCode, str | None]:
+def _refused(error: ErrorCode, message: str | None) -> Coordinator:
+    return error, message, -1, "", -1
+
+
+def _find(broker: Broker, key_type: int, key: str) -> Coordinator:
     topic = KEY_TYPE_TOPICS.get(key_type)
     if topic is None:
-        return ErrorCode.invalid_request, INVALID_REQUEST_MESSAGE
-    try:
-        broker.internal.ensure(topic)
-    except AppendFailed as exc:
-        log.error("cannot create %s: %s", topic, exc)
-        return ErrorCode.coordinator_not_available, COORDINATOR_NOT_AVAILABLE_MESSAGE
-    return ErrorCode.none, None
+        return _refused(ErrorCode.invalid_request, INVALID_REQUEST_MESSAGE)
+    error = broker.internal.request(topic)
+    if error is not ErrorCode.none:
+        return _refused(error, COORDINATOR_NOT_AVAILABLE_MESSAGE)
+    replicas = broker.replicas
+    if replicas is None:
+        adv = broker.advertised
+        assert adv is not None
+        return ErrorCode.none, None, broker.node_id, adv.host, adv.port
+    partitions = broker.internal.partitions_of(topic)
+    partition = group_partition(key, partitions) if key_type == 0 else txn_partition(key, partitions)
+    leader = replicas.cache.leader(TopicPartition(topic, partition))
+    if leader is None:
+        return _refused(ErrorCode.coordinator_not_available, COORDINATOR_NOT_AVAILABLE_MESSAGE)
+    return ErrorCode.none, None, leader.broker_id, leader.host, leader.port
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    adv = broker.advertised
-    assert adv is not None
     key_type = int(getattr(request, "key_type", 0))
-    error, message = _lookup(broker, key_type)
-    broker.metrics.error(API_KEY, error)
-    ok = error is ErrorCode.none
-    node_id, host, port = (broker.node_id, adv.host, adv.port) if ok else (-1, "", -1)
     if ctx.version < MIN_BATCHED_VERSION:
+        error, message, node_id, host, port = _find(broker, key_type, request.key)
+        broker.metrics.error(API_KEY, error)
+        ok = error is ErrorCode.none
         return build(
             ctx.api.response_type,
             error_code=error,
@@ -63,9 +79,11 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             port=port,
         )
     mod = ctx.api.response_module
-    return build(
-        ctx.api.response_type,
-        coordinators=tuple(
+    coordinators = []
+    for key in request.coordinator_keys:
+        error, message, node_id, host, port = _find(broker, key_type, key)
+        broker.metrics.error(API_KEY, error)
+        coordinators.append(
             build(
                 mod.Coordinator,
                 key=key,
@@ -75,8 +93,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 error_code=error,
                 # Kafka's v4+ builder never sets it: the schema default "" (not null); on an
                 # error exactly still says why (a deliberate difference, notes/wire-conformance.md)
-                error_message="" if ok else message,
+                error_message="" if error is ErrorCode.none else message,
             )
-            for key in request.coordinator_keys
-        ),
-    )
+        )
+    return build(ctx.api.response_type, coordinators=tuple(coordinators))

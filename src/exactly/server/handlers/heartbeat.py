@@ -20,8 +20,8 @@ API_KEY = ApiKey.HEARTBEAT
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
-    if runtime.load_error is not ErrorCode.none:
-        response = HeartbeatResponseData(error_code=runtime.load_error)
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+        response = HeartbeatResponseData(error_code=load_error)
     else:
         data = HeartbeatRequestData(
             group_id=request.group_id,

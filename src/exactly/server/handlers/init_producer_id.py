@@ -24,16 +24,21 @@ API_KEY = ApiKey.INIT_PRODUCER_ID
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     tid = request.transactional_id or None
+    if tid is not None and (error := broker.txn.owner_error(tid)) is not ErrorCode.none:
+        broker.metrics.error(API_KEY, error)
+        return build(ctx.api.response_type, error_code=error, producer_id=-1, producer_epoch=-1)
+    coord = broker.txn.coordinator
     try:
-        step = broker.txn.coordinator.init_producer_id(
-            tid,
-            int(request.transaction_timeout.total_seconds() * 1000),
-            now_ms=now_ms(),
-            producer_id=getattr(request, "producer_id", -1),
-            producer_epoch=getattr(request, "producer_epoch", -1),
-            request_version=ctx.version,
+        result = await broker.txn.execute(
+            lambda: coord.init_producer_id(
+                tid,
+                int(request.transaction_timeout.total_seconds() * 1000),
+                now_ms=now_ms(),
+                producer_id=getattr(request, "producer_id", -1),
+                producer_epoch=getattr(request, "producer_epoch", -1),
+                request_version=ctx.version,
+            )
         )
-        result = broker.txn.drive(step)
     except OSError:
         result = None
     if result is None:

@@ -32,8 +32,8 @@ API_KEY = ApiKey.JOIN_GROUP
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
-    if runtime.load_error is not ErrorCode.none:
-        response = JoinGroupResponseData(error_code=runtime.load_error, member_id=request.member_id)
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+        response = JoinGroupResponseData(error_code=load_error, member_id=request.member_id)
     else:
         session_ms = millis(request.session_timeout)
         rebalance = getattr(request, "rebalance_timeout", None)

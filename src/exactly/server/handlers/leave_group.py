@@ -37,8 +37,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         members = tuple(
             LeaveMember(m.member_id, m.group_instance_id, getattr(m, "reason", None)) for m in request.members
         )
-    if runtime.load_error is not ErrorCode.none:
-        response = LeaveGroupResponseData(error_code=runtime.load_error)
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+        response = LeaveGroupResponseData(error_code=load_error)
     else:
         data = LeaveGroupRequestData(group_id=request.group_id, members=members)
         coordinator = runtime.coordinator

@@ -8,6 +8,7 @@ partition. A group that does not exist has no offsets: -1 for the requested part
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -59,13 +60,18 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         groups = tuple(_fetch_group(g.group_id, g.topics) for g in request.groups)
     else:
         groups = (_fetch_group(request.group_id, request.topics),)
-    if runtime.load_error is not ErrorCode.none:
-        results = tuple(_error_result(g, runtime.load_error, per_partition=ctx.version < 2) for g in groups)
-    else:
+    refused = [runtime.load_error_for(g.group_id) for g in groups]
+    ours = tuple(g for g, code in zip(groups, refused, strict=True) if code is ErrorCode.none)
+    fetched: Iterator[FetchGroupResult] = iter(())
+    if ours:
         data = OffsetFetchRequestData(
-            groups=groups, require_stable=bool(getattr(request, "require_stable", False))
+            groups=ours, require_stable=bool(getattr(request, "require_stable", False))
         )
-        results = runtime.coordinator.offset_fetch(data).groups
+        fetched = iter(runtime.coordinator.offset_fetch(data).groups)
+    results = tuple(
+        next(fetched) if code is ErrorCode.none else _error_result(g, code, per_partition=ctx.version < 2)
+        for g, code in zip(groups, refused, strict=True)
+    )
     mod = ctx.api.response_module
     for r in results:
         broker.metrics.error(API_KEY, r.error_code)

@@ -173,6 +173,11 @@ def _verify_transactional(
         and entry.producer_epoch == header.producer_epoch
     ):
         return None  # already inside this producer's transaction here: verified at its first write
+    if broker.txn.owner_error(transactional_id) is ErrorCode.not_coordinator:
+        # Cluster mode, the coordinator is another broker: the verification would be an
+        # AddPartitionsToTxn v4 to it, not built yet; the write is accepted unverified (as Kafka
+        # before 3.6 does).
+        return None
     result = broker.txn.coordinator.verify_partitions_in_txn(
         transactional_id,
         header.producer_id,

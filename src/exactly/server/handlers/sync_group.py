@@ -30,8 +30,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     protocol_type = getattr(request, "protocol_type", None)
     protocol_name = getattr(request, "protocol_name", None)
-    if runtime.load_error is not ErrorCode.none:
-        response = SyncGroupResponseData(error_code=runtime.load_error)
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+        response = SyncGroupResponseData(error_code=load_error)
     elif ctx.version >= 5 and (protocol_type is None or protocol_name is None):
         response = SyncGroupResponseData(error_code=ErrorCode.inconsistent_group_protocol)
     else:

@@ -34,9 +34,9 @@ API_KEY = ApiKey.TXN_OFFSET_COMMIT
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     topics = to_commit_topics(request.topics)
-    if runtime.load_error is not ErrorCode.none:
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
         errors: PartitionErrors = {
-            (t.name, p.partition_index): runtime.load_error for t in topics for p in t.partitions
+            (t.name, p.partition_index): load_error for t in topics for p in t.partitions
         }
         return build_response(broker, ctx, API_KEY, request.topics, errors)
     known, unknown = split_unknown(broker, topics)

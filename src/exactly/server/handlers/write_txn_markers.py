@@ -4,6 +4,8 @@ Kafka's coordinator sends this to partition leaders; admin tools send it to abor
 transaction (KIP-664: ``kafka-transactions.sh abort``). Each marker goes through the partition's
 producer state, so a marker from an older coordinator epoch is refused
 (TRANSACTION_COORDINATOR_FENCED) and one for a stale producer epoch too (INVALID_PRODUCER_EPOCH).
+In cluster mode only the partition's leader appends, acknowledged by the ISR
+(``txn_marker_sender.write_local_marker``; NOT_LEADER_OR_FOLLOWER elsewhere).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from kio.schema.errors import ErrorCode
 from exactly.protocol.apis import ApiKey, build
 from exactly.records.control import ControlType
 from exactly.server.internal_topics import AppendFailed
+from exactly.server.txn_marker_sender import write_local_marker
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
 
@@ -36,6 +39,20 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             for p in topic.partition_indexes:
                 tp = TopicPartition(topic.name, p)
                 code = ErrorCode.none
+                if broker.replicas is not None:  # cluster: as the leader, acks=all
+                    code = await write_local_marker(
+                        broker,
+                        tp,
+                        result,
+                        marker.producer_id,
+                        marker.producer_epoch,
+                        marker.coordinator_epoch,
+                    )
+                    broker.metrics.error(API_KEY, code)
+                    parts.append(
+                        build(mod.WritableTxnMarkerPartitionResult, partition_index=p, error_code=code)
+                    )
+                    continue
                 try:
                     if not broker.internal.write_marker(
                         tp, result, marker.producer_id, marker.producer_epoch, marker.coordinator_epoch

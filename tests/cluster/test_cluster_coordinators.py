@@ -1,0 +1,224 @@
+"""The group and transaction coordinators on a three-broker cluster (real ZooKeeper, broker
+subprocesses, confluent-kafka clients): the internal topics are replicated cluster topics, the
+coordinator of a key is the leader of its partition, and both coordinators survive the kill -9 of
+their broker (the next leader loads the partition from its replica)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from tests.cluster.helpers import running_cluster, wait_for
+from tests.support.broker import Broker
+
+TOPIC = "orders"
+OFFSETS = "__consumer_offsets"
+TXN_STATE = "__transaction_state"
+
+
+@pytest.fixture
+def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
+    yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "10000"})
+
+
+def bootstrap(brokers: list[Broker]) -> str:
+    return ",".join(b.bootstrap for b in brokers if b.running)
+
+
+def create_topic(brokers: list[Broker], partitions: int = 2) -> AdminClient:
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
+    topic = NewTopic(TOPIC, num_partitions=partitions, replication_factor=3, config={"min.insync.replicas": "2"})
+    admin.create_topics([topic])[TOPIC].result(timeout=30)
+    return admin
+
+
+def leader_of(brokers: list[Broker], topic: str, partition: int = 0) -> int:
+    """The partition's leader as Metadata reports it (-1 while none)."""
+    md = AdminClient({"bootstrap.servers": bootstrap(brokers)}).list_topics(topic, timeout=5)
+    partitions = md.topics[topic].partitions
+    return partitions[partition].leader if partition in partitions else -1
+
+
+def broker_named(brokers: list[Broker], broker_id: int) -> Broker:
+    return next(b for b in brokers if b.name == f"broker-{broker_id}")
+
+
+def transactional_producer(brokers: list[Broker], txn_id: str) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap(brokers),
+            "transactional.id": txn_id,
+            "transaction.timeout.ms": 60000,
+            "message.timeout.ms": 60000,
+        }
+    )
+    producer.init_transactions(60)
+    return producer
+
+
+def produce_txn(producer: Producer, values: range, *, commit: bool = True) -> None:
+    producer.begin_transaction()
+    for i in values:
+        producer.produce(TOPIC, key=str(i).encode(), value=str(i).encode(), partition=i % 2)
+    if commit:
+        producer.commit_transaction(60)
+    else:
+        producer.abort_transaction(60)
+
+
+def read_committed(brokers: list[Broker], expected: int) -> list[int]:
+    """Every committed value of TOPIC (both partitions), read until ``expected`` came back and
+    then until both partitions' ends (so anything extra would show)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap(brokers),
+            "group.id": "reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, 0) for p in (0, 1)])
+        seen: list[int] = []
+        at_end: set[int] = set()
+        while len(seen) < expected or len(at_end) < 2:
+            msg = consumer.poll(15)
+            assert msg is not None, f"only {len(seen)} of {expected} records came back"
+            if msg.error() is not None:
+                assert msg.error().code() == -191, msg.error()  # _PARTITION_EOF
+                if len(seen) >= expected:
+                    at_end.add(msg.partition())
+                continue
+            seen.append(int(msg.value()))
+        return sorted(seen)
+    finally:
+        consumer.close()
+
+
+def test_internal_topics_are_replicated_cluster_topics(cluster: list[Broker], zk_connect: str) -> None:
+    """Created through ZooKeeper on first use with Kafka's replication factors (3) and, for the
+    transaction log, min.insync.replicas = transaction.state.log.min.isr (2)."""
+    create_topic(cluster)
+    producer = transactional_producer(cluster, "txn-topics")  # FindCoordinator(transaction)
+    produce_txn(producer, range(4))
+    consumer = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": "g"})  # ... (group)
+    consumer.commit(offsets=[TopicPartition(TOPIC, 0, 1)], asynchronous=False)
+    consumer.close()
+    zk = KazooClient(hosts=zk_connect)
+    zk.start(10)
+    try:
+        for topic in (OFFSETS, TXN_STATE):
+            data, _ = zk.get(f"/brokers/topics/{topic}")
+            replicas = json.loads(data)["partitions"]
+            assert list(replicas) == ["0"]  # offsets/transaction.state.log.num.partitions = 1
+            assert sorted(replicas["0"]) == [0, 1, 2]
+        config = json.loads(zk.get(f"/config/topics/{TXN_STATE}")[0])["config"]
+        assert config["min.insync.replicas"] == "2"
+        assert config["cleanup.policy"] == "compact"
+    finally:
+        zk.stop()
+        zk.close()
+    # every broker hosts a replica of the transaction log: the followers caught up with the leader
+    wait_for(
+        lambda: len({b.partition_dir(TXN_STATE, 0).joinpath("00000000000000000000.log").stat().st_size for b in cluster})
+        == 1,
+        what="transaction log replicas to converge",
+    )
+
+
+def test_find_coordinator_answers_the_partition_leader_on_every_broker(cluster: list[Broker]) -> None:
+    create_topic(cluster)
+    producer = transactional_producer(cluster, "txn-find")
+    produce_txn(producer, range(2))
+    leader = leader_of(cluster, TXN_STATE)
+    assert leader in (0, 1, 2)
+    for broker in cluster:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        # librdkafka's describe_consumer_groups asks FindCoordinator first; the answer names
+        # the group's coordinator, which must be the leader of __consumer_offsets-0 wherever asked
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "probe"})
+        consumer.subscribe([TOPIC])
+        consumer.poll(1)
+        wait_for(lambda: leader_of(cluster, OFFSETS) >= 0, what="an offsets leader")
+        described = admin.describe_consumer_groups(["probe"])["probe"].result(timeout=30)
+        assert described.coordinator.id == leader_of(cluster, OFFSETS)
+        consumer.close()
+
+
+def test_transactions_on_the_cluster_read_committed_sees_only_committed(cluster: list[Broker]) -> None:
+    create_topic(cluster)
+    producer = transactional_producer(cluster, "txn-basic")
+    produce_txn(producer, range(0, 50))
+    produce_txn(producer, range(50, 100), commit=False)
+    produce_txn(producer, range(100, 150))
+    assert read_committed(cluster, 100) == [*range(50), *range(100, 150)]
+
+
+def test_committed_offsets_survive_the_group_coordinators_kill_9(cluster: list[Broker]) -> None:
+    create_topic(cluster)
+    producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
+    for i in range(20):
+        producer.produce(TOPIC, value=str(i).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    config = {
+        "bootstrap.servers": bootstrap(cluster),
+        "group.id": "survivors",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    }
+    consumer = Consumer(config)
+    consumer.assign([TopicPartition(TOPIC, 0, 0), TopicPartition(TOPIC, 1, 0)])
+    consumer.commit(offsets=[TopicPartition(TOPIC, 0, 7), TopicPartition(TOPIC, 1, 3)], asynchronous=False)
+    consumer.close()
+    coordinator = leader_of(cluster, OFFSETS)
+    assert coordinator in (0, 1, 2)
+    broker_named(cluster, coordinator).kill()
+    wait_for(
+        lambda: leader_of(cluster, OFFSETS) not in (-1, coordinator),
+        timeout=30,
+        what="a new leader of __consumer_offsets-0",
+    )
+    survivors = [b for b in cluster if b.running]
+    consumer = Consumer({**config, "bootstrap.servers": bootstrap(survivors)})
+    try:
+        committed = consumer.committed([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)], timeout=30)
+        assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 7), (1, 3)]
+    finally:
+        consumer.close()
+
+
+def test_transaction_after_the_transaction_coordinators_kill_9(cluster: list[Broker]) -> None:
+    """The same producer goes on after its coordinator's broker died between two transactions:
+    the next leader of __transaction_state-0 loaded the id (producer id and epoch) from its
+    replica, so the commit succeeds and read_committed sees both transactions exactly once."""
+    create_topic(cluster)
+    producer = transactional_producer(cluster, "txn-failover")
+    produce_txn(producer, range(0, 40))
+    coordinator = leader_of(cluster, TXN_STATE)
+    assert coordinator in (0, 1, 2)
+    broker_named(cluster, coordinator).kill()
+    wait_for(
+        lambda: leader_of(cluster, TXN_STATE) not in (-1, coordinator),
+        timeout=30,
+        what="a new leader of __transaction_state-0",
+    )
+    survivors = [b for b in cluster if b.running]
+    for attempt in range(3):
+        try:
+            produce_txn(producer, range(40, 80))
+            break
+        except KafkaException as exc:  # a retriable abort while leaders move; the txn is retried
+            error = exc.args[0]
+            assert error.retriable() or error.txn_requires_abort(), error
+            if error.txn_requires_abort():
+                producer.abort_transaction(60)
+            assert attempt < 2, error
+    assert read_committed(survivors, 80) == list(range(80))
