@@ -50,7 +50,9 @@ class FakeTopic:
         self.events.append(f"append {records[0][0]!r}")
         return base
 
-    async def append_replicated(self, topic: str, partition: int, records: Sequence[Record], **kw: Any) -> int:
+    async def append_replicated(
+        self, topic: str, partition: int, records: Sequence[Record], **kw: Any
+    ) -> int:
         base = self.append(topic, partition, records, **kw)
         if self.acks is not None:
             await self.acks.wait()
@@ -285,7 +287,9 @@ def test_replicated_answer_waits_for_the_isr_and_operations_do_not_interleave() 
         def op(key: bytes) -> Any:
             def run(_token: RequestToken) -> CoordinatorResult[str]:
                 topic.events.append(f"op {key!r}")
-                return CoordinatorResult(writes=(shard.write(key, CoordinatorResult(response=f"done {key!r}")),))
+                return CoordinatorResult(
+                    writes=(shard.write(key, CoordinatorResult(response=f"done {key!r}")),)
+                )
 
             return run
 

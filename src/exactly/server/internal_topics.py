@@ -303,7 +303,9 @@ class InternalTopics:
                 continue
             offset = plog.log_start_offset
             while offset < plog.log_end_offset:
-                data = plog.read(offset, REPLAY_CHUNK, read_committed=False, min_one_batch=True).records
+                data = plog.read(
+                    offset, REPLAY_CHUNK, read_committed=False, min_one_batch=True, up_to_log_end=True
+                ).records
                 if not data:
                     break
                 for header in iter_batches(data):
