@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -50,15 +50,19 @@ def cluster_overrides(zk_connect: str, broker_id: int) -> dict[str, str]:
     }
 
 
-def running_cluster(zk_connect: str, tmp_path: Path, count: int = 3, **extra: str) -> Iterator[list[Broker]]:
+def running_cluster(
+    zk_connect: str, tmp_path: Path, count: int = 3, env: Mapping[str, str] | None = None, **extra: str
+) -> Iterator[list[Broker]]:
     """Body of a cluster fixture (``yield from running_cluster(...)``): ``count`` brokers on
-    ``zk_connect``, each with ``cluster_overrides`` plus ``extra``, stopped afterwards."""
+    ``zk_connect``, each with ``cluster_overrides`` plus ``extra`` (and the extra environment
+    ``env``, e.g. a fault hook), stopped afterwards."""
     brokers = [
         Broker(
             tmp_path / f"broker-{i}",
             tmp_path / f"broker-{i}.log",
             overrides={**cluster_overrides(zk_connect, i), **extra},
             name=f"broker-{i}",
+            env=env,
         )
         for i in range(count)
     ]

@@ -222,3 +222,37 @@ def test_transaction_after_the_transaction_coordinators_kill_9(cluster: list[Bro
     survivors = [b for b in cluster if b.running]
     produce_txn(producer, range(40, 80))  # librdkafka finds the new coordinator by itself
     assert read_committed(survivors, 80) == list(range(80))
+
+
+@pytest.fixture
+def crashing_cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
+    """Every broker SIGKILLs itself right after a PrepareCommit/PrepareAbort it wrote for a
+    client's EndTxn is acknowledged by the ISR, before any marker (never for the transactions a
+    load hands back, so the next coordinator completes them instead of dying too)."""
+    yield from running_cluster(
+        zk_connect,
+        tmp_path,
+        env={"EXACTLY_FAULT": "crash-after-prepare"},
+        **{"replica.lag.time.max.ms": "10000"},
+    )
+
+
+def test_commit_completed_by_the_next_coordinator_after_a_crash_after_prepare(
+    crashing_cluster: list[Broker],
+) -> None:
+    """Kill the transaction coordinator's broker right after PrepareCommit is logged: the next
+    leader of __transaction_state-0 finds PrepareCommit, sends the markers to every partition's
+    leader and writes CompleteCommit; the producer's retried commit succeeds; read_committed
+    reads the transaction exactly once and both partitions' LSO moved past it."""
+    cluster = crashing_cluster
+    create_topic(cluster)
+    producer = transactional_producer(cluster, "txn-crash")
+    coordinator = leader_of(cluster, TXN_STATE)
+    assert coordinator in (0, 1, 2)
+    produce_txn(producer, range(0, 30))  # the coordinator dies inside this commit
+    victim = broker_named(cluster, coordinator)
+    wait_for(lambda: not victim.running, timeout=10, what="the coordinator to crash after PrepareCommit")
+    assert "crash-after-prepare" in victim.log_text()
+    survivors = [b for b in cluster if b.running]
+    assert len(survivors) == 2
+    assert read_committed(survivors, 30) == list(range(30))
