@@ -224,6 +224,49 @@ def test_transaction_after_the_transaction_coordinators_kill_9(cluster: list[Bro
     assert read_committed(survivors, 80) == list(range(80))
 
 
+def test_transactional_copier_commits_offsets_through_the_group_coordinator(cluster: list[Broker]) -> None:
+    """consume -> produce -> send_offsets_to_transaction -> commit with a subscribed consumer
+    group: TxnOffsetCommit goes to the group coordinator (wherever __consumer_offsets-0 is led)
+    and the COMMIT marker that reaches that partition's leader makes the offsets visible."""
+    admin = create_topic(cluster)
+    out = "copied"
+    admin.create_topics([NewTopic(out, num_partitions=1, replication_factor=3)])[out].result(timeout=30)
+    source = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
+    for i in range(20):
+        source.produce(TOPIC, value=str(i).encode(), partition=i % 2)
+    assert source.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap(cluster),
+            "group.id": "copier",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([TOPIC])
+    producer = transactional_producer(cluster, "copier-txn")
+    producer.begin_transaction()
+    copied = 0
+    while copied < 20:
+        msg = consumer.poll(15)
+        assert msg is not None, f"only {copied} of 20 records consumed"
+        assert msg.error() is None, msg.error()
+        producer.produce(out, value=msg.value(), partition=0)
+        copied += 1
+    producer.send_offsets_to_transaction(
+        consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 60
+    )
+    producer.commit_transaction(60)
+    consumer.close()
+    check = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": "copier"})
+    try:
+        committed = check.committed([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)], timeout=30)
+        assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 10), (1, 10)]
+    finally:
+        check.close()
+
+
 @pytest.fixture
 def crashing_cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     """Every broker SIGKILLs itself right after a PrepareCommit/PrepareAbort it wrote for a

@@ -100,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"exactly cluster: {exc}", file=sys.stderr)
         return 1
     connect = f"{address.connect}/exactly"
+    # Kafka refuses to create the coordinators' internal topics with fewer live brokers than
+    # their replication factor (3); a smaller development cluster gets factors it can satisfy,
+    # as Kafka's own sample server.properties sets them for one broker. -o still wins.
+    internal_defaults = {
+        "offsets.topic.replication.factor": str(min(3, args.brokers)),
+        "transaction.state.log.replication.factor": str(min(3, args.brokers)),
+        "transaction.state.log.min.isr": str(min(2, args.brokers)),
+    }
+    overrides = {**internal_defaults, **overrides}
     brokers = [
         Broker(
             data_dir / f"broker-{broker_id}",
