@@ -6,6 +6,7 @@ their broker (the next leader loads the partition from its replica)."""
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +14,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
+from kio.schema.types import ProducerId, TopicName
+from kio.schema.write_txn_markers.v1 import request as markers_request
+from kio.static.primitive import i16, i32
 
 from tests.cluster.helpers import running_cluster, wait_for
 from tests.support.broker import Broker
+from tests.support.wire import WireClient, fetch_batches
 
 TOPIC = "orders"
 OFFSETS = "__consumer_offsets"
@@ -222,6 +227,43 @@ def test_transaction_after_the_transaction_coordinators_kill_9(cluster: list[Bro
     survivors = [b for b in cluster if b.running]
     produce_txn(producer, range(40, 80))  # librdkafka finds the new coordinator by itself
     assert read_committed(survivors, 80) == list(range(80))
+    # The markers carry the coordinator epoch = the transaction log partition's leader epoch:
+    # 0 from the first coordinator, higher from the next. The data partition's leader refuses a
+    # marker of the older coordinator epoch now, and a non-leader refuses any marker.
+    leader = broker_named(cluster, leader_of(survivors, TOPIC, 0))
+    with WireClient(leader.bootstrap) as client:
+        markers = [(h, recs) for h, recs in fetch_batches(client, TOPIC, 0) if h.is_control]
+        epochs = [struct.unpack(">hi", recs[0].value)[1] for _h, recs in markers]
+        # (the first transaction's COMMIT may come twice: when its CompleteCommit had not reached
+        # the next leader yet, that one finds PrepareCommit and sends the markers again; harmless)
+        assert epochs[0] == 0 and epochs[-1] >= 1 and epochs == sorted(epochs), epochs
+        last = markers[-1][0]
+        assert write_marker(client, last.producer_id, last.producer_epoch, 0) == 52  # COORDINATOR_FENCED
+    follower = next(b for b in survivors if b is not leader)
+    with WireClient(follower.bootstrap) as client:
+        assert write_marker(client, last.producer_id, last.producer_epoch, epochs[-1]) == 6  # NOT_LEADER
+
+
+def write_marker(client: WireClient, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> int:
+    """One COMMIT marker for orders-0 by WriteTxnMarkers v1; its partition error code."""
+    request = markers_request.WriteTxnMarkersRequest(
+        markers=(
+            markers_request.WritableTxnMarker(
+                producer_id=ProducerId(producer_id),
+                producer_epoch=i16(producer_epoch),
+                transaction_result=True,
+                topics=(
+                    markers_request.WritableTxnMarkerTopic(
+                        name=TopicName(TOPIC), partition_indexes=(i32(0),)
+                    ),
+                ),
+                coordinator_epoch=i32(coordinator_epoch),
+            ),
+        )
+    )
+    ((topic,),) = (m.topics for m in client.send(request).markers)
+    (partition,) = topic.partitions
+    return int(partition.error_code)
 
 
 def test_transactional_copier_commits_offsets_through_the_group_coordinator(cluster: list[Broker]) -> None:
