@@ -17,10 +17,11 @@ own writes (see :mod:`exactly.coordinator.result`). The runtime needs just these
 Requests are ordinary methods of each coordinator returning a ``CoordinatorResult``; the runtime
 runs them through ``call``/``drive`` and does not need to know them.
 
-Today one coordinator object owns every partition of its topic. In a replicated cluster, a
-broker leads only some partitions: the runtime will then keep one coordinator per led partition,
-create and load it (replay of that partition) when it becomes leader and drop it when it stops
-being leader -- the contract above is already per record and per partition, so it does not change.
+One coordinator object owns the partitions of its topic that the runtime hands it: every
+partition on a single broker; on a cluster the ones this broker leads, reloaded as a whole
+(``unload``, replay of the led partitions, ``load_complete``) when that set changes. Keeping one
+coordinator per led partition instead needs no change here either: the contract is already per
+record and per partition.
 """
 
 from __future__ import annotations
