@@ -168,20 +168,27 @@ class CoordinatorRuntime:
         return stats
 
     async def reload(
-        self, owned: Collection[int], before_load: Callable[[], None] | None = None
+        self,
+        target: Callable[[], Collection[int]],
+        on_change: Callable[[frozenset[int]], None] | None = None,
     ) -> LoadStats | None:
-        """Cluster mode: the led partitions changed to ``owned``. Under the operation lock (after
-        the operation in flight), unload, then -- when anything is still owned -- call
-        ``before_load`` and replay the owned partitions. None when nothing is owned."""
+        """Cluster mode: follow the led partitions. Under the operation lock (after the
+        operation in flight) ``target()`` says which partitions are led now -- read then, so
+        reloads queued behind each other all converge on the newest set. When that differs from
+        ``owned``: unload, call ``on_change(new set)``, replay the new set (if any) and drive
+        ``load_complete``. Returns what was replayed, or None when nothing changed."""
         async with self._lock:
+            owned = frozenset(target())
+            if owned == self.owned:
+                return None
             if self.loaded:
                 self.loaded = False
                 await self._drive_replicated(self.shard.unload(now_ms()))
-            self.owned = frozenset(owned)
-            if not self.owned:
-                return None
-            if before_load is not None:
-                before_load()
+            self.owned = owned
+            if on_change is not None:
+                on_change(owned)
+            if not owned:
+                return LoadStats(0, 0)
             stats = self._replay()
             await self._drive_replicated(self.shard.load_complete(now_ms()))
             self.loaded = True

@@ -125,17 +125,18 @@ class GroupRuntime:
     def start_tasks(self) -> list[asyncio.Task[None]]:
         return self.runtime.start_tasks()
 
-    async def on_leadership(self, partitions: frozenset[int]) -> None:
-        """Cluster mode: this broker now leads exactly ``partitions`` of the offsets topic."""
-        if partitions == self.runtime.owned:
+    async def on_leadership(self, led: Callable[[], frozenset[int]]) -> None:
+        """Cluster mode: the offsets partitions this broker leads may have changed; ``led()``
+        says which it leads now (read under the runtime's lock, see ``CoordinatorRuntime.reload``)."""
+        stats = await self.runtime.reload(led)
+        if stats is None:
             return
-        stats = await self.runtime.reload(partitions)
         log.info(
             "group coordinator for %s partitions %s: %d groups loaded from %d records",
             CONSUMER_OFFSETS_TOPIC,
-            sorted(partitions),
+            sorted(self.runtime.owned or ()),
             len(self.coordinator.groups),
-            0 if stats is None else stats.records,
+            stats.records,
         )
 
     def on_marker(self, partition: int, producer_id: int, commit: bool) -> None:

@@ -315,11 +315,14 @@ class ReplicaManager:
         ``topic`` this broker now leads (with their leader epochs) to its coordinator, which
         loads what it gained and drops what it lost (nothing when the set is unchanged: an epoch
         bump with the same leader, as the decisions' ``coordinator_election`` flag says)."""
-        led = {tp.partition: leader.leader_epoch for tp, leader in self.leaders.items() if tp.topic == topic}
+
+        def led() -> dict[int, int]:  # read when the coordinator gets to it, not now
+            return {tp.partition: lp.leader_epoch for tp, lp in self.leaders.items() if tp.topic == topic}
+
         if topic == TRANSACTION_STATE_TOPIC:
             self._spawn(self.broker.txn.on_leadership(led), f"coordinator-{topic}")
         else:
-            self._spawn(self.broker.groups.on_leadership(frozenset(led)), f"coordinator-{topic}")
+            self._spawn(self.broker.groups.on_leadership(lambda: frozenset(led())), f"coordinator-{topic}")
 
     def _apply(self, tp: TopicPartition, decision: RoleDecision) -> None:
         action = decision.action

@@ -159,28 +159,38 @@ class TxnRuntime:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.marker_sender.close()
 
-    async def on_leadership(self, epochs: dict[int, int]) -> None:
-        """Cluster mode: this broker now leads exactly the ``__transaction_state`` partitions in
-        ``epochs`` (partition -> leader epoch). Reload when the set changed (an epoch bump with
-        the same leader does not reload, as Kafka's ``onElection`` is not called then)."""
-        if frozenset(epochs) == self.runtime.owned:
+    async def on_leadership(self, led: Callable[[], dict[int, int]]) -> None:
+        """Cluster mode: the ``__transaction_state`` partitions this broker leads may have
+        changed; ``led()`` maps each one it leads now to its leader epoch (read under the
+        runtime's lock). Reload when the set changed (an epoch bump with the same leader does
+        not reload, as Kafka's ``onElection`` is not called then)."""
+        epochs: dict[int, int] = {}
+
+        def target() -> frozenset[int]:
+            epochs.clear()
+            epochs.update(led())
+            return frozenset(epochs)
+
+        def changed(_owned: frozenset[int]) -> None:
+            for task in list(self._marker_tasks):
+                task.cancel()
+            self._generation += 1
+            self._partition_epochs = dict(epochs)
+            self._owed_at_load = 0
+            # The coordinator's own epoch only tells its stale appends apart; markers carry the
+            # partition's leader epoch (``_send_markers``).
+            self.coordinator.begin_load(max(epochs.values(), default=0))
+
+        stats = await self.runtime.reload(target, changed)
+        if stats is None:
             return
-        for task in list(self._marker_tasks):
-            task.cancel()
-        self._generation += 1
-        self._partition_epochs = dict(epochs)
-        # The coordinator's own epoch only tells its stale appends apart; markers carry the
-        # partition's leader epoch (``_send_markers``).
-        internal_epoch = max(epochs.values(), default=0)
-        self._owed_at_load = 0
-        stats = await self.runtime.reload(epochs, lambda: self.coordinator.begin_load(internal_epoch))
         log.info(
             "transaction coordinator for %s partitions %s (leader epochs %s): %d records loaded; "
             "%d transactions to complete",
             TRANSACTION_STATE_TOPIC,
             sorted(epochs),
             dict(sorted(epochs.items())),
-            0 if stats is None else stats.records,
+            stats.records,
             self._owed_at_load,
         )
 
