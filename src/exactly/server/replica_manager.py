@@ -18,6 +18,10 @@ controller role) -> serve -> on SIGTERM ``server.controlled_shutdown`` (leadersh
 while this broker still serves and follows; what could not move is resigned) -> ``stop`` (stop
 the fetchers and the controller, close the session: the registration, any ``/controller`` and
 the shutdown request disappear at once).
+
+Coordinators: after every role change of a ``__consumer_offsets`` / ``__transaction_state``
+partition the group / transaction coordinator is told which partitions this broker now leads
+(``_coordinators_follow``); they load and unload accordingly.
 """
 
 from __future__ import annotations
