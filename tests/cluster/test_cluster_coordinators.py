@@ -269,7 +269,8 @@ def write_marker(client: WireClient, producer_id: int, producer_epoch: int, coor
 def test_transactional_copier_commits_offsets_through_the_group_coordinator(cluster: list[Broker]) -> None:
     """consume -> produce -> send_offsets_to_transaction -> commit with a subscribed consumer
     group: TxnOffsetCommit goes to the group coordinator (wherever __consumer_offsets-0 is led)
-    and the COMMIT marker that reaches that partition's leader makes the offsets visible."""
+    and the COMMIT marker that reaches that partition's leader makes the offsets visible; an
+    aborted transaction's offsets are dropped there."""
     admin = create_topic(cluster)
     out = "copied"
     admin.create_topics([NewTopic(out, num_partitions=1, replication_factor=3)])[out].result(timeout=30)
@@ -300,6 +301,13 @@ def test_transactional_copier_commits_offsets_through_the_group_coordinator(clus
         consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 60
     )
     producer.commit_transaction(60)
+    # an aborted transaction's offsets are dropped where the ABORT marker lands
+    producer.begin_transaction()
+    producer.produce(out, value=b"junk", partition=0)
+    producer.send_offsets_to_transaction(
+        [TopicPartition(TOPIC, 0, 15), TopicPartition(TOPIC, 1, 15)], consumer.consumer_group_metadata(), 60
+    )
+    producer.abort_transaction(60)
     consumer.close()
     check = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": "copier"})
     try:
