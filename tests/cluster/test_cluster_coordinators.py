@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 from kio.schema.types import ProducerId, TopicName
@@ -315,6 +316,40 @@ def test_transactional_copier_commits_offsets_through_the_group_coordinator(clus
         assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 10), (1, 10)]
     finally:
         check.close()
+
+
+@pytest.mark.slow
+def test_transactions_go_on_while_the_coordinators_broker_is_killed_mid_stream(cluster: list[Broker]) -> None:
+    """Back-to-back transactions (every third aborted) while the broker leading
+    __transaction_state-0 is killed -9 after a few: every commit either succeeds or is aborted
+    and redone, and read_committed reads exactly the committed values, each once."""
+    create_topic(cluster)
+    producer = transactional_producer(cluster, "txn-stream")
+    committed: list[int] = []
+    next_value = 0
+    txn = 0
+    killer: threading.Timer | None = None
+    while len(committed) < 400:
+        values = range(next_value, next_value + 20)
+        next_value += 20
+        txn += 1
+        if txn == 4:  # the kill lands somewhere inside this transaction or the next ones
+            killer = threading.Timer(0.05, broker_named(cluster, leader_of(cluster, TXN_STATE)).kill)
+            killer.start()
+        try:
+            produce_txn(producer, values, commit=txn % 3 != 0)
+        except KafkaException as exc:
+            error = exc.args[0]
+            assert error.txn_requires_abort() or error.retriable(), error
+            producer.abort_transaction(60)
+            continue
+        if txn % 3 != 0:
+            committed.extend(values)
+    assert killer is not None
+    killer.join()
+    survivors = [b for b in cluster if b.running]
+    assert len(survivors) == 2
+    assert read_committed(survivors, len(committed)) == sorted(committed)
 
 
 @pytest.fixture
