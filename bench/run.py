@@ -25,7 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # this checkout's package (the broker launcher), whatever the venv has installed
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 
-from benchlib import brokers, drivers, profile, report
+from benchlib import (
+    brokers,
+    cluster_workloads,  # noqa: F401  (registers the cluster workloads)
+    drivers,
+    profile,
+    report,
+)
 from benchlib.brokers import BrokerProcess
 from benchlib.workloads import REGISTRY, Context, Workload
 

@@ -6,31 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchlib.workloads import REGISTRY, median_of, spread_of
-
-
-def _f(v: float | None, digits: int = 1) -> str:
-    if v is None:
-        return "—"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.{digits}f}"
-
-
-def _spread(samples: list[dict[str, Any]], key: str, digits: int = 0) -> str:
-    sp = spread_of(samples, key)
-    if sp is None or len([s for s in samples if s.get("ok")]) < 2:
-        return ""
-    return f" ({_f(sp[0], digits)}-{_f(sp[1], digits)})"
-
-
-def _runs(entry: dict[str, Any]) -> str:
-    samples = entry["samples"]
-    ok = sum(1 for s in samples if s.get("ok"))
-    text = f"{ok}/{len(samples)}"
-    if entry.get("setup_error"):
-        text = "setup failed"
-    return text if ok == len(samples) and samples else f"**{text}**"
+from benchlib import cluster_report
+from benchlib.fmt import num as _f
+from benchlib.fmt import runs_ok as _runs
+from benchlib.fmt import spread as _spread
+from benchlib.workloads import REGISTRY, median_of
 
 
 def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
@@ -112,6 +92,7 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
             ]
 
     out += pair_section(by_kind.get("pair", []))
+    out += cluster_report.section(by_kind)
     out += group_section(by_kind.get("group", []))
 
     lat = by_kind.get("latency", [])

@@ -665,95 +665,103 @@ class LatencyFixedRate(Workload):
         topic = _topic(self.name, broker, rep)
         kafka.create_topic(broker.bootstrap, topic, 1)
         state.append(topic)
-        rate, seconds = ctx.latency_rate, ctx.latency_seconds
-        total = int(rate * seconds)
-        ack: list[float] = []
-        e2e: list[float] = []
-        errors: list[str] = []
-        stop = threading.Event()
-        consumer_ready = threading.Event()
-        now_ns = time.perf_counter_ns
-
-        def consume() -> None:
-            c = kafka.consumer(broker.bootstrap)
-            try:
-                c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-                consumer_ready.set()
-                end = time.monotonic() + seconds + 60
-                while len(e2e) < total and time.monotonic() < end and not stop.is_set():
-                    # poll(), not consume(num_messages=N): consume() waits for N records or the timeout
-                    m = c.poll(0.05)
-                    t = now_ns()
-                    if m is None or m.error() is not None:
-                        continue
-                    e2e.append((t - struct.unpack_from(">Q", m.value())[0]) / 1e6)
-            finally:
-                c.close()
-
-        def on_delivery(err: Any, msg: Any) -> None:
-            t = now_ns()
-            if err is not None:
-                if len(errors) < 20:
-                    errors.append(str(err))
-                return
-            ack.append((t - struct.unpack_from(">Q", msg.value())[0]) / 1e6)
-
-        p = Producer(
-            {"bootstrap.servers": broker.bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0, **kafka.QUIET}
-        )
-        p.list_topics(topic, timeout=30)
-        reader = threading.Thread(target=consume, daemon=True)
-        reader.start()
-        consumer_ready.wait(30)
-        time.sleep(0.5)  # let the consumer's first fetch go out
-        pad = ctx.pool[0][8:]
-        interval = 1.0 / rate
-        with Meter(broker) as meter:
-            start = time.perf_counter()
-            for i in range(total):
-                due = start + i * interval
-                for _ in range(100_000):
-                    left = due - time.perf_counter()
-                    if left <= 0:
-                        break
-                    p.poll(min(left, 0.001))
-                p.produce(topic, struct.pack(">Q", now_ns()) + pad, on_delivery=on_delivery)
-                p.poll(0)
-            p.flush(30)
-            achieved = total / (time.perf_counter() - start)
-        deadline = time.monotonic() + 30
-        while len(e2e) < total and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stop.set()
-        reader.join(60)
-        in_log = ctx.count_records(broker, topic, 1)
-        if len(ack) != total:
-            errors.append(f"{len(ack)}/{total} delivery reports")
-        if len(e2e) != total:
-            errors.append(f"consumer saw {len(e2e)}/{total}")
-        if in_log != total:
-            errors.append(f"log holds {in_log}, sent {total}")
-        ack.sort()
-        e2e.sort()
-        sample: dict[str, Any] = {
-            "ok": not errors,
-            "error": "; ".join(errors)[:1000],
-            "records": total,
-            "achieved_rate": achieved,
-            "wall_s": meter.wall,
-            "broker_cpu_s": meter.broker_cpu,
-            "broker_cores": meter.broker_cpu / meter.wall if meter.wall else 0.0,
-        }
-        for label, vals in (("ack", ack), ("e2e", e2e)):
-            for q, key in ((50, "p50"), (99, "p99"), (99.9, "p999")):
-                sample[f"{label}_{key}_ms"] = percentile(vals, q)
-            sample[f"{label}_max_ms"] = vals[-1] if vals else None
-        return sample
+        return fixed_rate_latency(ctx, broker, topic)
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: list[str]) -> None:
         assert broker is not None
         for topic in state:
             kafka.delete_topic(broker.bootstrap, topic)
+
+
+def fixed_rate_latency(ctx: Context, broker: Any, topic: str) -> dict[str, Any]:
+    """``ctx.latency_rate`` records/s for ``ctx.latency_seconds`` to partition 0 of ``topic`` (linger.ms=0,
+    acks=all, idempotent) with a consumer thread reading it: ack and end-to-end latency percentiles.
+    ``broker``: a ``BrokerProcess`` or anything with ``bootstrap``, ``cpu_seconds()``, ``alive()`` and
+    ``info`` (bench/benchlib/cluster.py's ``Cluster``: CPU summed over its brokers)."""
+    rate, seconds = ctx.latency_rate, ctx.latency_seconds
+    total = int(rate * seconds)
+    ack: list[float] = []
+    e2e: list[float] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    consumer_ready = threading.Event()
+    now_ns = time.perf_counter_ns
+
+    def consume() -> None:
+        c = kafka.consumer(broker.bootstrap)
+        try:
+            c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+            consumer_ready.set()
+            end = time.monotonic() + seconds + 60
+            while len(e2e) < total and time.monotonic() < end and not stop.is_set():
+                # poll(), not consume(num_messages=N): consume() waits for N records or the timeout
+                m = c.poll(0.05)
+                t = now_ns()
+                if m is None or m.error() is not None:
+                    continue
+                e2e.append((t - struct.unpack_from(">Q", m.value())[0]) / 1e6)
+        finally:
+            c.close()
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        t = now_ns()
+        if err is not None:
+            if len(errors) < 20:
+                errors.append(str(err))
+            return
+        ack.append((t - struct.unpack_from(">Q", msg.value())[0]) / 1e6)
+
+    p = Producer(
+        {"bootstrap.servers": broker.bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0, **kafka.QUIET}
+    )
+    p.list_topics(topic, timeout=30)
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    consumer_ready.wait(30)
+    time.sleep(0.5)  # let the consumer's first fetch go out
+    pad = ctx.pool[0][8:]
+    interval = 1.0 / rate
+    with Meter(broker) as meter:
+        start = time.perf_counter()
+        for i in range(total):
+            due = start + i * interval
+            for _ in range(100_000):
+                left = due - time.perf_counter()
+                if left <= 0:
+                    break
+                p.poll(min(left, 0.001))
+            p.produce(topic, struct.pack(">Q", now_ns()) + pad, on_delivery=on_delivery)
+            p.poll(0)
+        p.flush(30)
+        achieved = total / (time.perf_counter() - start)
+    deadline = time.monotonic() + 30
+    while len(e2e) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader.join(60)
+    in_log = ctx.count_records(broker, topic, 1)
+    if len(ack) != total:
+        errors.append(f"{len(ack)}/{total} delivery reports")
+    if len(e2e) != total:
+        errors.append(f"consumer saw {len(e2e)}/{total}")
+    if in_log != total:
+        errors.append(f"log holds {in_log}, sent {total}")
+    ack.sort()
+    e2e.sort()
+    sample: dict[str, Any] = {
+        "ok": not errors,
+        "error": "; ".join(errors)[:1000],
+        "records": total,
+        "achieved_rate": achieved,
+        "wall_s": meter.wall,
+        "broker_cpu_s": meter.broker_cpu,
+        "broker_cores": meter.broker_cpu / meter.wall if meter.wall else 0.0,
+    }
+    for label, vals in (("ack", ack), ("e2e", e2e)):
+        for q, key in ((50, "p50"), (99, "p99"), (99.9, "p999")):
+            sample[f"{label}_{key}_ms"] = percentile(vals, q)
+        sample[f"{label}_max_ms"] = vals[-1] if vals else None
+    return sample
 
 
 # ------------------------------------------------------------------------------------------- groups

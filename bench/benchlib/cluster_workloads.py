@@ -1,0 +1,467 @@
+"""Workloads of the replicated cluster (issue #9): throughput and CPU of RF 3 vs RF 1, produce-to-ack
+latency at 1,000 msg/s, and failover time after kill -9 / SIGTERM of a partition leader.
+
+Every workload starts its own ZooKeeper + 3 brokers (bench/benchlib/cluster.py) in ``setup`` and stops
+them in ``teardown`` (``own_broker``), so the shared single broker of run.py is not running meanwhile.
+
+What "RF 1" means here: a replication-factor-1 topic **on the same 3-broker cluster** (same processes,
+same ZooKeeper session, same code path through the replica manager; only the replication differs), and,
+as a second reference in the throughput pairs, the **single broker** (no ``zookeeper.connect``: the
+embedded default), started beside the cluster for the whole workload.  Topics are placed by an explicit
+replica assignment so broker 0 leads every measured partition (RF 3: ``[0, 1, 2]``, RF 1: ``[0]``):
+the leader's work is on one known process, the followers' on the two others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+from kazoo.client import KazooClient
+
+from benchlib import brokers, drivers, kafka
+from benchlib.brokers import BrokerProcess
+from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster
+from benchlib.workloads import (
+    GB,
+    Context,
+    Meter,
+    Target,
+    Workload,
+    _prefixed,
+    fixed_rate_latency,
+    register,
+    throughput_sample,
+)
+
+MIN_ISR = "2"
+RF3_CONFIG = {"min.insync.replicas": MIN_ISR}
+LEADER = 0  # broker id that leads every measured partition (explicit assignment)
+
+
+def _place(cluster: Cluster, prefix: str, rf: int, partitions: int = 1) -> str:
+    """A fresh topic whose partitions are led by broker ``LEADER`` (RF 3: the other two follow)."""
+    topic = f"{prefix}-rf{rf}-{uuid.uuid4().hex[:6]}"
+    others = [b for b in range(cluster.count) if b != LEADER]
+    assignment = [[LEADER, *others][:rf] for _ in range(partitions)]
+    a = cluster.admin()  # kept alive until the future resolves (a collected handle fails it)
+    futs = a.create_topics(
+        [
+            NewTopic(
+                topic,
+                num_partitions=partitions,
+                replica_assignment=assignment,
+                config=RF3_CONFIG if rf > 1 else {},
+            )
+        ],
+        operation_timeout=60,
+        request_timeout=60,
+    )
+    futs[topic].result(timeout=60)
+    cluster.wait_full_isr(topic, partitions, rf)
+    return topic
+
+
+def _leader_process(cluster: Cluster) -> BrokerProcess:
+    """Broker ``LEADER`` as a ``BrokerProcess`` (for --profile and RSS)."""
+    b = cluster.brokers[LEADER]
+    assert b.process is not None
+    return BrokerProcess(
+        "exactly", b.process, b.bootstrap, b.log_path, b.started_at, b.listening_s, b.data_dir, {}, b
+    )
+
+
+def _start_cluster(ctx: Context, tag: str, session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS) -> Cluster:
+    overrides = dict(opt.split("=", 1) for opt in ctx.broker_options)
+    work = ctx.scratch / f"cluster-{tag}-{uuid.uuid4().hex[:6]}"
+    cluster = Cluster(work, 3, session_timeout_ms, overrides)
+    cluster.start()
+    print(
+        f"-- cluster up at {cluster.bootstrap} (ZooKeeper {cluster.zk_connect}, session timeout "
+        f"{session_timeout_ms} ms, ready in {cluster.ready_s:.1f} s)",
+        flush=True,
+    )
+    return cluster
+
+
+# --------------------------------------------------------------------------------------- throughput
+
+
+class ClusterProduce(Workload):
+    """RF 3 (acks=all, min.insync.replicas=2) vs RF 1 on the same cluster vs the single broker, back to
+    back in every repetition (order rotating), confluent-kafka produce loop as ``produce-confluent-p*``
+    (1 KB, idempotent, acks=all, linger.ms=10, 1 MB batches), ``ctx.records`` records, fresh topic each.
+    Cluster CPU = sum over the three broker processes; ZooKeeper's CPU separately; the leader's share
+    (broker 0) too.  ratio = RF 3 MB/s / RF 1 (cluster) MB/s per repetition."""
+
+    kind = "cluster-pair"
+    peer_ok = False
+    own_broker = True
+    partitions: ClassVar[int] = 1
+    variants: ClassVar[tuple[str, ...]] = ("rf3", "rf1", "single")
+    targets = (
+        Target("ratio", ">=", 0.5, "RF 3 / RF 1 MB/s", "#9"),
+        Target("rf3_broker_cpu_s_per_gb", "<=", 3.0, "cluster broker CPU-s/GB (RF 3)", "#9"),
+    )
+
+    def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
+        cluster = _start_cluster(ctx, "produce")
+        try:
+            single = brokers.start_exactly(ctx.scratch / f"single-{uuid.uuid4().hex[:6]}", ctx.broker_options)
+        except BaseException:
+            cluster.stop()
+            raise
+        return {"cluster": cluster, "single": single, "warmup": {}}
+
+    def measured_broker(self, broker: BrokerProcess | None, state: Any) -> BrokerProcess | None:
+        return _leader_process(state["cluster"]) if isinstance(state, dict) else broker
+
+    def _one(self, ctx: Context, state: dict[str, Any], variant: str, rep: int) -> dict[str, Any]:
+        cluster: Cluster = state["cluster"]
+        single: BrokerProcess = state["single"]
+        target: Any = single if variant == "single" else cluster
+        if variant == "single":
+            topic = f"{self.name}-single-r{rep}-{uuid.uuid4().hex[:6]}"
+            kafka.create_topic(single.bootstrap, topic, self.partitions)
+        else:
+            topic = _place(cluster, self.name, 3 if variant == "rf3" else 1, self.partitions)
+        if variant not in state["warmup"]:
+            # the warm-up record goes to an RF 1 topic of the same target (never a measured one)
+            state["warmup"][variant] = (
+                ctx.warmup_topic(single) if variant == "single" else _place(cluster, "bench-warmup", 1)
+            )
+        size = len(ctx.pool[0])
+        zk0 = cluster.zk_cpu_seconds()
+        per0 = cluster.broker_cpu()
+        with Meter(target) as meter:
+            run = drivers.confluent_produce(
+                target.bootstrap,
+                topic,
+                ctx.records,
+                ctx.pool,
+                ctx.timeout_for(ctx.records * size),
+                warmup_topic=state["warmup"][variant],
+            )
+        zk_cpu = cluster.zk_cpu_seconds() - zk0
+        per1 = cluster.broker_cpu()
+        in_log = ctx.count_records(target, topic, self.partitions)
+        if in_log != run.records:
+            run.errors.append(f"log holds {in_log} records, producer reported {run.records} delivered")
+        sample = throughput_sample(run, meter, ctx.records)
+        gb = run.bytes / GB if run.bytes else None
+        if variant != "single":
+            leader_cpu = per1.get(LEADER, 0.0) - per0.get(LEADER, 0.0)
+            sample["leader_cpu_s_per_gb"] = leader_cpu / gb if gb else None
+            sample["followers_cpu_s_per_gb"] = (meter.broker_cpu - leader_cpu) / gb if gb else None
+            sample["zk_cpu_s"] = zk_cpu
+            sample["zk_cpu_s_per_gb"] = zk_cpu / gb if gb else None
+        if variant == "single":
+            kafka.delete_topic(single.bootstrap, topic)
+        else:
+            cluster.delete_topic(topic)
+        return sample
+
+    def run_once(
+        self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
+    ) -> dict[str, Any]:
+        n = len(self.variants)
+        order = [self.variants[(rep + k) % n] for k in range(n)]
+        parts = {v: self._one(ctx, state, v, rep) for v in order}
+        errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
+        rf3, rf1, single = parts["rf3"], parts["rf1"], parts["single"]
+        out: dict[str, Any] = {
+            "ok": not errors,
+            "error": "; ".join(errors)[:1000],
+            "order": "/".join(order),
+            "ratio": rf3["mb_s"] / rf1["mb_s"] if rf1["mb_s"] else None,
+            "ratio_single": rf3["mb_s"] / single["mb_s"] if single["mb_s"] else None,
+            "rf1_vs_single": rf1["mb_s"] / single["mb_s"] if single["mb_s"] else None,
+            "load1": _load1(),
+        }
+        for v in order:
+            out.update(_prefixed(v, parts[v]))
+        return out
+
+    def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
+        state["single"].stop()
+        state["cluster"].stop()
+
+
+def _load1() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+for _parts, _default in ((1, True), (3, False)):
+    register(
+        type(
+            f"cluster_produce_p{_parts}",
+            (ClusterProduce,),
+            {
+                "name": f"cluster-produce-p{_parts}",
+                "title": f"3-broker cluster: produce 1 KB, {_parts} partition{'s' if _parts > 1 else ''}, "
+                "RF 3 acks=all vs RF 1 (same cluster) vs single broker, confluent-kafka",
+                "partitions": _parts,
+                "default": _default,
+            },
+        )
+    )
+
+
+# ------------------------------------------------------------------------------------------ latency
+
+
+@register
+class ClusterLatency(Workload):
+    """``latency-1k`` on the cluster: 1,000 msg/s, 1 KB, linger.ms=0, acks=all, idempotent, to an RF 3
+    topic (min.insync.replicas=2: the ack waits for a follower's fetch) and to an RF 1 topic on the same
+    cluster, back to back in each repetition (order alternating)."""
+
+    name = "cluster-latency-1k"
+    kind = "cluster-latency"
+    title = "3-broker cluster: latency at 1,000 msg/s, 1 KB, acks=all, RF 3 vs RF 1"
+    peer_ok = False
+    own_broker = True
+    targets = (Target("rf3_ack_p99_ms", "<=", 5.0, "ms produce-to-ack p99 (RF 3, acks=all)", "#9"),)
+
+    def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
+        return {"cluster": _start_cluster(ctx, "latency")}
+
+    def measured_broker(self, broker: BrokerProcess | None, state: Any) -> BrokerProcess | None:
+        return _leader_process(state["cluster"]) if isinstance(state, dict) else broker
+
+    def run_once(
+        self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
+    ) -> dict[str, Any]:
+        cluster: Cluster = state["cluster"]
+        order = ["rf1", "rf3"] if rep % 2 == 0 else ["rf3", "rf1"]
+        parts: dict[str, dict[str, Any]] = {}
+        for v in order:
+            topic = _place(cluster, self.name, 3 if v == "rf3" else 1)
+            parts[v] = fixed_rate_latency(ctx, cluster, topic)
+            cluster.delete_topic(topic)
+        errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
+        out: dict[str, Any] = {
+            "ok": not errors,
+            "error": "; ".join(errors)[:1000],
+            "order": "/".join(order),
+            "load1": _load1(),
+        }
+        for v in order:
+            out.update(_prefixed(v, parts[v]))
+        return out
+
+    def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
+        state["cluster"].stop()
+
+
+# ----------------------------------------------------------------------------------------- failover
+
+
+class Failover(Workload):
+    """An idempotent producer (acks=all, linger.ms=0, 5 in flight) writes 1 KB records at a steady
+    ``rate``/s to an RF 3 partition (min.insync.replicas=2) led by broker L; after 1 s, L gets
+    ``signal`` at t0.  Measured from t0:
+
+    - ``failover_s``: the first delivery report of a record *produced after t0* (only a new leader can
+      acknowledge it: the old one is gone, or, with a controlled shutdown, has handed leadership over
+      before its process ends) -- the time the partition was unavailable to a writer;
+    - ``gone_s``: L's ``/brokers/ids`` znode disappeared (session expiry after kill -9; a clean SIGTERM
+      closes the session at once);  ``elected_s``: the partition's state znode names another leader;
+    - ``max_gap_s``: the longest interval without any delivery report from 1 s before t0 to the end
+      (for a controlled shutdown that moves leadership first, this is the unavailability);
+    - ``exit_s`` (SIGTERM): the process has exited.
+
+    Verified: every record acknowledged, none with an error, and the log holds exactly the records
+    produced so far (no loss, no duplicates across the failover).  Afterwards L is restarted and the run
+    waits for a full ISR again (``rejoin_s``), so every repetition starts from 3 in-sync replicas; the
+    next repetition kills whichever broker leads then (``victim``; ``victim_was_controller`` says whether
+    the controller had to move too)."""
+
+    kind = "failover"
+    peer_ok = False
+    own_broker = True
+    session_timeout_ms: ClassVar[int] = DEFAULT_SESSION_TIMEOUT_MS
+    sig: ClassVar[int] = signal.SIGKILL
+    rate: ClassVar[int] = 500
+
+    def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
+        cluster = _start_cluster(ctx, self.name, self.session_timeout_ms)
+        try:
+            topic = _place(cluster, self.name, 3)
+        except BaseException:
+            cluster.stop()
+            raise
+        return {"cluster": cluster, "topic": topic, "expected": 0}
+
+    def run_once(
+        self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
+    ) -> dict[str, Any]:
+        cluster: Cluster = state["cluster"]
+        topic: str = state["topic"]
+        leader, _replicas, isr, controller = cluster.partition(topic)
+        victim = cluster.brokers[leader]
+        marks: dict[str, int] = {}
+        acks: list[tuple[int, int]] = []  # (produced ns, acked ns)
+        errors: list[str] = []
+        now_ns = time.perf_counter_ns
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            t = now_ns()
+            if err is not None:
+                if len(errors) < 20:
+                    errors.append(str(err))
+                return
+            produced = struct.unpack_from(">Q", msg.value())[0]
+            acks.append((produced, t))
+            t0 = marks.get("t0")
+            if t0 is not None and produced > t0 and "first_ack" not in marks:
+                marks["first_ack"] = t
+
+        state_path = f"/brokers/topics/{topic}/partitions/0/state"
+        zk = KazooClient(hosts=cluster.zk_connect, timeout=10)
+        zk.start(15)
+
+        def on_ids(children: list[str]) -> None:
+            if "t0" in marks and str(leader) not in children and "gone" not in marks:
+                marks["gone"] = now_ns()
+
+        def on_state(data: bytes | None, _stat: Any) -> None:
+            if "t0" not in marks or "elected" in marks or not data:
+                return
+            new = json.loads(data).get("leader", -1)
+            if new not in (leader, -1):
+                marks["elected"] = now_ns()
+                marks["new_leader"] = new
+
+        zk.ChildrenWatch("/brokers/ids", on_ids)
+        zk.DataWatch(state_path, on_state)
+        p = Producer(
+            {
+                "bootstrap.servers": cluster.bootstrap,
+                **drivers.PRODUCE_CONF,
+                "linger.ms": 0,
+                "message.timeout.ms": 2 * self.session_timeout_ms + 60_000,
+                **kafka.QUIET,
+            }
+        )
+        pad = ctx.pool[0][8:]
+        produced = 0
+        limit_s = self.session_timeout_ms / 1000 + 60
+        try:
+            p.list_topics(topic, timeout=30)
+            p.produce(topic, struct.pack(">Q", now_ns()) + pad, on_delivery=on_delivery)
+            if p.flush(30):
+                raise RuntimeError("first record not acknowledged")
+            produced = 1
+            start = time.perf_counter()
+            interval = 1.0 / self.rate
+            for i in range(10_000_000):
+                due = start + i * interval
+                for _ in range(100_000):
+                    left = due - time.perf_counter()
+                    if left <= 0:
+                        break
+                    p.poll(min(left, 0.001))
+                p.produce(topic, struct.pack(">Q", now_ns()) + pad, on_delivery=on_delivery)
+                produced += 1
+                p.poll(0)
+                elapsed = time.perf_counter() - start
+                if "t0" not in marks and elapsed >= 1.0:
+                    marks["t0"] = now_ns()
+                    if self.sig == signal.SIGKILL:
+                        victim.kill()
+                    else:
+                        assert victim.process is not None
+                        victim.process.send_signal(self.sig)
+                if "t0" in marks and "exit" not in marks and not victim.running:
+                    marks["exit"] = now_ns()
+                if "first_ack" in marks and now_ns() - marks["first_ack"] > 300_000_000:
+                    break  # 0.3 s of writes on the new leader, then stop
+                if elapsed > limit_s:
+                    errors.append(
+                        f"no record produced after the {signal.Signals(self.sig).name} acked in {limit_s:.0f} s"
+                    )
+                    break
+            left = p.flush(limit_s)
+            if left:
+                errors.append(f"{left} records not acknowledged")
+        finally:
+            zk.stop()
+            zk.close()
+        t0 = marks["t0"]
+        state["expected"] += produced
+        # the victim must be gone for the restart (SIGTERM: waits for its exit)
+        if victim.running:
+            victim.stop(timeout=120)
+        if "exit" not in marks:
+            marks["exit"] = now_ns()
+        in_log = kafka.record_count(cluster.bootstrap, topic, 1)
+        if len(acks) != produced:
+            errors.append(f"{len(acks)}/{produced} acknowledged")
+        if in_log != state["expected"]:
+            errors.append(f"log holds {in_log} records, {state['expected']} produced and acknowledged")
+        ack_times = sorted(a for _p, a in acks if a >= t0 - 1_000_000_000)
+        gaps = [b - a for a, b in itertools.pairwise(ack_times)]
+
+        def since(key: str) -> float | None:
+            return (marks[key] - t0) / 1e9 if key in marks else None
+
+        t_rejoin = time.monotonic()
+        victim.start(timeout=120)
+        cluster.wait_full_isr(topic, 1, 3, timeout=180)
+        rejoin_s = time.monotonic() - t_rejoin
+        return {
+            "ok": not errors and "first_ack" in marks,
+            "error": "; ".join(errors)[:1000],
+            "failover_s": since("first_ack"),
+            "gone_s": since("gone"),
+            "elected_s": since("elected"),
+            "exit_s": since("exit"),
+            "max_gap_s": max(gaps) / 1e9 if gaps else None,
+            "victim": leader,
+            "new_leader": marks.get("new_leader"),
+            "victim_was_controller": leader == controller,
+            "isr_before": len(isr),
+            "records": produced,
+            "session_timeout_ms": self.session_timeout_ms,
+            "rejoin_s": rejoin_s,
+            "load1": _load1(),
+        }
+
+    def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
+        state["cluster"].stop()
+
+
+@register
+class FailoverKill9Short(Failover):
+    name = "failover-kill9-s2"
+    title = (
+        "3-broker cluster: leader kill -9 -> first acked acks=all produce, zookeeper.session.timeout.ms=2000"
+    )
+    session_timeout_ms = 2_000
+    targets = (Target("failover_s", "<=", 3.0, "s (session timeout 2 s + 1 s)", "#9"),)
+
+
+@register
+class FailoverKill9Default(Failover):
+    name = "failover-kill9-s18"
+    title = "3-broker cluster: leader kill -9 -> first acked acks=all produce, zookeeper.session.timeout.ms=18000 (default)"
+    session_timeout_ms = DEFAULT_SESSION_TIMEOUT_MS
+    targets = (Target("failover_s", "<=", 19.0, "s (session timeout 18 s + 1 s)", "#9"),)
+
+
+@register
+class FailoverSigterm(Failover):
+    name = "failover-sigterm"
+    title = "3-broker cluster: leader SIGTERM -> first acked acks=all produce (session timeout 18 s)"
+    session_timeout_ms = DEFAULT_SESSION_TIMEOUT_MS
+    sig = signal.SIGTERM
+    targets = (Target("failover_s", "<=", 1.0, "s after SIGTERM", "#9"),)
