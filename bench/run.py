@@ -217,20 +217,22 @@ def run_workload(
         return entry
     try:
         for rep in range(wl.repeats(ctx)):
-            prof = None
-            target = wl.measured_broker(broker, state)
-            if args.profile and rep == 0 and target is not None and target.name == "exactly":
-                prof = profile.PySpy(target.pid, raw_dir / f"pyspy-{stamp}-{wl.name}")
+            profs: list[tuple[str, profile.PySpy]] = []
+            if args.profile and rep == 0:
+                for label, target in wl.profiled_brokers(broker, state):
+                    if target.name == "exactly":
+                        stem = raw_dir / f"pyspy-{stamp}-{wl.name}{'-' + label if label else ''}"
+                        profs.append((label, profile.PySpy(target.pid, stem)))
             try:
-                if prof:
+                for _label, prof in profs:
                     prof.start()
                 sample = wl.run_once(ctx, broker, state, rep)
             except Exception as exc:
                 sample = {"ok": False, "error": f"{type(exc).__name__}: {exc!r}"[:1500]}
                 traceback.print_exc()
             finally:
-                if prof:
-                    entry["profile"] = prof.stop()
+                for label, prof in profs:
+                    entry["profile" + (f"-{label}" if label else "")] = prof.stop()
             sample["rep"] = rep
             entry["samples"].append(sample)
             brief = ", ".join(

@@ -70,9 +70,9 @@ def _place(cluster: Cluster, prefix: str, rf: int, partitions: int = 1) -> str:
     return topic
 
 
-def _leader_process(cluster: Cluster) -> BrokerProcess:
-    """Broker ``LEADER`` as a ``BrokerProcess`` (for --profile and RSS)."""
-    b = cluster.brokers[LEADER]
+def _leader_process(cluster: Cluster, broker_id: int = LEADER) -> BrokerProcess:
+    """Broker ``broker_id`` (default: the leader) as a ``BrokerProcess`` (for --profile and RSS)."""
+    b = cluster.brokers[broker_id]
     assert b.process is not None
     return BrokerProcess(
         "exactly", b.process, b.bootstrap, b.log_path, b.started_at, b.listening_s, b.data_dir, {}, b
@@ -114,8 +114,12 @@ class ClusterProduce(Workload):
 
     def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
         cluster = _start_cluster(ctx, "produce")
+        single = None
         try:
-            single = brokers.start_exactly(ctx.scratch / f"single-{uuid.uuid4().hex[:6]}", ctx.broker_options)
+            if "single" in self.variants:
+                single = brokers.start_exactly(
+                    ctx.scratch / f"single-{uuid.uuid4().hex[:6]}", ctx.broker_options
+                )
         except BaseException:
             cluster.stop()
             raise
@@ -124,11 +128,20 @@ class ClusterProduce(Workload):
     def measured_broker(self, broker: BrokerProcess | None, state: Any) -> BrokerProcess | None:
         return _leader_process(state["cluster"]) if isinstance(state, dict) else broker
 
+    def profiled_brokers(self, broker: BrokerProcess | None, state: Any) -> list[tuple[str, BrokerProcess]]:
+        if not isinstance(state, dict):
+            return []
+        return [
+            ("leader", _leader_process(state["cluster"])),
+            ("follower", _leader_process(state["cluster"], 1)),
+        ]
+
     def _one(self, ctx: Context, state: dict[str, Any], variant: str, rep: int) -> dict[str, Any]:
         cluster: Cluster = state["cluster"]
-        single: BrokerProcess = state["single"]
+        single: BrokerProcess | None = state["single"]
         target: Any = single if variant == "single" else cluster
         if variant == "single":
+            assert single is not None
             topic = f"{self.name}-single-r{rep}-{uuid.uuid4().hex[:6]}"
             kafka.create_topic(single.bootstrap, topic, self.partitions)
         else:
@@ -176,22 +189,26 @@ class ClusterProduce(Workload):
         order = [self.variants[(rep + k) % n] for k in range(n)]
         parts = {v: self._one(ctx, state, v, rep) for v in order}
         errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
-        rf3, rf1, single = parts["rf3"], parts["rf1"], parts["single"]
         out: dict[str, Any] = {
             "ok": not errors,
             "error": "; ".join(errors)[:1000],
             "order": "/".join(order),
-            "ratio": rf3["mb_s"] / rf1["mb_s"] if rf1["mb_s"] else None,
-            "ratio_single": rf3["mb_s"] / single["mb_s"] if single["mb_s"] else None,
-            "rf1_vs_single": rf1["mb_s"] / single["mb_s"] if single["mb_s"] else None,
             "load1": _load1(),
         }
+        for key, (a, b) in {
+            "ratio": ("rf3", "rf1"),
+            "ratio_single": ("rf3", "single"),
+            "rf1_vs_single": ("rf1", "single"),
+        }.items():
+            if a in parts and b in parts and parts[b]["mb_s"]:
+                out[key] = parts[a]["mb_s"] / parts[b]["mb_s"]
         for v in order:
             out.update(_prefixed(v, parts[v]))
         return out
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
-        state["single"].stop()
+        if state["single"] is not None:
+            state["single"].stop()
         state["cluster"].stop()
 
 
@@ -199,6 +216,20 @@ def _load1() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
+# RF 3 alone (not default): for `--profile`, which records the leader and a follower during one repetition
+register(
+    type(
+        "cluster_produce_rf3_p1",
+        (ClusterProduce,),
+        {
+            "name": "cluster-produce-rf3-p1",
+            "title": "3-broker cluster: produce 1 KB, 1 partition, RF 3 acks=all only (for --profile)",
+            "variants": ("rf3",),
+            "default": False,
+            "targets": (),
+        },
+    )
+)
 for _parts, _default in ((1, True), (3, False)):
     register(
         type(

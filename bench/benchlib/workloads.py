@@ -171,6 +171,12 @@ class Workload:
         workload started a private one in ``setup``."""
         return broker
 
+    def profiled_brokers(self, broker: BrokerProcess | None, state: Any) -> list[tuple[str, BrokerProcess]]:
+        """(label, process) pairs that ``--profile`` records during the first repetition: the measured
+        broker by default; a cluster workload names its leader and a follower."""
+        target = self.measured_broker(broker, state)
+        return [("", target)] if target is not None else []
+
 
 REGISTRY: dict[str, type[Workload]] = {}
 
