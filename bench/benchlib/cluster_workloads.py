@@ -18,6 +18,7 @@ import itertools
 import json
 import signal
 import struct
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -304,6 +305,9 @@ class Failover(Workload):
     - ``failover_s``: the first delivery report of a record *produced after t0* (only a new leader can
       acknowledge it: the old one is gone, or, with a controlled shutdown, has handed leadership over
       before its process ends) -- the time the partition was unavailable to a writer;
+    - ``metadata_s``: a surviving broker's Metadata first names the new leader (polled every 10 ms
+      from t0): what a client can learn; the rest up to ``failover_s`` is the client finding it and
+      the new leader's first acks=all round (its followers re-fetching from it);
     - ``gone_s``: L's ``/brokers/ids`` znode disappeared (session expiry after kill -9; a clean SIGTERM
       closes the session at once);  ``elected_s``: the partition's state znode names another leader;
     - ``max_gap_s``: the longest interval without any delivery report from 1 s before t0 to the end
@@ -322,6 +326,7 @@ class Failover(Workload):
     session_timeout_ms: ClassVar[int] = DEFAULT_SESSION_TIMEOUT_MS
     sig: ClassVar[int] = signal.SIGKILL
     rate: ClassVar[int] = 500
+    producer_conf: ClassVar[dict[str, object]] = {}  # on top of the defaults (see the *-fast-retry variants)
 
     def setup(self, ctx: Context, broker: BrokerProcess | None) -> dict[str, Any]:
         cluster = _start_cluster(ctx, self.name, self.session_timeout_ms)
@@ -367,11 +372,31 @@ class Failover(Workload):
         def on_state(data: bytes | None, _stat: Any) -> None:
             if "t0" not in marks or "elected" in marks or not data:
                 return
-            new = json.loads(data).get("leader", -1)
+            decoded = json.loads(data)
+            new = decoded.get("leader", -1)
             if new not in (leader, -1):
                 marks["elected"] = now_ns()
                 marks["new_leader"] = new
+                marks["isr_at_election"] = len(decoded.get("isr", []))
 
+        survivor = next(b for i, b in enumerate(cluster.brokers) if i != leader and b.running)
+        probe_stop = threading.Event()
+
+        def metadata_probe() -> None:
+            """When a surviving broker's Metadata first names a new leader (what a client can learn)."""
+            a = kafka.admin(survivor.bootstrap)
+            while not probe_stop.is_set():
+                try:
+                    md = a.list_topics(topic=topic, timeout=1)
+                    new = md.topics[topic].partitions[0].leader
+                    if new not in (leader, -1):
+                        marks["metadata"] = now_ns()
+                        return
+                except Exception:
+                    pass
+                probe_stop.wait(0.01)
+
+        probe = threading.Thread(target=metadata_probe, daemon=True)
         zk.ChildrenWatch("/brokers/ids", on_ids)
         zk.DataWatch(state_path, on_state)
         p = Producer(
@@ -381,6 +406,7 @@ class Failover(Workload):
                 "linger.ms": 0,
                 "message.timeout.ms": 2 * self.session_timeout_ms + 60_000,
                 **kafka.QUIET,
+                **self.producer_conf,
             }
         )
         pad = ctx.pool[0][8:]
@@ -412,6 +438,7 @@ class Failover(Workload):
                     else:
                         assert victim.process is not None
                         victim.process.send_signal(self.sig)
+                    probe.start()
                 if "t0" in marks and "exit" not in marks and not victim.running:
                     marks["exit"] = now_ns()
                 if "first_ack" in marks and now_ns() - marks["first_ack"] > 300_000_000:
@@ -425,6 +452,9 @@ class Failover(Workload):
             if left:
                 errors.append(f"{left} records not acknowledged")
         finally:
+            probe_stop.set()
+            if probe.is_alive():
+                probe.join(10)
             zk.stop()
             zk.close()
         t0 = marks["t0"]
@@ -455,10 +485,12 @@ class Failover(Workload):
             "failover_s": since("first_ack"),
             "gone_s": since("gone"),
             "elected_s": since("elected"),
+            "metadata_s": since("metadata"),
             "exit_s": since("exit"),
             "max_gap_s": max(gaps) / 1e9 if gaps else None,
             "victim": leader,
             "new_leader": marks.get("new_leader"),
+            "isr_at_election": marks.get("isr_at_election"),
             "victim_was_controller": leader == controller,
             "isr_before": len(isr),
             "records": produced,
@@ -497,3 +529,28 @@ class FailoverSigterm(Failover):
     session_timeout_ms = DEFAULT_SESSION_TIMEOUT_MS
     sig = signal.SIGTERM
     targets = (Target("failover_s", "<=", 1.0, "s after SIGTERM", "#9"),)
+
+
+# librdkafka's own back-offs (retry.backoff.ms 100 growing to retry.backoff.max.ms 1000, reconnects
+# likewise) after it loses the leader: with them capped at 100 ms, what remains is the cluster's part.
+FAST_RETRY: dict[str, object] = {
+    "retry.backoff.max.ms": 100,
+    "reconnect.backoff.max.ms": 100,
+    "topic.metadata.refresh.fast.interval.ms": 50,
+}
+
+
+@register
+class FailoverKill9ShortFastRetry(FailoverKill9Short):
+    name = "failover-kill9-s2-fast-retry"
+    title = "as failover-kill9-s2, producer with retry/reconnect back-off capped at 100 ms"
+    default = False
+    producer_conf = FAST_RETRY
+
+
+@register
+class FailoverSigtermFastRetry(FailoverSigterm):
+    name = "failover-sigterm-fast-retry"
+    title = "as failover-sigterm, producer with retry/reconnect back-off capped at 100 ms"
+    default = False
+    producer_conf = FAST_RETRY
