@@ -195,6 +195,10 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+# kinds benchlib/chart.py draws (the cluster's kinds have tables only): no empty chart for a cluster-only run
+CHARTED_KINDS = frozenset({"throughput", "pair", "latency", "group", "recovery", "physical"})
+
+
 def write(
     out_dir: Path, meta: dict[str, Any], entries: list[dict[str, Any]], chart_png: bool = True
 ) -> tuple[Path, Path]:
@@ -203,7 +207,7 @@ def write(
     raw.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{meta['name']}.md"
     png = out_dir / f"{meta['name']}.png"
-    if chart_png:
+    if chart_png and any(e["kind"] in CHARTED_KINDS for e in entries):
         try:
             from benchlib import chart
 
