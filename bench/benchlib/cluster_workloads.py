@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 from kazoo.client import KazooClient
 from kio.schema.types import TopicName
@@ -98,6 +98,36 @@ def _start_cluster(ctx: Context, tag: str, session_timeout_ms: int = DEFAULT_SES
     return cluster
 
 
+def read_back(bootstrap: str, topic: str, expected: int, timeout: float = 120.0) -> tuple[int, int, int]:
+    """Partition 0 from the start: (probe records, producer records stored more than once, records read).
+    Producer records are told apart by their first 8 bytes (the produce() timestamp, unique per record)."""
+    c = kafka.consumer(bootstrap)
+    seen: set[bytes] = set()
+    probes = duplicates = read = 0
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout
+        while read < expected and time.monotonic() < deadline:
+            for m in c.consume(1000, 1.0):
+                if m.error() is not None:
+                    continue
+                read += 1
+                value = m.value()
+                if value == PROBE_VALUE:
+                    probes += 1
+                    continue
+                key = value[:8]
+                if key in seen:
+                    duplicates += 1
+                seen.add(key)
+    finally:
+        c.close()
+    return probes, duplicates, read
+
+
+PROBE_VALUE = b"probe"
+
+
 class WireProbe:
     """Connections to the surviving brokers for one-record acks=all Produce requests (v8, no producer
     id) to partition 0 of ``topic``.  ``appended``: records acknowledged; ``uncertain``: requests whose
@@ -110,7 +140,9 @@ class WireProbe:
         ]
         self.appended = 0
         self.uncertain = 0
-        self.batch = build_batch([Record(value=b"probe", key=None)], base_timestamp=int(time.time() * 1000))
+        self.batch = build_batch(
+            [Record(value=PROBE_VALUE, key=None)], base_timestamp=int(time.time() * 1000)
+        )
 
     def attempt(self) -> bool:
         for client in self.clients:
@@ -395,7 +427,7 @@ class Failover(Workload):
         except BaseException:
             cluster.stop()
             raise
-        return {"cluster": cluster, "topic": topic, "expected": 0}
+        return {"cluster": cluster, "topic": topic}
 
     def run_once(
         self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
@@ -534,7 +566,6 @@ class Failover(Workload):
             zk.stop()
             zk.close()
         t0 = marks["t0"]
-        state["expected"] += produced + wire.appended
         # the victim must be gone for the restart (SIGTERM: waits for its exit)
         if victim.running:
             victim.stop(timeout=120)
@@ -543,9 +574,23 @@ class Failover(Workload):
         in_log = kafka.record_count(cluster.bootstrap, topic, 1)
         if len(acks) != produced:
             errors.append(f"{len(acks)}/{produced} acknowledged")
-        if not state["expected"] <= in_log <= state["expected"] + wire.uncertain:
-            errors.append(f"log holds {in_log} records, {state['expected']} produced and acknowledged")
-        state["expected"] = in_log  # a timed-out probe record may or may not be there
+        probes, duplicates, read = read_back(cluster.bootstrap, topic, in_log)
+        state["produced"] = state.get("produced", 0) + produced
+        state["probes_acked"] = state.get("probes_acked", 0) + wire.appended
+        state["probes_uncertain"] = state.get("probes_uncertain", 0) + wire.uncertain
+        if read != in_log:
+            errors.append(f"read back {read} of {in_log} records")
+        if duplicates:
+            errors.append(f"{duplicates} producer records stored twice")
+        if in_log - probes != state["produced"]:
+            errors.append(
+                f"log holds {in_log - probes} producer records, {state['produced']} produced and acknowledged"
+            )
+        if not state["probes_acked"] <= probes <= state["probes_acked"] + state["probes_uncertain"]:
+            errors.append(
+                f"log holds {probes} probe records: {state['probes_acked']} acknowledged, "
+                f"{state['probes_uncertain']} answers uncertain"
+            )
         ack_times = sorted(a for _p, a in acks if a >= t0 - 1_000_000_000)
         gaps = [b - a for a, b in itertools.pairwise(ack_times)]
 
@@ -569,6 +614,8 @@ class Failover(Workload):
             "victim": leader,
             "new_leader": marks.get("new_leader"),
             "isr_at_election": marks.get("isr_at_election"),
+            "probe_records": probes,
+            "duplicates": duplicates,
             "victim_was_controller": leader == controller,
             "isr_before": len(isr),
             "records": produced,
