@@ -653,7 +653,9 @@ class FailoverSigterm(Failover):
     title = "3-broker cluster: leader SIGTERM -> first acked acks=all produce (session timeout 18 s)"
     session_timeout_ms = DEFAULT_SESSION_TIMEOUT_MS
     sig = signal.SIGTERM
-    targets = (Target("failover_s", "<=", 1.0, "s after SIGTERM", "#9"),)
+    # With a controlled shutdown the old leader keeps acknowledging until leadership has moved, so the
+    # first ack after the signal says little: the longest stretch without any ack is the unavailability.
+    targets = (Target("max_gap_s", "<=", 1.0, "s longest ack gap around SIGTERM", "#9"),)
 
 
 # librdkafka's own back-offs (retry.backoff.ms 100 growing to retry.backoff.max.ms 1000, reconnects
