@@ -1,7 +1,10 @@
 """The kazoo shell: every ZooKeeper read and write of the cluster mode, and nothing else.
 
-Decisions live in ``exactly.controller`` and ``exactly.replication``; this module applies them with
-ZooKeeper's conditional operations, which are what make them safe:
+Decisions live in ``exactly.controller`` and ``exactly.replication``; this shell applies them with
+ZooKeeper's conditional operations, which are what make them safe. :class:`ClusterZk` is this
+module (session, registration, controller election, broker set) plus two parts it inherits:
+``zk_topics`` (cluster id, topics) and ``zk_partitions`` (state znodes, ISR writes); the shared
+errors and values are in ``zk_base``.
 
 * **Broker registration**: the ephemeral ``/brokers/ids/<id>``, created as Kafka does (one multi:
   create with empty data, then setData at version 0). Its czxid is the **broker epoch**. If the
@@ -28,84 +31,51 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (
-    BadVersionError,
-    KazooException,
-    NodeExistsError,
-    NoNodeError,
-    RolledBackError,
-)
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from exactly.cluster import znodes as zn
-from exactly.cluster.znodes import (
-    BrokerRegistration,
-    ControllerRegistration,
-    LeaderAndIsr,
-    PartitionState,
-    TopicAssignment,
+from exactly.cluster.zk_base import (
+    BrokerIdInUseError,
+    ClusterZkError,
+    ControllerLease,
+    ControllerMovedError,
+    ObservedState,
+    StateWriteResult,
+    TopicExistsError,
+    raise_first_failure,
+    split_connect,
 )
-from exactly.controller.decisions import NEW_ZNODE, StateChange
-from exactly.types import TopicPartition
+from exactly.cluster.zk_partitions import ZkPartitionStates
+from exactly.cluster.zk_topics import ZkTopics
+from exactly.cluster.znodes import BrokerRegistration, ControllerRegistration
+
+# The errors and values callers know from this module (they live in ``zk_base``, shared by parts).
+__all__ = [
+    "DEFAULT_SESSION_TIMEOUT_MS",
+    "BrokerIdInUseError",
+    "ClusterZk",
+    "ClusterZkError",
+    "ControllerLease",
+    "ControllerMovedError",
+    "ObservedState",
+    "StateWriteResult",
+    "TopicExistsError",
+    "split_connect",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SESSION_TIMEOUT_MS = 18_000  # zookeeper.session.timeout.ms
 
 
-class ClusterZkError(Exception):
-    pass
-
-
-class BrokerIdInUseError(ClusterZkError):
-    """``/brokers/ids/<id>`` exists and belongs to another session (another broker with the same
-    id, or this broker's previous incarnation whose session has not expired yet)."""
-
-
-class ControllerMovedError(ClusterZkError):
-    """The ``/controller_epoch`` check failed: this broker is no longer the controller."""
-
-
-class TopicExistsError(ClusterZkError):
-    pass
-
-
-def split_connect(connect: str) -> tuple[str, str]:
-    """``host:port[,host:port]/chroot`` -> (hosts, chroot or '')."""
-    hosts, slash, chroot = connect.partition("/")
-    return hosts, (slash + chroot).rstrip("/") if chroot else ""
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerLease:
-    """This broker won the election at ``epoch``; ``epoch_zk_version`` is the stat version of
-    ``/controller_epoch`` every fenced write checks."""
-
-    broker_id: int
-    epoch: int
-    epoch_zk_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class ObservedState:
-    """A state znode as read, with what the role decisions need from its stat."""
-
-    state: PartitionState
-    modified_zxid: int
-
-
-@dataclass(frozen=True, slots=True)
-class StateWriteResult:
-    change: StateChange
-    new_zk_version: int | None  # None: BADVERSION/NONODE/NODEEXISTS, re-read and decide again
-
-
-class ClusterZk:
-    """One broker's ZooKeeper session (``zookeeper.connect`` with an optional chroot)."""
+class ClusterZk(ZkTopics, ZkPartitionStates):
+    """One broker's ZooKeeper session (``zookeeper.connect`` with an optional chroot): session,
+    registration and controller election here; topic and partition-state operations from the
+    parts it inherits (``zk_topics``, ``zk_partitions``)."""
 
     def __init__(
         self,
@@ -202,7 +172,7 @@ class ClusterZk:
                 )
             epoch = int(stat.czxid)  # our own node (a retried call)
         else:
-            _raise_first_failure(results, path)
+            raise_first_failure(results, path)
             stat = self.client.exists(path)
             if stat is None:
                 raise ClusterZkError(f"{path} vanished right after its creation")
@@ -290,176 +260,6 @@ class ClusterZk:
         tx.delete(zn.CONTROLLER)
         tx.commit()
 
-    # --- cluster id ----------------------------------------------------------------------------
-
-    def get_or_create_cluster_id(self, candidate: str) -> str:
-        """The cluster's id from ``/cluster/id``; the first broker to start writes ``candidate``."""
-        try:
-            data, _stat = self.client.get(zn.CLUSTER_ID)
-            return zn.decode_cluster_id(data)
-        except NoNodeError:
-            pass
-        self.client.ensure_path("/cluster")
-        try:
-            self.client.create(zn.CLUSTER_ID, zn.encode_cluster_id(candidate))
-            return candidate
-        except NodeExistsError:
-            data, _stat = self.client.get(zn.CLUSTER_ID)
-            return zn.decode_cluster_id(data)
-
-    # --- topics --------------------------------------------------------------------------------
-
-    def create_topic(self, topic: str, assignment: TopicAssignment, config: dict[str, str]) -> None:
-        """Config first, then the assignment (the controller reacts to the latter), as Kafka."""
-        if self.client.exists(zn.topic_path(topic)) is not None:
-            raise TopicExistsError(topic)
-        self.client.ensure_path(zn.CONFIG_TOPICS)
-        try:
-            self.client.create(zn.topic_config_path(topic), zn.encode_topic_config(config))
-        except NodeExistsError:
-            self.client.set(zn.topic_config_path(topic), zn.encode_topic_config(config))
-        try:
-            self.client.create(zn.topic_path(topic), assignment.encode())
-        except NodeExistsError as exc:
-            raise TopicExistsError(topic) from exc
-
-    def mark_topic_for_deletion(self, topic: str) -> None:
-        """DeleteTopics: create ``/admin/delete_topics/<t>``; the controller does the rest."""
-        try:
-            self.client.create(zn.delete_topic_path(topic), b"")
-        except NodeExistsError:
-            pass
-
-    def topics_to_delete(self) -> list[str]:
-        return sorted(self.client.get_children(zn.ADMIN_DELETE_TOPICS))
-
-    def watch_topic_deletions(self, callback: Callable[[list[str]], None]) -> None:
-        self.client.ChildrenWatch(zn.ADMIN_DELETE_TOPICS, lambda topics: callback(sorted(topics)))
-
-    def delete_topic(self, lease: ControllerLease, topic: str) -> None:
-        """The controller's last step of a deletion: the state znodes, the assignment, the config
-        and the marker go in one multi fenced by ``/controller_epoch``. Brokers watching
-        ``/brokers/topics`` then delete their replicas. Raises :class:`ControllerMovedError`."""
-        doomed = self._subtree(zn.topic_path(topic))
-        if self.client.exists(zn.topic_config_path(topic)) is not None:
-            doomed.append(zn.topic_config_path(topic))
-        doomed.append(zn.delete_topic_path(topic))
-        tx = self.client.transaction()
-        tx.check(zn.CONTROLLER_EPOCH, lease.epoch_zk_version)
-        for path in doomed:
-            tx.delete(path)
-        outcome = tx.commit()
-        if isinstance(outcome[0], BadVersionError | NoNodeError):
-            raise ControllerMovedError(f"controller epoch {lease.epoch} is no longer current")
-        failure = _first_failure(outcome)
-        if failure is not None:
-            log.info(
-                "deletion of topic %s raced with another change (%r); retried on the next event",
-                topic,
-                failure,
-            )
-            return
-        log.info("controller epoch %d: deleted topic %s", lease.epoch, topic)
-
-    def _subtree(self, path: str) -> list[str]:
-        """``path`` and everything below it, children before parents (delete order)."""
-        try:
-            children = self.client.get_children(path)
-        except NoNodeError:
-            return []
-        out: list[str] = []
-        for child in children:
-            out.extend(self._subtree(f"{path}/{child}"))
-        out.append(path)
-        return out
-
-    def topics(self) -> list[str]:
-        return sorted(self.client.get_children(zn.BROKER_TOPICS))
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        """The overrides in ``/config/topics/<t>`` ({} when missing)."""
-        try:
-            data, _stat = self.client.get(zn.topic_config_path(topic))
-        except NoNodeError:
-            return {}
-        return zn.decode_topic_config(data)
-
-    def topic_assignment(self, topic: str) -> TopicAssignment | None:
-        try:
-            data, _stat = self.client.get(zn.topic_path(topic))
-        except NoNodeError:
-            return None
-        return TopicAssignment.decode(topic, data)
-
-    def topic_assignment_at(self, topic: str) -> tuple[TopicAssignment, int] | None:
-        """The assignment with its stat version, for a conditional rewrite (CreatePartitions)."""
-        try:
-            data, stat = self.client.get(zn.topic_path(topic))
-        except NoNodeError:
-            return None
-        return TopicAssignment.decode(topic, data), int(stat.version)
-
-    def set_topic_assignment(self, topic: str, assignment: TopicAssignment, expected_version: int) -> bool:
-        """CreatePartitions' rewrite of ``/brokers/topics/<t>``, conditional on the version the new
-        assignment was computed from (Kafka writes it unconditionally; two admin requests racing
-        on different brokers must not overwrite each other's partitions). False when the znode
-        moved or went: re-read and decide again."""
-        try:
-            self.client.set(zn.topic_path(topic), assignment.encode(), version=expected_version)
-        except (BadVersionError, NoNodeError):
-            return False
-        return True
-
-    def topic_marked_for_deletion(self, topic: str) -> bool:
-        return self.client.exists(zn.delete_topic_path(topic)) is not None
-
-    def watch_topic_assignment(
-        self, topic: str, callback: Callable[[TopicAssignment | None], bool | None]
-    ) -> None:
-        """``callback`` now and after every change of ``/brokers/topics/<t>`` (None while it does
-        not exist; a re-created topic fires again), on a kazoo thread; it ends when the callback
-        returns False. An unreadable assignment is logged and skipped."""
-
-        def on_change(data: bytes | None, _stat: Any) -> bool | None:
-            if data is None:
-                return callback(None)
-            try:
-                assignment = TopicAssignment.decode(topic, data)
-            except zn.ZnodeFormatError as exc:
-                log.warning("topic %s assignment unreadable: %s", topic, exc)
-                return True
-            return callback(assignment)
-
-        self.client.DataWatch(zn.topic_path(topic), on_change)
-
-    # --- partition state -----------------------------------------------------------------------
-
-    def partition_state(self, tp: TopicPartition) -> ObservedState | None:
-        try:
-            data, stat = self.client.get(zn.partition_state_path(tp.topic, tp.partition))
-        except NoNodeError:
-            return None
-        what = f"{tp} state"
-        return ObservedState(
-            PartitionState(LeaderAndIsr.decode(data, what), int(stat.version)), int(stat.mzxid)
-        )
-
-    def watch_partition_state(
-        self, tp: TopicPartition, callback: Callable[[ObservedState | None], bool | None]
-    ) -> None:
-        """``callback`` now and after every change of the state znode (None while it does not
-        exist), on a kazoo thread. A one-shot watch re-armed by kazoo: changes in between may merge,
-        which the role decisions tolerate because they compare epochs. The watch ends when the
-        callback returns False (the topic was deleted and is no longer of interest)."""
-
-        def on_change(data: bytes | None, stat: Any) -> bool | None:
-            if data is None or stat is None:
-                return callback(None)
-            state = PartitionState(LeaderAndIsr.decode(data, f"{tp} state"), int(stat.version))
-            return callback(ObservedState(state, int(stat.mzxid)))
-
-        self.client.DataWatch(zn.partition_state_path(tp.topic, tp.partition), on_change)
-
     def watch_brokers(self, callback: Callable[[dict[int, int]], None]) -> None:
         """``callback(live broker id -> broker epoch)`` now and after every change of
         ``/brokers/ids`` (the controller diffs consecutive maps with ``diff_brokers``)."""
@@ -473,65 +273,3 @@ class ClusterZk:
             callback(live)
 
         self.client.ChildrenWatch(zn.BROKER_IDS, on_children)
-
-    def watch_topics(self, callback: Callable[[list[str]], None]) -> None:
-        """``callback(topic names)`` now and after every change of ``/brokers/topics``."""
-        self.client.ChildrenWatch(zn.BROKER_TOPICS, lambda topics: callback(sorted(topics)))
-
-    def write_partition_states(
-        self, lease: ControllerLease, changes: Iterable[StateChange]
-    ) -> list[StateWriteResult]:
-        """Apply controller decisions, each in a multi fenced by ``/controller_epoch``'s version.
-        Raises :class:`ControllerMovedError` at the first failed fence (nothing after it is tried)."""
-        results: list[StateWriteResult] = []
-        for change in changes:
-            path = zn.partition_state_path(change.tp.topic, change.tp.partition)
-            tx = self.client.transaction()
-            tx.check(zn.CONTROLLER_EPOCH, lease.epoch_zk_version)
-            if change.expected_zk_version == NEW_ZNODE:
-                for parent in (
-                    zn.partitions_path(change.tp.topic),
-                    zn.partition_path(change.tp.topic, change.tp.partition),
-                ):
-                    if self.client.exists(parent) is None:
-                        tx.create(parent, b"")  # (Kafka writes these with no data too)
-                tx.create(path, change.new.encode())
-            else:
-                tx.set_data(path, change.new.encode(), version=change.expected_zk_version)
-            outcome = tx.commit()
-            if isinstance(outcome[0], BadVersionError | NoNodeError):
-                raise ControllerMovedError(f"controller epoch {lease.epoch} is no longer current")
-            if any(isinstance(r, Exception) for r in outcome):
-                log.info(
-                    "%s: %s not applied (%s), state changed meanwhile",
-                    change.tp,
-                    change.reason.value,
-                    _first_failure(outcome),
-                )
-                results.append(StateWriteResult(change, None))
-                continue
-            new_version = 0 if change.expected_zk_version == NEW_ZNODE else int(outcome[-1].version)
-            results.append(StateWriteResult(change, new_version))
-        return results
-
-    def update_isr(self, tp: TopicPartition, new: LeaderAndIsr, expected_zk_version: int) -> int | None:
-        """A partition leader's ISR write (Kafka's pre-AlterPartition path): conditional on the
-        zkVersion it holds, no controller fence (the leader is not the controller). Returns the
-        new zkVersion, or None on BADVERSION/NONODE: then the leader must not adopt the ISR."""
-        path = zn.partition_state_path(tp.topic, tp.partition)
-        try:
-            stat = self.client.set(path, new.encode(), version=expected_zk_version)
-        except (BadVersionError, NoNodeError):
-            log.info("%s: cached zkVersion %d is stale, ISR change not adopted", tp, expected_zk_version)
-            return None
-        return int(stat.version)
-
-
-def _first_failure(results: list[Any]) -> Exception | None:
-    return next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
-
-
-def _raise_first_failure(results: list[Any], path: str) -> None:
-    failure = _first_failure(results)
-    if failure is not None:
-        raise ClusterZkError(f"{path}: {failure!r}") from failure

@@ -2,11 +2,10 @@
 cluster, and its role for every partition it hosts (Kafka's ``ReplicaManager`` driven by
 observed ZooKeeper state instead of LeaderAndIsr requests; ``exactly/cluster/README.md`` says why).
 
-Threads: kazoo delivers watches on its own threads. Those callbacks only *read* ZooKeeper (the
-registration of a broker, a topic's assignment and config) and then hand plain values to the
-event loop with ``loop.call_soon_threadsafe``; broker state (logs, roles, leaders, the metadata
-cache) is touched on the loop only. Blocking ZooKeeper calls made for the loop (start-up, ISR
-writes) run in the default executor.
+Threads: kazoo delivers watches on its own threads; ``replica_watches.ReplicaWatches`` reads
+there and hands plain values to the event loop (``_hop``); broker state (logs, roles, leaders,
+the metadata cache) is touched on the loop only. Blocking ZooKeeper calls made for the loop
+(start-up, ISR writes by ``isr_writer.IsrWriter``) run in the default executor.
 
 Decisions are the sans-IO ones: ``PartitionRoles.on_state`` says become leader / follower /
 update ISR / stop; ``LeaderPartition`` owns the leader's HW and ISR; ``fetch_checks`` the epoch
@@ -27,27 +26,27 @@ partition the group / transaction coordinator is told which partitions this brok
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import KazooException
 from kio.schema.errors import ErrorCode
 
 from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalance
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
-from exactly.cluster.znodes import BrokerRegistration, Endpoint, TopicAssignment, ZnodeFormatError
+from exactly.cluster.znodes import BrokerRegistration, Endpoint
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
-from exactly.replication.leader import IsrUpdate, LeaderPartition
+from exactly.replication.leader import LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.cluster_topics import ClusterTopics
 from exactly.server.delayed_produce import DelayedProduces
+from exactly.server.isr_writer import IsrWriter
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
+from exactly.server.replica_watches import ReplicaWatches
 from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
@@ -90,12 +89,6 @@ class ReplicaManager:
         self.leaders: dict[TopicPartition, LeaderPartition] = {}
         self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Topic -> the generation of its watches (a topic deleted and created again gets new ones,
-        # the old ones end when they next fire), and the partitions whose state is watched;
-        # touched on kazoo threads only.
-        self._watched_topics: dict[str, int] = {}
-        self._watched_partitions: dict[str, set[int]] = {}
-        self._generations = itertools.count(1)
         self._cache_changed: asyncio.Event | None = None
         self._stopped = False
         self.fetchers: dict[int, LeaderFetcher] = {}
@@ -105,6 +98,24 @@ class ReplicaManager:
         # CreateTopics / DeleteTopics / auto-creation, and the local replica of a hosted topic.
         self.topics = ClusterTopics(
             self.zk, self.cache, broker.logs, config, wait_for_cache=self.wait_for_cache, spawn=self._spawn
+        )
+        # Kazoo threads: the broker and topic sets, assignments and partition states (replica_watches).
+        self.watches = ReplicaWatches(
+            self.zk,
+            hop=self._hop,
+            stopped=lambda: self._stopped,
+            set_brokers=self._set_brokers,
+            set_topic=self._set_topic,
+            topic_gone=self._topic_gone,
+            on_state=self._on_state,
+        )
+        # The leader's conditional ISR writes and the isr-expiration timer (isr_writer).
+        self.isr_writer = IsrWriter(
+            self.zk,
+            self.leaders,
+            max_lag_ms=self.max_lag_ms,
+            spawn=self._spawn,
+            publish_high_watermark=self._publish_high_watermark,
         )
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -122,7 +133,7 @@ class ReplicaManager:
         self.roles.on_registered(epoch)
         self.zk.on_registered = lambda e: self._hop(self.roles.on_registered, e)
         await loop.run_in_executor(None, self._start_watches)
-        shrink = loop.create_task(self._isr_expiration_loop(), name="isr-expiration")
+        shrink = loop.create_task(self.isr_writer.expiration_loop(), name="isr-expiration")
         self._background.add(shrink)
         log.info(
             "broker %d joined the cluster at %s (broker epoch %d)", self.broker_id, self.zk.connect, epoch
@@ -149,9 +160,8 @@ class ReplicaManager:
                 time.sleep(REGISTRATION_POLL_S)
 
     def _start_watches(self) -> None:
-        self.zk.watch_brokers(self._on_brokers)
         self.zk.watch_controller(lambda controller: self._hop(self._set_controller, controller))
-        self.zk.watch_topics(self._on_topics)
+        self.watches.start()
         self.controller.shutdown_requests.watch(lambda ids: self._hop(self._set_shutting_down, ids))
         self.controller.start()
         self.producer_ids.prefetch()
@@ -189,70 +199,6 @@ class ReplicaManager:
         if loop is None or loop.is_closed() or self._stopped:
             return
         loop.call_soon_threadsafe(fn, *args)
-
-    def _on_brokers(self, live: Mapping[int, int]) -> None:
-        endpoints: dict[int, BrokerEndpoint] = {}
-        for broker_id in live:
-            try:
-                registration = self.zk.broker_registration(broker_id)
-            except ZnodeFormatError as exc:
-                log.warning("broker %d registration unreadable: %s", broker_id, exc)
-                continue
-            if registration is None or not registration.endpoints:
-                continue
-            endpoint = registration.endpoints[0]
-            endpoints[broker_id] = BrokerEndpoint(broker_id, endpoint.host, endpoint.port)
-        self._hop(self._set_brokers, endpoints)
-
-    def _on_topics(self, topics: list[str]) -> None:
-        names = set(topics)
-        for gone in sorted(self._watched_topics.keys() - names):
-            del self._watched_topics[gone]
-            self._watched_partitions.pop(gone, None)
-            self._hop(self._topic_gone, gone)
-        for name in sorted(names - self._watched_topics.keys()):
-            generation = next(self._generations)
-            self._watched_topics[name] = generation
-            self._watched_partitions[name] = set()
-            try:
-                self.zk.watch_topic_assignment(name, self._assignment_watcher(name, generation))
-            except KazooException as exc:  # the session is going: the topics watch fires on reconnection
-                log.info("topic %s not watched yet: %r", name, exc)
-                del self._watched_topics[name]
-
-    def _assignment_watcher(self, name: str, generation: int) -> Callable[[TopicAssignment | None], bool]:
-        """The topic's assignment now and after every change (CreatePartitions adds partitions):
-        the cache gets it first, then the state of every partition not watched yet is watched,
-        so a role decision always sees the partition's replicas."""
-
-        def on_assignment(assignment: TopicAssignment | None) -> bool:
-            if self._watched_topics.get(name) != generation or self._stopped:
-                return False
-            if assignment is None:
-                return True  # deleted: the topics watch reports it
-            try:
-                config = self.zk.topic_config(name)
-            except ZnodeFormatError as exc:
-                log.warning("topic %s config unreadable in ZooKeeper: %s", name, exc)
-                return True
-            self._hop(self._set_topic, CachedTopic(name, assignment, config))
-            watched = self._watched_partitions.setdefault(name, set())
-            for partition in sorted(assignment.partitions.keys() - watched):
-                watched.add(partition)
-                tp = TopicPartition(name, partition)
-                self.zk.watch_partition_state(tp, self._state_watcher(tp, generation))
-            return True
-
-        return on_assignment
-
-    def _state_watcher(self, tp: TopicPartition, generation: int) -> Callable[[ObservedState | None], bool]:
-        def on_state(observed: ObservedState | None) -> bool:
-            if self._watched_topics.get(tp.topic) != generation or self._stopped:
-                return False  # the topic is gone (or was created again): end this watch
-            self._hop(self._on_state, tp, observed)
-            return True
-
-        return on_state
 
     # --- event loop ------------------------------------------------------------------------------
 
@@ -426,41 +372,7 @@ class ReplicaManager:
         if outcome.high_watermark_advanced:
             self._publish_high_watermark(plog.tp, leader)
         if outcome.isr_update is not None:
-            self._write_isr(plog.tp, leader, outcome.isr_update)
-
-    # --- ISR changes by the leader -----------------------------------------------------------------
-
-    def _write_isr(self, tp: TopicPartition, leader: LeaderPartition, update: IsrUpdate) -> None:
-        """Conditional set in the executor; adopted on the loop only if it committed."""
-
-        async def write() -> None:
-            loop = asyncio.get_running_loop()
-            try:
-                version = await loop.run_in_executor(
-                    None, self.zk.update_isr, tp, update.new, update.expected_zk_version
-                )
-            except Exception:
-                log.exception("%s: ISR write failed", tp)
-                version = None
-            if version is None:
-                leader.on_isr_failed(update)
-                return
-            log.info("%s: ISR now %s (zkVersion %d)", tp, list(update.isr), version)
-            if leader.on_isr_committed(update, version, now_ms()) and self.leaders.get(tp) is leader:
-                self._publish_high_watermark(tp, leader)
-
-        self._spawn(write(), f"isr-{tp}")
-
-    async def _isr_expiration_loop(self) -> None:
-        """Kafka's isr-expiration task: every replica.lag.time.max.ms / 2, drop lagging followers."""
-        while True:
-            await asyncio.sleep(self.max_lag_ms / 2000)
-            now = now_ms()
-            for tp, leader in list(self.leaders.items()):
-                update = leader.maybe_shrink_isr(now)
-                if update is not None:
-                    log.info("%s: shrinking ISR %s -> %s", tp, list(leader.isr), list(update.isr))
-                    self._write_isr(tp, leader, update)
+            self.isr_writer.write(plog.tp, leader, outcome.isr_update)
 
     # --- delayed produce (acks=all) ----------------------------------------------------------------
 

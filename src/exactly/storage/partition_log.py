@@ -60,7 +60,8 @@ from exactly.records.batch import (
 from exactly.records.control import marker_of
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
-from exactly.storage.log_loader import LoadResult, load_log, new_segment, rebuild_producer_state
+from exactly.storage.log_loader import LoadResult, load_log, new_segment
+from exactly.storage.log_maintenance import LogMaintenance
 from exactly.storage.log_read import (
     AbortedTxn,
     OffsetOutOfRangeError,
@@ -77,7 +78,6 @@ from exactly.storage.producer_state import (
     ProducerAppendInfo,
     ProducerStateManager,
 )
-from exactly.storage.retention import deletable_segments, segments_below_log_start
 from exactly.storage.roll_policy import rolls_before_append, rolls_when_idle
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
@@ -93,7 +93,7 @@ class AppendResult:
     duplicate: bool
 
 
-class PartitionLog:
+class PartitionLog(LogMaintenance):
     """One partition's log (see the module docstring for the append and read paths).
 
     Owns: its directory, the segments (and through them every index file), the partition's
@@ -182,10 +182,6 @@ class PartitionLog:
     @property
     def log_start_offset(self) -> int:
         return self._log_start_offset
-
-    @property
-    def log_end_offset(self) -> int:
-        return self._segments[-1].next_offset
 
     @property
     def high_watermark(self) -> int:
@@ -382,115 +378,7 @@ class PartitionLog:
     def producers(self) -> dict[int, ProducerStateEntry]:
         return self.producer_state.active_producers()
 
-    # --- maintenance ----------------------------------------------------------------------
-    def flush(self, *, now_ms: int | None = None) -> None:
-        """fsync every segment with unflushed data and advance the recovery point to the LEO."""
-        for segment in self._segments:
-            segment.flush()
-        self._recovery_point = self.log_end_offset
-        self._unflushed_messages = 0
-        if now_ms is not None:
-            self._last_flush_ms = now_ms
-
-    def maybe_flush(self, now_ms: int) -> bool:
-        """flush.ms: flush when the last flush is older than that. True when it flushed."""
-        if self._unflushed_messages and now_ms - self._last_flush_ms >= self.config.flush_ms:
-            self.flush(now_ms=now_ms)
-            return True
-        return False
-
-    def flush_rolled_segments(self) -> None:
-        """fsync the segments before the active one and move the recovery point to the active
-        segment's base (Kafka flushes on roll, in the background). Bounds recovery after a crash
-        to the active segment even when flush.messages/flush.ms are off."""
-        for segment in self._segments[:-1]:
-            segment.flush()
-        self._recovery_point = max(self._recovery_point, self._segments[-1].base_offset)
-
-    def apply_retention(self, now_ms: int) -> int:
-        """Delete whole segments past retention.ms / retention.bytes (never the active one).
-        Returns the number of segments deleted. The limits apply only for cleanup.policy containing
-        delete; segments wholly below the log start offset go whatever the policy."""
-        deletable = deletable_segments(self._segments, self.config, now_ms, self._log_start_offset)
-        if deletable:
-            self._delete_oldest(deletable)
-        return deletable
-
-    def increment_log_start_offset(self, offset: int) -> bool:
-        """Move the log start offset up to ``offset`` (DeleteRecords; Kafka's
-        UnifiedLog.maybeIncrementLogStartOffset) and delete the segments wholly below it. Raises
-        OffsetOutOfRangeError when ``offset`` is above the high watermark; an offset at or below
-        the current start changes nothing. True when it moved: the caller must then checkpoint
-        it before acknowledging."""
-        if offset > self._high_watermark:
-            raise OffsetOutOfRangeError(
-                f"{self.tp}: cannot move the log start offset to {offset}, above the high "
-                f"watermark {self._high_watermark}"
-            )
-        if offset <= self._log_start_offset:
-            return False
-        if offset > self._recovery_point:
-            # The recovery point must stay at or above the log start, and it only ever covers
-            # fsynced data: flush rather than claim data below the new start is on disk.
-            self.flush()
-        self._move_log_start(offset)
-        count = segments_below_log_start(self._segments, offset)
-        if count:
-            self._delete_oldest(count)
-        return True
-
-    def truncate_to(self, offset: int) -> int:
-        """A follower's truncation (KIP-101/279): remove every batch at or after ``offset``
-        (the batch containing it stays whole, so pass a batch boundary) and return the bytes
-        removed. The leader-epoch cache forgets epochs starting at or after ``offset`` even when
-        nothing is removed (KAFKA-10706). Producer state is rewound to the newest snapshot at or
-        below the new log end and the log replayed from there, which also rebuilds the aborted
-        transactions of the replayed range. The HW and recovery point never exceed the new end.
-        A cut below the log start offset is clamped to it (Kafka would restart the log there)."""
-        offset = max(offset, self._log_start_offset)
-        self.leader_epochs.truncate_from_end(offset)
-        if offset >= self.log_end_offset:
-            return 0
-        removed = 0
-        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-            doomed = self._segments.pop()
-            self._bases.pop()
-            removed += doomed.size
-            doomed.delete()
-        active = self._segments[-1]
-        removed += active.truncate_to(offset)
-        active.txn_index.truncate_to(offset)
-        new_end = self.log_end_offset
-        self._high_watermark = min(self._high_watermark, new_end)
-        self._recovery_point = min(self._recovery_point, new_end)
-        self.producer_state.truncate_and_reload(
-            log_start_offset=self._log_start_offset, log_end_offset=new_end
-        )
-        rebuild_producer_state(
-            self._segments, self.producer_state, self.leader_epochs, self._log_start_offset, new_end, new_end
-        )
-        self._first_unstable = self.producer_state.first_unstable_offset()
-        return removed
-
-    def _move_log_start(self, start: int) -> None:
-        """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader
-        epoch cache forgets epochs below the start (LSO clamping: ``last_stable_offset``)."""
-        self._log_start_offset = start
-        self._high_watermark = max(self._high_watermark, start)
-        self._recovery_point = max(self._recovery_point, start)
-        self.leader_epochs.truncate_from_start(start)
-
-    def _delete_oldest(self, count: int) -> None:
-        for segment in self._segments[:count]:
-            segment.delete()
-        del self._segments[:count]
-        del self._bases[:count]
-        first_base = self._segments[0].base_offset
-        if first_base > self._log_start_offset:
-            self._move_log_start(first_base)
-        # Snapshots from the first segment's base on stay: recovery replays that whole segment
-        # (the log start may lie inside it, and a transaction open there must be rebuilt).
-        self.producer_state.delete_snapshots_before(first_base)
+    # --- maintenance: inherited from LogMaintenance (log_maintenance) -----------------
 
     def close(self) -> None:
         """Flush, snapshot producer state; the caller then writes the recovery checkpoint."""
