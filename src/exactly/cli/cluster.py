@@ -12,6 +12,15 @@ of every partition up to the high watermark (Kafka's ``kafka-replica-verificatio
 ``exactly.client.replica_verification``): one line per partition, a line per difference, exit
 status 1 if any replica differs or cannot be read, 0 otherwise (lag alone is not an error).
 
+``exactly cluster status --bootstrap-server H:P`` prints the live brokers and their endpoints, the
+controller, every partition's leader / leader epoch / replicas / ISR with under-replicated and
+offline partitions marked and counted, and the group and transaction coordinators (the leaders
+of the ``__consumer_offsets`` / ``__transaction_state`` partitions), from one Metadata request
+(``exactly.client.cluster_status``). ``--json`` for scripts, ``--problems`` for the bad rows only,
+``--group G`` / ``--transactional-id T`` for one key's coordinator. Exit status 0, or 1 with
+``--fail-on-under-replicated`` when a partition is under-replicated or offline, or with
+``--fail-on-offline`` when one is offline; 1 also when no broker answers.
+
 Brokers run through ``exactly.testing.broker`` (the project's one launcher). They are
 subprocesses, not threads: each is a real broker process with its own event loop,
 exactly what a deployment runs, and ``kill -9`` on one of them is a real broker failure.
@@ -20,6 +29,7 @@ exactly what a deployment runs, and ``kill -9`` on one of them is a real broker 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -57,6 +67,68 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     v.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
     v.set_defaults(func=verify_replicas)
+    st = tools.add_parser(
+        "status",
+        help="brokers, controller, partitions (leader/ISR, under-replicated, offline), coordinators",
+    )
+    st.add_argument("--bootstrap-server", required=True, help="HOST:PORT[,HOST:PORT...] of the cluster")
+    st.add_argument(
+        "--topic", action="append", default=None, help="only this topic (repeatable; default: all)"
+    )
+    st.add_argument(
+        "--problems", action="store_true", help="list only under-replicated and offline partitions"
+    )
+    st.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    st.add_argument("--group", action="append", default=[], help="show the coordinator of this group id")
+    st.add_argument(
+        "--transactional-id",
+        action="append",
+        default=[],
+        help="show the coordinator of this transactional id",
+    )
+    st.add_argument(
+        "--fail-on-under-replicated",
+        action="store_true",
+        help="exit 1 if any partition is under-replicated or offline",
+    )
+    st.add_argument("--fail-on-offline", action="store_true", help="exit 1 if any partition is offline")
+    st.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
+    st.set_defaults(func=status)
+
+
+def status(args: argparse.Namespace) -> int:
+    from exactly.client.cluster_status import coordinator_of, read_status, render
+    from exactly.client.wire import WireError
+
+    try:
+        state = read_status(args.bootstrap_server, args.topic, timeout_s=args.timeout)
+    except WireError as exc:
+        print(f"exactly cluster status: {exc}", file=sys.stderr)
+        return 1
+    keys = [("group", g) for g in args.group] + [("transaction", t) for t in args.transactional_id]
+    found = {f"{kind}:{key}": coordinator_of(state, kind, key) for kind, key in keys}
+    if args.json:
+        doc = state.to_json()
+        if keys:
+            doc["coordinator_of"] = {
+                name: None if where is None else {"partition": where[0], "broker": where[1]}
+                for name, where in found.items()
+            }
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(render(state, problems_only=args.problems, color=sys.stdout.isatty()))
+        for name, where in found.items():
+            kind, _, key = name.partition(":")
+            if where is None:
+                print(f"{kind} {key!r}: no coordinator topic yet")
+            else:
+                broker = f"broker {where[1]}" if where[1] >= 0 else "NONE (offline)"
+                print(f"{kind} {key!r}: coordinator {broker} (partition {where[0]})")
+    if args.fail_on_offline and state.offline:
+        return 1
+    if args.fail_on_under_replicated and (state.offline or state.under_replicated):
+        return 1
+    return 0
 
 
 def verify_replicas(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ from exactly.cluster.znodes import PartitionState, TopicAssignment
 from exactly.controller.context import ControllerContext
 from exactly.controller.decisions import (
     BrokerChange,
+    ChangeReason,
     StateChange,
     apply,
     controlled_shutdowns,
@@ -60,6 +61,14 @@ from exactly.types import TopicPartition
 log = logging.getLogger(__name__)
 
 MAX_DECISION_ROUNDS = 5
+ELECTIONS = frozenset(
+    {
+        ChangeReason.OFFLINE_ELECTION,
+        ChangeReason.UNCLEAN_ELECTION,
+        ChangeReason.CONTROLLED_SHUTDOWN,
+        ChangeReason.PREFERRED_ELECTION,
+    }
+)
 
 
 class ControllerEvent(enum.Enum):
@@ -121,6 +130,11 @@ class ControllerRuntime:
         self._worker = threading.Thread(target=self._run, name=f"controller-{broker_id}", daemon=True)
         # Set whenever this broker wins an election (tests and metrics wait on it).
         self.elected = threading.Event()
+        # Kafka's LeaderElectionRateAndTimeMs / UncleanLeaderElectionsPerSec as counts: leader
+        # elections this broker wrote as the controller (committed writes only). Ints bumped by the
+        # worker thread and read whole by the metrics collector, so no lock is needed.
+        self.leader_elections = 0
+        self.unclean_leader_elections = 0
 
     @property
     def is_active(self) -> bool:
@@ -323,6 +337,14 @@ class ControllerRuntime:
             state_zxids=zxids,
         )
 
+    def _count_election(self, change: StateChange) -> None:
+        """A committed change that chose a leader counts as an election; a new partition's first
+        state and an ISR removal do not (Kafka does not time those as elections either)."""
+        if change.reason in ELECTIONS:
+            self.leader_elections += 1
+            if change.reason is ChangeReason.UNCLEAN_ELECTION:
+                self.unclean_leader_elections += 1
+
     def _decide_and_apply(
         self,
         decide: Callable[[ControllerContext, int], list[StateChange]],
@@ -341,6 +363,7 @@ class ControllerRuntime:
             results = self.zk.write_partition_states(self.lease, changes)
             for result in results:
                 if result.new_zk_version is not None:
+                    self._count_election(result.change)
                     log.info(
                         "controller epoch %d: %s %s -> leader %d epoch %d isr %s",
                         self.lease.epoch,

@@ -40,6 +40,10 @@ class IsrWriter:
         self.max_lag_ms = max_lag_ms
         self._spawn = spawn
         self._publish_high_watermark = publish_high_watermark
+        # Kafka's IsrShrinksPerSec / IsrExpandsPerSec as counts: ISR changes written here and
+        # committed (read by the Prometheus collector, never by requests).
+        self.shrinks = 0
+        self.expands = 0
 
     def write(self, tp: TopicPartition, leader: LeaderPartition, update: IsrUpdate) -> None:
         """Conditional set in the executor; adopted on the loop only if it committed."""
@@ -57,6 +61,10 @@ class IsrWriter:
                 leader.on_isr_failed(update)
                 return
             log.info("%s: ISR now %s (zkVersion %d)", tp, list(update.isr), version)
+            if len(update.isr) < len(update.maximal_isr):  # a shrink keeps the old ISR as maximal
+                self.shrinks += 1
+            else:
+                self.expands += 1
             if leader.on_isr_committed(update, version, now_ms()) and self.leaders.get(tp) is leader:
                 self._publish_high_watermark(tp, leader)
 

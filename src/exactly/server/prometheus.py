@@ -20,6 +20,33 @@ Series:
   ``kafka.network:type=RequestMetrics``), ``exactly_duplicate_batches_total``,
   ``exactly_messages_in_total``, ``exactly_bytes_in_total``, ``exactly_bytes_out_total``;
 * ``exactly_offsets_expired_total``, ``exactly_groups_removed_total``: offset retention's work;
+* the cluster's health, Kafka's replication metrics under the same snake-case rule
+  (``kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions`` ->
+  ``exactly_under_replicated_partitions``; a ``...PerSec`` / ``...Rate`` meter is a counter, its
+  Count, named for what it counts):
+
+  - ``exactly_under_replicated_partitions``: partitions this broker leads whose ISR is smaller
+    than their replica set (Kafka's UnderReplicatedPartitions), and per partition
+    ``exactly_partition_under_replicated{topic,partition}`` (1/0, 0 where this broker does not lead);
+  - ``exactly_offline_partitions_count``: partitions without a live leader, on the active
+    controller only, 0 elsewhere (Kafka's OfflinePartitionsCount); read from the controller
+    broker's metadata cache, which the same ZooKeeper watches fill;
+  - ``exactly_active_controller_count``: 1 on the controller, 0 elsewhere (a single broker is its
+    own controller: 1);
+  - ``exactly_isr_shrinks_total`` / ``exactly_isr_expands_total``: ISR changes this broker wrote as
+    a leader and saw commit (IsrShrinksPerSec / IsrExpandsPerSec). As in Kafka, the controller
+    removing a dead broker from an ISR is not a shrink by the leader;
+  - ``exactly_leader_elections_total`` / ``exactly_unclean_leader_elections_total``: leaders the
+    controller elected (after a failure, unclean, at a controlled shutdown, preferred) while this
+    broker was the controller (LeaderElectionRateAndTimeMs / UncleanLeaderElectionsPerSec; Kafka's
+    timer counts the controller's broker-change events instead, this counts the elections
+    themselves; a new partition's first leader is not an election in either);
+  - ``exactly_partition_last_stable_offset_lag`` is reported by the partition's leader; followers
+    report 0, as Kafka's gauge does.
+
+  The counters are bumped by the shell where a decision's write committed (the replica
+  manager's ISR writer, the controller's worker); the gauges are computed here at scrape time, so
+  the produce and fetch paths pay nothing for them;
 * the standard ``process_*`` series.
 """
 
@@ -39,6 +66,7 @@ from prometheus_client.registry import Collector
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.metrics import api_name, error_name
+from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -86,14 +114,28 @@ class BrokerCollector(Collector):
             "Producers with an open transaction on the partition.",
             labels=labels,
         )
+        under = GaugeMetricFamily(
+            "exactly_partition_under_replicated",
+            "1 if this broker leads the partition and its ISR is smaller than its replica set.",
+            labels=labels,
+        )
+        replicas = broker.replicas
+        leaders = replicas.leaders if replicas is not None else None
+        under_replicated = 0
         for plog in sorted(broker.logs.partitions(), key=lambda p: (p.tp.topic, p.tp.partition)):
             key = [plog.tp.topic, str(plog.tp.partition)]
             high = plog.high_watermark
             leo.add_metric(key, plog.log_end_offset)
             hw.add_metric(key, high)
-            lso_lag.add_metric(key, max(high - plog.last_stable_offset, 0))
+            led = leaders is None or plog.tp in leaders
+            lso_lag.add_metric(key, max(high - plog.last_stable_offset, 0) if led else 0)
             ongoing.add_metric(key, len(plog.producer_state.ongoing_transactions()))
-        yield from (leo, hw, lso_lag, ongoing)
+            leader = leaders.get(plog.tp) if leaders is not None else None
+            short = leader is not None and len(leader.isr) < len(leader.replicas)
+            under_replicated += short
+            under.add_metric(key, int(short))
+        yield from (leo, hw, lso_lag, ongoing, under)
+        yield from _cluster_health(broker, under_replicated)
 
         open_txns = GaugeMetricFamily(
             "exactly_open_transactions",
@@ -131,6 +173,59 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily(
             "exactly_groups_removed", "Empty groups removed by offset retention.", value=m.groups_removed
         )
+
+
+def _cluster_health(broker: Broker, under_replicated: int) -> Iterator[Metric]:
+    """The broker-level replication series (see the module docstring). A single broker is its own
+    controller with nothing to replicate: 1 active controller, zeros elsewhere."""
+    replicas = broker.replicas
+    controller = replicas.controller if replicas is not None else None
+    active = controller is None or controller.is_active
+    offline = 0
+    if replicas is not None and active:
+        cache = replicas.cache
+        for name in cache.topic_names():
+            offline += sum(
+                1
+                for p in cache.partitions(name)
+                if cache.state(TopicPartition(name, p.partition)) is not None
+                and p.leader not in cache.brokers
+            )
+    yield GaugeMetricFamily(
+        "exactly_under_replicated_partitions",
+        "Partitions led here whose ISR is smaller than their replica set (UnderReplicatedPartitions).",
+        value=under_replicated,
+    )
+    yield GaugeMetricFamily(
+        "exactly_offline_partitions_count",
+        "Partitions without a live leader, on the active controller (OfflinePartitionsCount).",
+        value=offline,
+    )
+    yield GaugeMetricFamily(
+        "exactly_active_controller_count",
+        "1 on the active controller, 0 elsewhere (ActiveControllerCount).",
+        value=int(active),
+    )
+    yield CounterMetricFamily(
+        "exactly_isr_shrinks",
+        "ISR shrinks written by this broker as a leader (IsrShrinksPerSec).",
+        value=replicas.isr_writer.shrinks if replicas is not None else 0,
+    )
+    yield CounterMetricFamily(
+        "exactly_isr_expands",
+        "ISR expansions written by this broker as a leader (IsrExpandsPerSec).",
+        value=replicas.isr_writer.expands if replicas is not None else 0,
+    )
+    yield CounterMetricFamily(
+        "exactly_leader_elections",
+        "Partition leaders elected by this broker as the controller (LeaderElectionRateAndTimeMs).",
+        value=controller.leader_elections if controller is not None else 0,
+    )
+    yield CounterMetricFamily(
+        "exactly_unclean_leader_elections",
+        "Unclean leader elections by this broker as the controller (UncleanLeaderElectionsPerSec).",
+        value=controller.unclean_leader_elections if controller is not None else 0,
+    )
 
 
 def make_registry(broker: Broker) -> CollectorRegistry:
