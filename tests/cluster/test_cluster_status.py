@@ -180,6 +180,13 @@ def test_status_and_metrics_through_a_pause_and_a_kill_9(cluster: list[Broker]) 
         leader = next(p.leader for p in status.partitions if p.topic == topic)
         assert coordinators[kind] == {0: leader}
 
+    # DescribeCluster (what AdminClient.describe_cluster sends) agrees, from every broker
+    for b in cluster:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})  # kept alive until the answer
+        result = admin.describe_cluster(request_timeout=10).result(timeout=30)
+        assert result.controller.id == controller
+        assert sorted(node.id for node in result.nodes) == [0, 1, 2]
+
     done = cli(cluster, "--json", "--fail-on-under-replicated", "--group", "ops-group")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -271,6 +278,13 @@ def test_status_and_metrics_through_a_pause_and_a_kill_9(cluster: list[Broker]) 
         else:
             assert p.leader != victim_id and p.leader in {b.broker_id for b in status.brokers}
             assert p.under_replicated and victim_id not in p.isr, p
+
+    def described_without_victim() -> bool:
+        admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+        result = admin.describe_cluster(request_timeout=10).result(timeout=30)
+        return sorted(n.id for n in result.nodes) == sorted(b.broker_id for b in status.brokers)
+
+    wait_for(described_without_victim, what="DescribeCluster without the killed broker")
 
     under = cli(cluster, "--fail-on-under-replicated")
     assert under.returncode == 1

@@ -100,6 +100,21 @@ def test_last_stable_offset_lag_follows_an_open_transaction(metrics_broker: Brok
     assert (value(after, "exactly_messages_in_total") or 0) >= 5
 
 
+def test_a_single_broker_is_its_own_controller_with_nothing_to_replicate(
+    metrics_broker: Broker, topic: str
+) -> None:
+    """Kafka's replication series exist on a single broker too: it is the active controller, and
+    an RF 1 partition is neither under-replicated nor offline."""
+    create_topic(metrics_broker.bootstrap, topic)
+    samples = scrape(metrics_url(metrics_broker))
+    assert value(samples, "exactly_active_controller_count") == 1
+    assert value(samples, "exactly_under_replicated_partitions") == 0
+    assert value(samples, "exactly_offline_partitions_count") == 0
+    assert value(samples, "exactly_partition_under_replicated", **partition_labels(topic)) == 0
+    for counter in ("isr_shrinks", "isr_expands", "leader_elections", "unclean_leader_elections"):
+        assert value(samples, f"exactly_{counter}_total") == 0, counter
+
+
 def test_error_counts_after_bad_requests(metrics_broker: Broker, topic: str) -> None:
     url = metrics_url(metrics_broker)
     before = scrape(url)
