@@ -130,15 +130,16 @@ def setup_topics(brokers: list[Broker]) -> None:
         future.result(timeout=30)
 
 
-def healthy(status: ClusterStatus | None, brokers: int = 3) -> bool:
+def healthy(status: ClusterStatus | None, *, coordinators: bool = True) -> bool:
+    """Three live brokers, a controller, our topics (and the coordinators' ones) all in sync."""
+    topics = {REPLICATED, SINGLE} | ({"__consumer_offsets", "__transaction_state"} if coordinators else set())
     return (
         status is not None
-        and len(status.brokers) == brokers
+        and len(status.brokers) == 3
         and status.controller_id >= 0
         and not status.under_replicated
         and not status.offline
-        and {REPLICATED, SINGLE, "__consumer_offsets", "__transaction_state"}
-        <= {p.topic for p in status.partitions}
+        and topics <= {p.topic for p in status.partitions}
     )
 
 
@@ -334,3 +335,49 @@ def test_status_of_an_unreachable_cluster_is_one_line_and_exit_1() -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("exactly cluster status: cannot connect")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_controller_killed_9_moves_active_controller_count(cluster: list[Broker]) -> None:
+    """ActiveControllerCount moves with the controller: after a kill -9 of its broker exactly one
+    survivor reports 1, it counts the partitions left without a leader (the RF 1 one on the dead
+    broker) and the leaders it elected for the replicated partitions the dead broker led."""
+    setup_topics(cluster)
+    last: list[ClusterStatus | None] = [None]
+
+    def observe() -> ClusterStatus | None:
+        last[0] = status_of(cluster)
+        return last[0]
+
+    wait_for(lambda: healthy(observe(), coordinators=False), timeout=60, what="a healthy cluster")
+    assert last[0] is not None
+    old = last[0].controller_id
+    led = [p.partition for p in last[0].partitions if p.topic == REPLICATED and p.leader == old]
+    assert led  # RF 3 over 3 brokers, 3 partitions: AdminUtils gives each broker one leadership
+    broker_named(cluster, old).kill()
+    survivors = [b for b in cluster if b.running]
+
+    def new_controller() -> bool:
+        s = observe()
+        return (
+            s is not None
+            and s.controller_id not in (old, -1)
+            and old not in {b.broker_id for b in s.brokers}
+            and len(s.offline) == 1
+            and all(p.leader != old for p in s.partitions if p.topic == REPLICATED)
+        )
+
+    wait_for(new_controller, timeout=SESSION_TIMEOUT_MS / 1000 + 30, what="a new controller")
+    assert last[0] is not None
+    new = broker_named(cluster, last[0].controller_id)
+    wait_for(
+        lambda: (
+            [metric(b, "exactly_active_controller_count") for b in survivors].count(1) == 1
+            and metric(new, "exactly_active_controller_count") == 1
+        ),
+        what="ActiveControllerCount on the new controller only",
+    )
+    assert metric(new, "exactly_offline_partitions_count") == 1
+    assert metric(new, "exactly_leader_elections_total") >= len(led)
+    done = cli(cluster, "--fail-on-offline", "--json")
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["controller"] == last[0].controller_id

@@ -62,9 +62,12 @@ def test_one_controller_creates_states_and_fails_over(nodes: dict[int, Node], cl
     )
     assert state(observer, P0) == LeaderAndIsr(1, 0, (1, 2, 3), 1)
     assert state(observer, P1) == LeaderAndIsr(2, 0, (2, 3, 1), 1)
+    # a new partition's first leader is not an election (the metrics' LeaderElectionRate)
+    assert all(n.runtime.leader_elections == 0 for n in nodes.values())
 
     # the controller's broker dies: another broker takes over and handles that very failure
     dead = first.broker_id
+    led_by_dead = sum(1 for tp in (P0, P1) if (s := state(observer, tp)) is not None and s.leader == dead)
     first.runtime.stop()
     first.zk.stop()
     del nodes[dead]
@@ -80,6 +83,11 @@ def test_one_controller_creates_states_and_fails_over(nodes: dict[int, Node], cl
     for tp in (P0, P1):
         s = state(observer, tp)
         assert s is not None and s.leader_epoch == 1 and s.controller_epoch == 2
+    # the new controller elected a leader for each partition the dead broker led (none if it was
+    # broker 3); an ISR removal is no election
+    assert second.runtime.leader_elections == led_by_dead
+    assert second.runtime.unclean_leader_elections == 0
+    assert sum(n.runtime.leader_elections for n in nodes.values()) == led_by_dead
 
 
 @pytest.mark.slow
