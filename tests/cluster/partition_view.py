@@ -1,0 +1,96 @@
+"""What a broker says about one partition (Metadata v9 over the wire), and waiting on it.
+
+The failover tests need the leader *epoch* and the partition's error code, which the
+confluent admin client does not expose; they also must not fail when the asked broker is the one
+just killed (``view`` answers None then, and the waits simply ask again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kio.schema.types import TopicName
+
+from exactly.client.wire import WireError
+from exactly.protocol.apis import ApiKey
+from tests.cluster.helpers import wait_for
+from tests.support.broker import Broker
+from tests.support.wire import WireClient
+
+METADATA_VERSION = 9
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    error_code: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+def broker_id(broker: Broker) -> int:
+    """``running_cluster`` names broker ``i`` ``broker-i`` and gives it ``broker.id=i``."""
+    return int(broker.overrides["broker.id"])
+
+
+def by_id(brokers: list[Broker], wanted: int) -> Broker:
+    return next(b for b in brokers if broker_id(b) == wanted)
+
+
+def view(broker: Broker, topic: str, partition: int = 0) -> PartitionView | None:
+    """``broker``'s Metadata answer for one partition; None if it cannot be asked or does not
+    know the topic (yet)."""
+    if not broker.running:
+        return None
+    try:
+        with WireClient(broker.bootstrap, timeout=5) as wire:
+            mod = wire.module(ApiKey.METADATA, METADATA_VERSION)
+            response = wire.call(
+                ApiKey.METADATA,
+                METADATA_VERSION,
+                topics=(mod.MetadataRequestTopic(name=TopicName(topic)),),
+                allow_auto_topic_creation=False,
+            )
+    except (OSError, WireError):
+        return None
+    for t in response.topics:
+        if t.name != topic or int(t.error_code) != 0:
+            continue
+        for p in t.partitions:
+            if int(p.partition_index) == partition:
+                return PartitionView(
+                    int(p.error_code),
+                    int(p.leader_id),
+                    int(p.leader_epoch),
+                    tuple(int(b) for b in p.replica_nodes),
+                    tuple(int(b) for b in p.isr_nodes),
+                )
+    return None
+
+
+def wait_for_view(
+    broker: Broker,
+    topic: str,
+    condition: Callable[[PartitionView], bool],
+    *,
+    partition: int = 0,
+    timeout: float = 30.0,
+    what: str = "partition state",
+) -> PartitionView:
+    """Ask ``broker`` until its view of the partition satisfies ``condition``; return that view."""
+    seen: list[PartitionView | None] = [None]
+
+    def check() -> bool:
+        current = view(broker, topic, partition)
+        seen[0] = current
+        return current is not None and condition(current)
+
+    try:
+        wait_for(check, timeout=timeout, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last view from {broker.name}: {seen[0]}") from None
+    result = seen[0]
+    assert result is not None
+    return result
