@@ -51,7 +51,9 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
 def create_topic(brokers: list[Broker]) -> None:
     admin = AdminClient({"bootstrap.servers": ",".join(b.bootstrap for b in brokers)})
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
-    topic = NewTopic(TOPIC, num_partitions=1, replica_assignment=[[0, 1, 2]], config={"min.insync.replicas": "2"})
+    topic = NewTopic(
+        TOPIC, num_partitions=1, replica_assignment=[[0, 1, 2]], config={"min.insync.replicas": "2"}
+    )
     admin.create_topics([topic])[TOPIC].result(timeout=30)
 
 
@@ -82,7 +84,9 @@ def wait_until_identical(brokers: list[Broker]) -> None:
 def test_retry_after_kill_9_failover_is_deduplicated_by_the_new_leader(cluster: list[Broker]) -> None:
     create_topic(cluster)
     first, second, third = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
-    before = wait_for_view(second, TOPIC, lambda v: v.leader == 0 and len(v.isr) == 3, what="leader 0, full ISR")
+    before = wait_for_view(
+        second, TOPIC, lambda v: v.leader == 0 and len(v.isr) == 3, what="leader 0, full ISR"
+    )
     with WireClient(first.bootstrap) as wire:
         pid, epoch = init_producer_id(wire)
 
@@ -96,7 +100,10 @@ def test_retry_after_kill_9_failover_is_deduplicated_by_the_new_leader(cluster: 
 
     first.kill()  # SIGKILL: the controller acts once its session expires
     after = wait_for_view(
-        second, TOPIC, lambda v: v.leader == 1 and v.leader_epoch > before.leader_epoch, what="broker 1 to lead"
+        second,
+        TOPIC,
+        lambda v: v.leader == 1 and v.leader_epoch > before.leader_epoch,
+        what="broker 1 to lead",
     )
     assert 0 not in after.isr
 

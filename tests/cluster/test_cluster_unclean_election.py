@@ -50,7 +50,9 @@ OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Broker]]:
     yield from running_cluster(
-        zk_connect, tmp_path, **{"unclean.leader.election.enable": request.param, "replica.lag.time.max.ms": "10000"}
+        zk_connect,
+        tmp_path,
+        **{"unclean.leader.election.enable": request.param, "replica.lag.time.max.ms": "10000"},
     )
 
 
@@ -89,9 +91,13 @@ def lose_the_last_isr_member(cluster: list[Broker]) -> tuple[Producer, Producer]
     first, second, observer = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
     client = admin(cluster)
     wait_for(lambda: len(client.list_topics(timeout=5).brokers) == 3, what="three brokers")
-    topic = NewTopic(TOPIC, num_partitions=1, replica_assignment=[[0, 1]], config={"min.insync.replicas": "1"})
+    topic = NewTopic(
+        TOPIC, num_partitions=1, replica_assignment=[[0, 1]], config={"min.insync.replicas": "1"}
+    )
     client.create_topics([topic])[TOPIC].result(timeout=30)
-    wait_for_view(observer, TOPIC, lambda v: v.leader == 0 and sorted(v.isr) == [0, 1], what="leader 0, ISR [0, 1]")
+    wait_for_view(
+        observer, TOPIC, lambda v: v.leader == 0 and sorted(v.isr) == [0, 1], what="leader 0, ISR [0, 1]"
+    )
     a = Producer(observer)
     assert produce(first, a.batch(0, b"a0", b"a1")) == (0, 0)  # acks=all: broker 1 has it
 
@@ -121,7 +127,9 @@ def test_without_unclean_election_the_partition_stays_offline_until_an_isr_membe
     client = admin(cluster)
     client.create_topics([barrier])["after-restart"].result(timeout=30)
     for broker in (observer, second):
-        wait_for_view(broker, "after-restart", lambda v: v.leader >= 0, what=f"{broker.name} to see the barrier")
+        wait_for_view(
+            broker, "after-restart", lambda v: v.leader >= 0, what=f"{broker.name} to see the barrier"
+        )
         still = view(broker, TOPIC)
         assert still is not None
         assert (still.leader, still.error_code, still.isr) == (-1, LEADER_NOT_AVAILABLE, (0,))
@@ -132,7 +140,9 @@ def test_without_unclean_election_the_partition_stays_offline_until_an_isr_membe
     wait_for_view(observer, TOPIC, lambda v: v.leader == 0, what="broker 0, the ISR member, to lead")
     assert values_at(first) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1"]  # nothing acknowledged lost
     assert produce(first, a.batch(4, b"a4")) == (0, 6)
-    wait_for_view(observer, TOPIC, lambda v: sorted(v.isr) == [0, 1], timeout=60, what="broker 1 back in sync")
+    wait_for_view(
+        observer, TOPIC, lambda v: sorted(v.isr) == [0, 1], timeout=60, what="broker 1 back in sync"
+    )
     wait_for(lambda: segment_bytes(first) == segment_bytes(second), what="replicas to agree")
 
 
@@ -158,6 +168,8 @@ def test_unclean_election_loses_the_acked_tail_and_the_producer_sees_out_of_orde
 
     # The old leader returns as a follower and cuts its acknowledged tail (offsets 2-5) away.
     first.restart()
-    wait_for_view(observer, TOPIC, lambda v: sorted(v.isr) == [0, 1], timeout=60, what="broker 0 back in sync")
+    wait_for_view(
+        observer, TOPIC, lambda v: sorted(v.isr) == [0, 1], timeout=60, what="broker 0 back in sync"
+    )
     wait_for(lambda: segment_bytes(first) == segment_bytes(second), what="replicas to agree")
     assert b"b0" not in segment_bytes(first)
