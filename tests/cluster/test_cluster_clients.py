@@ -18,7 +18,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -250,9 +249,9 @@ def test_kcat_produces_and_consumes_across_a_leader_kill(
         )
         assert proc.returncode == 0, proc.stderr.decode()
 
+    consume = [kcat, "-C", *common, "-X", "isolation.level=read_committed", "-o", "beginning"]
     consumer = subprocess.Popen(
-        [kcat, "-C", *common, "-X", "isolation.level=read_committed", "-o", "beginning", "-c", str(2 * HALF)]
-        + ["-f", "%o %s\n"],
+        [*consume, "-c", str(2 * HALF), "-f", "%o %s\n"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
