@@ -154,3 +154,39 @@ def test_observed_isr_change_at_same_epoch_is_adopted() -> None:
     assert p.isr == (1, 3) and p.zk_version == 8
     assert not p.on_state_observed(LeaderAndIsr(1, 5, (1,), 2), zk_version=8, now_ms=0)  # not newer
     assert p.isr == (1, 3)
+
+
+def test_reelection_at_a_newer_epoch_keeps_follower_log_ends_and_completes_parked_acks() -> None:
+    """The controller drops dead follower 3 from the ISR with an epoch bump; leader 1 stays. A
+    produce parked on 3 completes once the HW reaches it over the smaller ISR (Kafka keeps the
+    same Partition and its delayed produces)."""
+    p = leader(leo=10, hw=10, now=0)
+    p.on_follower_fetch(2, 10, 0, now_ms=1)
+    p.on_follower_fetch(3, 10, 0, now_ms=1)
+    p.on_leader_append(12, now_ms=2)
+    p.on_follower_fetch(2, 12, 0, now_ms=3)
+    assert p.check_acks_all(12, 2) is AckOutcome.WAIT  # 3 (in the ISR) has not fetched 10-11
+    shrink = p.maybe_shrink_isr(now_ms=10**6)  # a pending change is dropped by the re-election
+    assert shrink is not None
+    now = 10**6 + 5
+    advanced = p.on_reelected(LeaderAndIsr(1, 6, (1, 2), 3), 8, (1, 2, 3), 12, now_ms=now)
+    assert advanced  # follower 2's known LEO (12) counts at once
+    assert (p.leader_epoch, p.zk_version, p.controller_epoch, p.isr) == (6, 8, 3, (1, 2))
+    assert p.epoch_start_offset == 12 and not p.isr_change_in_flight
+    assert p.high_watermark == 12
+    assert p.check_acks_all(12, 2) is AckOutcome.DONE
+    assert p.follower(2).last_caught_up_time_ms == now and p.follower(2).log_end_offset == 12
+    assert p.follower(3).last_caught_up_time_ms == 0  # out of the ISR: never caught up since
+    # The stale shrink's write result is ignored.
+    assert not p.on_isr_committed(shrink, 9, now_ms=now)
+    assert p.isr == (1, 2)
+
+
+def test_reelection_refuses_an_older_or_foreign_state() -> None:
+    p = leader()
+    for state in (LeaderAndIsr(1, 5, (1, 2, 3), 2), LeaderAndIsr(2, 6, (1, 2, 3), 2)):
+        try:
+            p.on_reelected(state, 9, (1, 2, 3), 10, now_ms=1)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {state}")

@@ -300,6 +300,50 @@ class LeaderPartition:
         self._isr = state.isr
         return self._maybe_advance_high_watermark(now_ms)
 
+    def on_reelected(
+        self,
+        state: LeaderAndIsr,
+        zk_version: int,
+        replicas: Iterable[int],
+        leader_log_end_offset: int,
+        now_ms: int,
+    ) -> bool:
+        """This broker leads again at a newer leader epoch without having followed in between
+        (the controller removed a dead follower from the ISR, or re-elected it): Kafka's
+        ``makeLeader`` for a broker that is already leader. The *same* object lives on, so
+        acks=all produces parked on it keep waiting and complete as the HW moves, as Kafka's
+        delayed produces do. The new epoch starts at ``leader_log_end_offset`` (the caller
+        recorded it in the epoch cache first); a pending ISR change is dropped (its write, made
+        at the old zkVersion, fails); followers keep the log end offsets they reported, and
+        their last caught-up and last fetch times restart: now for ISR members, never for the
+        others (Kafka's ``Replica.resetReplicaState`` with ``isNewLeader`` false). Returns
+        whether the HW advanced (an ISR of one)."""
+        if state.leader != self.local_broker or state.leader_epoch <= self.leader_epoch:
+            raise ValueError(f"not a re-election of {self.local_broker} at a newer epoch: {state}")
+        self.leader_epoch = state.leader_epoch
+        self.controller_epoch = state.controller_epoch
+        self.zk_version = zk_version
+        self.replicas = tuple(replicas)
+        self._isr = state.isr if self.local_broker in state.isr else (self.local_broker, *state.isr)
+        self._pending = None
+        self.leader_log_end_offset = leader_log_end_offset
+        self.epoch_start_offset = leader_log_end_offset
+        followers: dict[int, FollowerReplicaState] = {}
+        for broker in self.replicas:
+            if broker == self.local_broker:
+                continue
+            known = self._followers.get(broker, FollowerReplicaState())
+            in_sync = broker in self._isr
+            followers[broker] = FollowerReplicaState(
+                log_end_offset=known.log_end_offset,
+                log_start_offset=known.log_start_offset,
+                last_fetch_leader_log_end_offset=leader_log_end_offset,
+                last_fetch_time_ms=now_ms if in_sync else 0,
+                last_caught_up_time_ms=now_ms if in_sync else 0,
+            )
+        self._followers = followers
+        return self._maybe_advance_high_watermark(now_ms)
+
     # --- produce -------------------------------------------------------------------------------
 
     def check_before_append(self, required_acks: int, min_insync_replicas: int) -> ErrorCode:

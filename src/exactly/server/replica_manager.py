@@ -311,6 +311,18 @@ class ReplicaManager:
             return
         # KAFKA-7415: the new epoch starts at the current log end, recorded before any append.
         plog.leader_epochs.assign(decision.leader_epoch, plog.log_end_offset)
+        current = self.leaders.get(tp)
+        if current is not None:
+            # Still leading (no follower period in between, which would have dropped it): keep
+            # the object, so parked acks=all produces complete instead of failing.
+            if current.on_reelected(
+                state.leader_and_isr, state.zk_version, self.cache.replicas(tp), plog.log_end_offset, now_ms()
+            ):
+                self._publish_high_watermark(tp, current)
+            log.info(
+                "%s: still leader, now at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr)
+            )
+            return
         leader = LeaderPartition(
             local_broker=self.broker_id,
             state=state.leader_and_isr,
