@@ -47,3 +47,14 @@ def test_has_leaders_needs_live_leaders_for_every_partition() -> None:
     assert cache.has_leaders("t")
     cache.remove_topic("t")
     assert cache.partitions("t") == [] and cache.state(TopicPartition("t", 0)) is None
+
+
+def test_a_leader_that_is_not_registered_is_reported_as_none() -> None:
+    """Between a broker's death and the controller's election the state still names it: Kafka's
+    metadata cache answers LEADER_NOT_AVAILABLE with leader -1 (and the state's epoch) then."""
+    cache = cache_with_topic()
+    cache.set_state(TopicPartition("t", 0), PartitionState(LeaderAndIsr(2, 4, (2, 1), 7), 3))
+    assert cache.partitions("t")[0].leader == 2
+    cache.set_brokers({1: BrokerEndpoint(1, "127.0.0.1", 9001)})  # broker 2's session is gone
+    p0 = cache.partitions("t")[0]
+    assert (p0.leader, p0.leader_epoch, p0.isr, p0.offline_replicas) == (-1, 4, (2, 1), (2, 3))

@@ -29,7 +29,10 @@ class BrokerEndpoint:
 @dataclass(frozen=True, slots=True)
 class PartitionMetadata:
     """One partition as Metadata reports it: ``leader`` is -1 while there is none (offline, or
-    the controller has not written the first state yet)."""
+    the controller has not written the first state yet) and while the state names a broker that
+    is not registered (it died and the controller has not moved the leadership yet: Kafka's
+    metadata cache answers LEADER_NOT_AVAILABLE then, so clients never look for a leader that is
+    missing from the broker list). ``leader_epoch`` stays the state's."""
 
     partition: int
     leader: int
@@ -117,6 +120,8 @@ class MetadataCache:
             if state is not None:
                 lai = state.leader_and_isr
                 leader, epoch, isr = lai.leader, lai.leader_epoch, tuple(lai.isr)
+                if leader not in self.brokers:
+                    leader = NO_LEADER
             offline = tuple(b for b in replicas if b not in self.brokers)
             out.append(PartitionMetadata(partition, leader, epoch, tuple(replicas), isr, offline))
         return out
@@ -132,4 +137,4 @@ class MetadataCache:
         """Every partition of ``name`` has a live leader (CreateTopics answers then, as Kafka's
         DelayedCreatePartitions)."""
         parts = self.partitions(name)
-        return bool(parts) and all(p.leader != NO_LEADER and p.leader in self.brokers for p in parts)
+        return bool(parts) and all(p.leader != NO_LEADER for p in parts)
