@@ -1,4 +1,5 @@
-"""What a broker says about one partition (Metadata v9 over the wire), and waiting on it.
+"""What a broker says about one partition over the wire: Metadata v9 (and waiting on it),
+ListOffsets v4 and OffsetsForLeaderEpoch v3 with the current leader epoch a client believes.
 
 The failover tests need the leader *epoch* and the partition's error code, which the
 confluent admin client does not expose; they also must not fail when the asked broker is the one
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kio.schema.types import TopicName
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i64
 
 from exactly.client.wire import WireError
 from exactly.protocol.apis import ApiKey
@@ -94,3 +96,63 @@ def wait_for_view(
     result = seen[0]
     assert result is not None
     return result
+
+
+def list_offsets_code(
+    wire: WireClient,
+    topic: str,
+    current_leader_epoch: int,
+    *,
+    timestamp: int = -1,
+    isolation: int = 1,
+    version: int = 5,
+) -> tuple[int, int, int]:
+    """ListOffsets v4+ (default: v5, latest, read_committed) -> (error code, offset, leader
+    epoch)."""
+    mod = wire.module(ApiKey.LIST_OFFSETS, version)
+    response = wire.call(
+        ApiKey.LIST_OFFSETS,
+        version,
+        replica_id=BrokerId(-1),
+        isolation_level=i8(isolation),
+        topics=(
+            mod.ListOffsetsTopic(
+                name=TopicName(topic),
+                partitions=(
+                    mod.ListOffsetsPartition(
+                        partition_index=i32(0),
+                        current_leader_epoch=i32(current_leader_epoch),
+                        timestamp=i64(timestamp),
+                    ),
+                ),
+            ),
+        ),
+    )
+    (p,) = response.topics[0].partitions
+    return int(p.error_code), int(p.offset), int(p.leader_epoch)
+
+
+def offsets_for_epoch(
+    wire: WireClient, topic: str, current_leader_epoch: int, epoch: int
+) -> tuple[int, int, int]:
+    """OffsetsForLeaderEpoch v3 as a consumer -> (error code, epoch, end offset)."""
+    mod = wire.module(ApiKey.OFFSET_FOR_LEADER_EPOCH, 3)
+    response = wire.call(
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
+        3,
+        replica_id=BrokerId(-1),
+        topics=(
+            mod.OffsetForLeaderTopic(
+                topic=TopicName(topic),
+                partitions=(
+                    mod.OffsetForLeaderPartition(
+                        partition=i32(0),
+                        current_leader_epoch=i32(current_leader_epoch),
+                        leader_epoch=i32(epoch),
+                    ),
+                ),
+            ),
+        ),
+    )
+    (p,) = response.topics[0].partitions
+    return int(p.error_code), int(p.leader_epoch), int(p.end_offset)

@@ -25,12 +25,16 @@ from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
-from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import i8, i32, i64
+from kio.static.primitive import i32
 
-from exactly.protocol.apis import ApiKey
 from tests.cluster.helpers import running_cluster, wait_for
-from tests.cluster.partition_view import PartitionView, by_id, wait_for_view
+from tests.cluster.partition_view import (
+    PartitionView,
+    by_id,
+    list_offsets_code,
+    offsets_for_epoch,
+    wait_for_view,
+)
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, fetch_request, log_end_offset, produce_request, simple_batch
 
@@ -282,57 +286,6 @@ def test_kcat_produces_and_consumes_across_a_leader_kill(
 
 
 # --------------------------------------------------------------------------- epoch checks
-
-
-def list_offsets_code(wire: WireClient, topic: str, current_leader_epoch: int) -> tuple[int, int, int]:
-    """ListOffsets v4 (latest) -> (error code, offset, leader epoch)."""
-    mod = wire.module(ApiKey.LIST_OFFSETS, 4)
-    response = wire.call(
-        ApiKey.LIST_OFFSETS,
-        4,
-        replica_id=BrokerId(-1),
-        isolation_level=i8(1),
-        topics=(
-            mod.ListOffsetsTopic(
-                name=TopicName(topic),
-                partitions=(
-                    mod.ListOffsetsPartition(
-                        partition_index=i32(0),
-                        current_leader_epoch=i32(current_leader_epoch),
-                        timestamp=i64(-1),
-                    ),
-                ),
-            ),
-        ),
-    )
-    (p,) = response.topics[0].partitions
-    return int(p.error_code), int(p.offset), int(p.leader_epoch)
-
-
-def offsets_for_epoch(
-    wire: WireClient, topic: str, current_leader_epoch: int, epoch: int
-) -> tuple[int, int, int]:
-    """OffsetsForLeaderEpoch v3 as a consumer -> (error code, epoch, end offset)."""
-    mod = wire.module(ApiKey.OFFSET_FOR_LEADER_EPOCH, 3)
-    response = wire.call(
-        ApiKey.OFFSET_FOR_LEADER_EPOCH,
-        3,
-        replica_id=BrokerId(-1),
-        topics=(
-            mod.OffsetForLeaderTopic(
-                topic=TopicName(topic),
-                partitions=(
-                    mod.OffsetForLeaderPartition(
-                        partition=i32(0),
-                        current_leader_epoch=i32(current_leader_epoch),
-                        leader_epoch=i32(epoch),
-                    ),
-                ),
-            ),
-        ),
-    )
-    (p,) = response.topics[0].partitions
-    return int(p.error_code), int(p.leader_epoch), int(p.end_offset)
 
 
 def fetch_code(wire: WireClient, topic: str, current_leader_epoch: int) -> int:
