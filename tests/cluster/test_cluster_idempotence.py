@@ -9,9 +9,13 @@ last sequence travel with the batches, appended with the REPLICATION origin), so
   replica);
 * accepts the next sequence and refuses a gap with OUT_OF_ORDER_SEQUENCE_NUMBER;
 
-and a broker killed with SIGKILL that comes back (producer state from its snapshot plus log
-replay, then the missed batches replicated from the leader) dedups the same way when it leads
-again.
+and a broker killed with SIGKILL that comes back (producer state from log recovery, then the
+missed batches replicated from the leader, snapshotted at its rolls), restarted once more cleanly
+(state from the snapshot written at close), dedups the same way when it leads again.
+
+Segments of 100 bytes (about one batch each) make every replica roll, and snapshot its producer
+state, at nearly every append, leader and follower alike: the killed broker's recovery and its
+later role as leader run on snapshots plus replay, not on one long replay.
 
 The topic's replicas are assigned explicitly ([0, 1, 2]) so which broker leads after each step
 is known: the controller elects the first live ISR member in assignment order.
@@ -52,7 +56,10 @@ def create_topic(brokers: list[Broker]) -> None:
     admin = AdminClient({"bootstrap.servers": ",".join(b.bootstrap for b in brokers)})
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
     topic = NewTopic(
-        TOPIC, num_partitions=1, replica_assignment=[[0, 1, 2]], config={"min.insync.replicas": "2"}
+        TOPIC,
+        num_partitions=1,
+        replica_assignment=[[0, 1, 2]],
+        config={"min.insync.replicas": "2", "segment.bytes": "100"},
     )
     admin.create_topics([topic])[TOPIC].result(timeout=30)
 
@@ -122,6 +129,14 @@ def test_retry_after_kill_9_failover_is_deduplicated_by_the_new_leader(cluster: 
     first.restart()
     wait_for_view(second, TOPIC, lambda v: sorted(v.isr) == [0, 1, 2], timeout=60, what="broker 0 in the ISR")
     wait_until_identical([first, second, third])
+    # Its roll before the replicated batch at offset 5 snapshotted the state it recovered.
+    assert (first.partition_dir(TOPIC, 0) / f"{5:020d}.snapshot").exists()
+
+    # A clean restart on top: its producer state now comes from the snapshot written at close.
+    first.stop()
+    wait_for_view(second, TOPIC, lambda v: 0 not in v.isr, what="broker 0 out of the ISR")
+    first.restart()
+    wait_for_view(second, TOPIC, lambda v: sorted(v.isr) == [0, 1, 2], timeout=60, what="broker 0 back")
 
     # Broker 1 goes away: broker 0, first live ISR member in assignment order, leads again.
     second.stop()
