@@ -3,7 +3,9 @@ idempotent producer see, with ``unclean.leader.election.enable`` false (Kafka's 
 true. The behaviour and Kafka's reasons are written down in src/exactly/cluster/README.md
 ("Unclean leader election: what clients see").
 
-Setup shared by both: three brokers, a topic on brokers [0, 1] only (RF 2, min.insync.replicas
+The setting is the topic's override in ``/config/topics`` if it has one, else the broker's.
+
+Setup shared by all: three brokers, a topic on brokers [0, 1] only (RF 2, min.insync.replicas
 1), so broker 2 is an observer that stays up to be asked. Producer A writes sequences 0-1 while
 both replicas are in sync; broker 1 is killed and leaves the ISR; A writes sequences 2-3 and a
 second producer B writes sequences 0-1, both acknowledged with acks=all by the ISR {0}; then
@@ -49,6 +51,7 @@ OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[Broker]]:
+    """``request.param``: the brokers' ``unclean.leader.election.enable``."""
     yield from running_cluster(
         zk_connect,
         tmp_path,
@@ -86,13 +89,19 @@ class Producer:
         return simple_batch(list(values), producer_id=self.pid, producer_epoch=self.epoch, base_sequence=seq)
 
 
-def lose_the_last_isr_member(cluster: list[Broker]) -> tuple[Producer, Producer]:
-    """Run the shared setup up to "broker 0 killed, broker 1 restarted"; returns (A, B)."""
+def lose_the_last_isr_member(
+    cluster: list[Broker], topic_config: dict[str, str] | None = None
+) -> tuple[Producer, Producer]:
+    """Run the shared setup up to "broker 0 killed, broker 1 restarted"; returns (A, B).
+    ``topic_config``: overrides the topic is created with."""
     first, second, observer = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
     client = admin(cluster)
     wait_for(lambda: len(client.list_topics(timeout=5).brokers) == 3, what="three brokers")
     topic = NewTopic(
-        TOPIC, num_partitions=1, replica_assignment=[[0, 1]], config={"min.insync.replicas": "1"}
+        TOPIC,
+        num_partitions=1,
+        replica_assignment=[[0, 1]],
+        config={"min.insync.replicas": "1", **(topic_config or {})},
     )
     client.create_topics([topic])[TOPIC].result(timeout=30)
     wait_for_view(
@@ -146,12 +155,17 @@ def test_without_unclean_election_the_partition_stays_offline_until_an_isr_membe
     wait_for(lambda: segment_bytes(first) == segment_bytes(second), what="replicas to agree")
 
 
-@pytest.mark.parametrize("cluster", ["true"], indirect=True)
+@pytest.mark.parametrize(
+    ("cluster", "topic_config"),
+    [("true", {}), ("false", {"unclean.leader.election.enable": "true"})],
+    indirect=["cluster"],
+    ids=["broker-setting", "topic-override"],
+)
 def test_unclean_election_loses_the_acked_tail_and_the_producer_sees_out_of_order_sequence(
-    cluster: list[Broker],
+    cluster: list[Broker], topic_config: dict[str, str]
 ) -> None:
     first, second, observer = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
-    a, b = lose_the_last_isr_member(cluster)
+    a, b = lose_the_last_isr_member(cluster, topic_config)
     elected = wait_for_view(observer, TOPIC, lambda v: v.leader == 1, what="broker 1 elected uncleanly")
     assert (elected.error_code, elected.isr) == (0, (1,))
     assert values_at(second) == [b"a0", b"a1"]  # a2, a3, b0, b1 were acknowledged and are gone

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from exactly.server.config import BrokerConfig, ConfigError, parse_properties
+from exactly.storage.config import InvalidConfigError
 
 
 def test_defaults_match_kafka() -> None:
@@ -79,3 +80,17 @@ def test_cluster_mode_takes_broker_id() -> None:
 def test_refused_cluster_combinations(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         BrokerConfig.load(None, overrides)
+
+
+def test_unclean_leader_election_is_a_topic_config_defaulting_to_the_brokers() -> None:
+    """Kafka's topic-level ``unclean.leader.election.enable``: CreateTopics and DescribeConfigs
+    know it; the topic default is the broker's setting; only true/false are accepted."""
+    assert BrokerConfig.load(None, {}).log_config().unclean_leader_election_enable == "false"
+    cfg = BrokerConfig.load(None, {"unclean.leader.election.enable": "true"})
+    log = cfg.log_config()
+    assert log.unclean_leader_election_enable == "true"
+    assert log.as_kafka_configs()["unclean.leader.election.enable"] == "true"
+    override = log.with_overrides({"unclean.leader.election.enable": "False"})
+    assert override.unclean_leader_election_enable == "false"
+    with pytest.raises(InvalidConfigError, match="Invalid value"):
+        log.with_overrides({"unclean.leader.election.enable": "sometimes"})

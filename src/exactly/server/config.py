@@ -210,4 +210,5 @@ class BrokerConfig:
             max_message_bytes=self.get_int("message.max.bytes"),
             message_timestamp_type=self.get("log.message.timestamp.type"),
             min_insync_replicas=self.get_int("min.insync.replicas"),
+            unclean_leader_election_enable=str(self.get_bool("unclean.leader.election.enable")).lower(),
         )

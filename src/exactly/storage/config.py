@@ -24,6 +24,7 @@ _KAFKA_NAMES: dict[str, str] = {
     "cleanup.policy": "cleanup_policy",
     "message.timestamp.type": "message_timestamp_type",
     "min.insync.replicas": "min_insync_replicas",
+    "unclean.leader.election.enable": "unclean_leader_election_enable",
 }
 
 LONG_MAX = 2**63 - 1
@@ -47,6 +48,9 @@ class LogConfig:
     cleanup_policy: str = "delete"
     message_timestamp_type: str = "CreateTime"
     min_insync_replicas: int = 1
+    # "true"/"false" (a string: the override parser treats bools as ints); read by the cluster's
+    # controller when no ISR member is left, never by storage.
+    unclean_leader_election_enable: str = "false"
 
     def with_overrides(self, overrides: Mapping[str, str | None]) -> LogConfig:
         """Apply Kafka-named overrides; raises InvalidConfigError for unknown names or values."""
@@ -73,6 +77,10 @@ class LogConfig:
                     raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")
                 if name == "message.timestamp.type" and raw not in ("CreateTime", "LogAppendTime"):
                     raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")
+                if name == "unclean.leader.election.enable":
+                    if raw.strip().lower() not in ("true", "false"):
+                        raise InvalidConfigError(f"Invalid value {raw} for configuration {name}")
+                    raw = raw.strip().lower()
                 changes[attr] = raw
         if changes.get("segment_bytes", self.segment_bytes) < 14:  # type: ignore[operator]
             raise InvalidConfigError("segment.bytes must be at least 14")
