@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -148,6 +150,76 @@ def test_kafka_python_produces_and_consumes_across_a_leader_kill(
         consumer.close()
     assert got == list(enumerate(values(0, 2 * HALF)))
     assert_survivors_identical(cluster, topic)
+
+
+def test_kafka_python_moves_off_a_paused_leader_that_comes_back_as_a_follower(
+    cluster: list[Broker], unique_name: Callable[[str], str]
+) -> None:
+    """The leader is paused (SIGSTOP) past its session timeout with the clients' requests queued
+    on its sockets, a new leader is elected, then the old one resumes. Whatever it reads before it
+    learns its new role it serves as the leader it was (an acks=all write it appends there is
+    never acknowledged: the followers have moved on), afterwards as a follower at the new epoch
+    (NOT_LEADER_OR_FOLLOWER for produce, FENCED_LEADER_EPOCH for a fetch at the old epoch); it
+    then truncates what it appended alone. The clients move over; every record is read exactly
+    once, in order, and all three replicas end up identical."""
+    topic = unique_name("kp-pause")
+    before = create_rf3(cluster, topic)
+    tp = KafkaTopicPartition(topic, 0)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap(cluster),
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        request_timeout_ms=30_000,
+        retry_backoff_ms=100,
+    )
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap(cluster),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        request_timeout_ms=30_000,
+        retry_backoff_ms=100,
+    )
+    got: list[tuple[int, bytes]] = []
+
+    def read_until(count: int) -> bool:
+        for records in consumer.poll(timeout_ms=200).values():
+            got.extend((r.offset, r.value) for r in records)
+        return len(got) >= count
+
+    paused = by_id(cluster, before.leader)
+    assert paused.pid is not None
+    try:
+        consumer.assign([tp])
+        futures = [producer.send(topic, value=v, partition=0) for v in values(0, HALF)]
+        producer.flush(90)
+        assert [f.get(timeout=90).offset for f in futures] == list(range(HALF))
+        wait_for(lambda: read_until(HALF), timeout=60, what="the first half consumed")
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            futures = [producer.send(topic, value=v, partition=0) for v in values(HALF, HALF)]
+            read_until(HALF)  # a fetch now waits on the paused leader
+            witness = next(b for b in cluster if b is not paused)
+            after = wait_for_view(
+                witness, topic, lambda v: v.leader not in (-1, before.leader), what="a new leader"
+            )
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        producer.flush(120)
+        assert [f.get(timeout=120).offset for f in futures] == list(range(HALF, 2 * HALF))
+        wait_for(lambda: read_until(2 * HALF), timeout=90, what="the second half from the new leader")
+        wait_for_view(paused, topic, lambda v: v.leader == after.leader, what="the old leader to follow")
+    finally:
+        producer.close(10)
+        consumer.close()
+    assert got == list(enumerate(values(0, 2 * HALF)))
+    wait_for(
+        lambda: len({segment_bytes(b, topic) for b in cluster}) == 1,
+        timeout=60,
+        what="every replica, the resumed one too, to hold the same bytes",
+    )
 
 
 # --------------------------------------------------------------------------- aiokafka
