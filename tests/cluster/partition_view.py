@@ -4,6 +4,10 @@ ListOffsets v4 and OffsetsForLeaderEpoch v3 with the current leader epoch a clie
 The failover tests need the leader *epoch* and the partition's error code, which the
 confluent admin client does not expose; they also must not fail when the asked broker is the one
 just killed (``view`` answers None then, and the waits simply ask again).
+
+Ask the broker the next request goes to: each broker applies an observed state to its metadata
+cache and to its role in the same step, so once *it* reports itself leader at an epoch it also
+serves as one; another broker's view may be ahead of it.
 """
 
 from __future__ import annotations

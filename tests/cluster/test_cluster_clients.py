@@ -63,8 +63,13 @@ def create_rf3(brokers: list[Broker], topic: str) -> PartitionView:
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
     new = NewTopic(topic, num_partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
     admin.create_topics([new])[topic].result(timeout=30)
+    seen = wait_for_view(brokers[0], topic, lambda v: v.leader >= 0, what="a leader")
+    # The leader's own answer: from then on it also serves as the leader.
     return wait_for_view(
-        brokers[0], topic, lambda v: v.leader >= 0 and len(v.isr) == 3, what="a leader, full ISR"
+        by_id(brokers, seen.leader),
+        topic,
+        lambda v: v.leader == seen.leader and len(v.isr) == 3,
+        what="the leader to lead with a full ISR",
     )
 
 

@@ -92,7 +92,7 @@ def test_retry_after_kill_9_failover_is_deduplicated_by_the_new_leader(cluster: 
     create_topic(cluster)
     first, second, third = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
     before = wait_for_view(
-        second, TOPIC, lambda v: v.leader == 0 and len(v.isr) == 3, what="leader 0, full ISR"
+        first, TOPIC, lambda v: v.leader == 0 and len(v.isr) == 3, what="leader 0, full ISR"
     )
     with WireClient(first.bootstrap) as wire:
         pid, epoch = init_producer_id(wire)
@@ -140,7 +140,7 @@ def test_retry_after_kill_9_failover_is_deduplicated_by_the_new_leader(cluster: 
 
     # Broker 1 goes away: broker 0, first live ISR member in assignment order, leads again.
     second.stop()
-    wait_for_view(third, TOPIC, lambda v: v.leader == 0, what="broker 0 to lead again")
+    wait_for_view(first, TOPIC, lambda v: v.leader == 0, what="broker 0 to lead again")
     assert produce(first, batch(3, b"d", b"e")) == (0, 5)  # learned by replication: deduplicated
     assert produce(first, original) == (0, 2)  # from before its crash: deduplicated
     assert produce(first, batch(5, b"f")) == (0, 7)

@@ -54,7 +54,7 @@ def test_acks_all_parked_on_a_dead_follower_completes_after_the_controller_shrin
 ) -> None:
     create_topic(cluster)
     leader, follower, dead = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
-    before = wait_for_view(follower, TOPIC, lambda v: v.leader == 0 and len(v.isr) == 3, what="full ISR")
+    before = wait_for_view(leader, TOPIC, lambda v: v.leader == 0 and len(v.isr) == 3, what="full ISR")
     with WireClient(leader.bootstrap) as wire:
         first = partition_response(wire.send(produce_request(TOPIC, 0, simple_batch([b"before"]), acks=-1)))
     assert (int(first.error_code), int(first.base_offset)) == (0, 0)
@@ -111,7 +111,7 @@ def test_new_leader_answers_offset_not_available_until_its_high_watermark_reache
     topic = NewTopic(TOPIC, num_partitions=1, replica_assignment=[[first_id, next_id, frozen_id]])
     admin.create_topics([topic])[TOPIC].result(timeout=30)
     first, successor, frozen = by_id(cluster, first_id), by_id(cluster, next_id), by_id(cluster, frozen_id)
-    wait_for_view(successor, TOPIC, lambda v: v.leader == first_id and len(v.isr) == 3, what="full ISR")
+    wait_for_view(first, TOPIC, lambda v: v.leader == first_id and len(v.isr) == 3, what="full ISR")
     with WireClient(first.bootstrap) as wire:
         part = partition_response(
             wire.send(produce_request(TOPIC, 0, simple_batch([b"r0"], base_timestamp=1000)))

@@ -105,13 +105,13 @@ def lose_the_last_isr_member(
     )
     client.create_topics([topic])[TOPIC].result(timeout=30)
     wait_for_view(
-        observer, TOPIC, lambda v: v.leader == 0 and sorted(v.isr) == [0, 1], what="leader 0, ISR [0, 1]"
+        first, TOPIC, lambda v: v.leader == 0 and sorted(v.isr) == [0, 1], what="leader 0, ISR [0, 1]"
     )
     a = Producer(observer)
     assert produce(first, a.batch(0, b"a0", b"a1")) == (0, 0)  # acks=all: broker 1 has it
 
     second.kill()
-    wait_for_view(observer, TOPIC, lambda v: v.isr == (0,), what="broker 1 out of the ISR")
+    wait_for_view(first, TOPIC, lambda v: v.isr == (0,), what="broker 1 out of the ISR")
     b = Producer(observer)
     assert produce(first, a.batch(2, b"a2", b"a3")) == (0, 2)  # acknowledged by the ISR {0}
     assert produce(first, b.batch(0, b"b0", b"b1")) == (0, 4)
@@ -146,7 +146,7 @@ def test_without_unclean_election_the_partition_stays_offline_until_an_isr_membe
     assert code == NOT_LEADER_OR_FOLLOWER
 
     first.restart()
-    wait_for_view(observer, TOPIC, lambda v: v.leader == 0, what="broker 0, the ISR member, to lead")
+    wait_for_view(first, TOPIC, lambda v: v.leader == 0, what="broker 0, the ISR member, to lead")
     assert values_at(first) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1"]  # nothing acknowledged lost
     assert produce(first, a.batch(4, b"a4")) == (0, 6)
     wait_for_view(
@@ -166,7 +166,7 @@ def test_unclean_election_loses_the_acked_tail_and_the_producer_sees_out_of_orde
 ) -> None:
     first, second, observer = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
     a, b = lose_the_last_isr_member(cluster, topic_config)
-    elected = wait_for_view(observer, TOPIC, lambda v: v.leader == 1, what="broker 1 elected uncleanly")
+    elected = wait_for_view(second, TOPIC, lambda v: v.leader == 1, what="broker 1 elected uncleanly")
     assert (elected.error_code, elected.isr) == (0, (1,))
     assert values_at(second) == [b"a0", b"a1"]  # a2, a3, b0, b1 were acknowledged and are gone
 
