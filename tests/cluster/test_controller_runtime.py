@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from exactly.cluster.controller_runtime import ControllerRuntime
+from exactly.cluster.controller_runtime import ControllerRuntime, topic_unclean_election
 from exactly.cluster.zk import ClusterZk
 from exactly.cluster.znodes import BrokerRegistration, Endpoint, LeaderAndIsr, TopicAssignment
 from exactly.types import TopicPartition
@@ -127,3 +127,13 @@ def test_partitions_added_to_a_topic_get_initial_states(nodes: dict[int, Node], 
     wait_for(lambda: state(observer, P1) is not None, what="the added partition's state")
     assert state(observer, P1) == LeaderAndIsr(3, 0, (3, 1, 2), lease.epoch)
     assert state(observer, P0) == LeaderAndIsr(1, 0, (1, 2, 3), lease.epoch)  # untouched
+
+
+def test_unclean_election_setting_is_the_topics_override_else_the_brokers(cluster_zk: Factory) -> None:
+    zk = cluster_zk()
+    zk.create_topic("plain", TopicAssignment({0: (1, 2)}), {})
+    zk.create_topic("risky", TopicAssignment({0: (1, 2)}), {"unclean.leader.election.enable": "true"})
+    zk.create_topic("safe", TopicAssignment({0: (1, 2)}), {"unclean.leader.election.enable": "false"})
+    strict, lax = topic_unclean_election(zk, False), topic_unclean_election(zk, True)
+    assert [strict(t) for t in ("plain", "risky", "safe")] == [False, True, False]
+    assert [lax(t) for t in ("plain", "risky", "safe")] == [True, True, False]

@@ -41,7 +41,7 @@ from kazoo.exceptions import KazooException
 
 from exactly.cluster.controlled_shutdown import ShutdownRequests, in_effect
 from exactly.cluster.zk import ClusterZk, ControllerLease, ControllerMovedError
-from exactly.cluster.znodes import PartitionState, TopicAssignment
+from exactly.cluster.znodes import PartitionState, TopicAssignment, ZnodeFormatError
 from exactly.controller.context import ControllerContext
 from exactly.controller.decisions import (
     BrokerChange,
@@ -84,6 +84,25 @@ class ControllerEvent(enum.Enum):
 
 def _never(_topic: str) -> bool:
     return False
+
+
+def topic_unclean_election(zk: ClusterZk, broker_default: bool) -> Callable[[str], bool]:
+    """``unclean.leader.election.enable`` per topic, as Kafka resolves it: the topic's override
+    in ``/config/topics/<t>`` over the broker's setting. Read on the controller's worker thread
+    (which may block on ZooKeeper), only for partitions without a live ISR member; an unreadable
+    config falls back to the broker's setting."""
+
+    def enabled(topic: str) -> bool:
+        try:
+            override = zk.topic_config(topic).get("unclean.leader.election.enable")
+        except ZnodeFormatError as exc:
+            log.warning(
+                "topic %s config unreadable, using the broker's unclean election setting: %s", topic, exc
+            )
+            return broker_default
+        return broker_default if override is None else override.strip().lower() == "true"
+
+    return enabled
 
 
 FIRST_REBALANCE_DELAY_S = 5.0  # Kafka schedules the first check 5 s after the election

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalance
+from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalance, topic_unclean_election
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
 from exactly.cluster.znodes import BrokerRegistration, Endpoint
@@ -68,7 +68,7 @@ class ReplicaManager:
             config.get("zookeeper.connect"),
             session_timeout_ms=config.get_int("zookeeper.session.timeout.ms"),
         )
-        self._unclean_default = config.get_bool("unclean.leader.election.enable")
+        unclean = topic_unclean_election(self.zk, config.get_bool("unclean.leader.election.enable"))
         rebalance = (
             LeaderRebalance(
                 interval_s=config.get_int("leader.imbalance.check.interval.seconds"),
@@ -78,7 +78,7 @@ class ReplicaManager:
             else None
         )
         self.controller = ControllerRuntime(
-            self.zk, self.broker_id, unclean_election=self._unclean_election, rebalance=rebalance
+            self.zk, self.broker_id, unclean_election=unclean, rebalance=rebalance
         )
         # Brokers with a controlled-shutdown request: not ISR-eligible (KAFKA-14140).
         self.shutting_down: frozenset[int] = frozenset()
@@ -183,21 +183,6 @@ class ReplicaManager:
             self.controller.stop()
         finally:
             self.zk.stop()
-
-    def _unclean_election(self, topic: str) -> bool:
-        """``unclean.leader.election.enable`` of ``topic``: its override in ``/config/topics``
-        over the broker's setting (Kafka's rule). Called on the controller's worker thread, which
-        may block on ZooKeeper, and only for partitions without a live ISR member."""
-        try:
-            override = self.zk.topic_config(topic).get("unclean.leader.election.enable")
-        except ZnodeFormatError as exc:
-            log.warning(
-                "topic %s config unreadable, using the broker's unclean election setting: %s", topic, exc
-            )
-            override = None
-        if override is None:
-            return self._unclean_default
-        return override.strip().lower() == "true"
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """A background task of this broker's cluster role (ISR writes, auto-creations):
