@@ -13,7 +13,7 @@ from typing import Any
 from exactly.cli.topics import add_connection_options, non_negative_int, strict
 from exactly.cli.txn import print_table, wire_command
 from exactly.client import txn_admin
-from exactly.client.wire import WireClient
+from exactly.client.broker_pool import BrokerPool
 
 
 def _opt(value: int) -> str:
@@ -21,8 +21,8 @@ def _opt(value: int) -> str:
 
 
 @wire_command("exactly producers")
-def cmd_producers(args: argparse.Namespace, client: WireClient) -> int:
-    producers = txn_admin.describe_producers(client, args.topic, args.partition)
+def cmd_producers(args: argparse.Namespace, pool: BrokerPool) -> int:
+    producers = txn_admin.describe_producers(pool, args.topic, args.partition)
     print_table(
         (
             "ProducerId",

@@ -18,6 +18,12 @@ Two ways to abort:
     coordinator no longer tracks, so the LSO is stuck and read_committed consumers stall. Finds
     the producer with an open transaction there (DescribeProducers) and writes an ABORT marker
     for it directly to the partition (WriteTxnMarkers). The coordinator is not involved.
+
+On a cluster every request goes where Kafka's admin client sends it
+(``exactly.client.broker_pool``): DescribeProducers and WriteTxnMarkers to the partition's
+leader, DescribeTransactions and InitProducerId to the id's coordinator (FindCoordinator),
+ListTransactions to every broker, merged. ``find-hanging`` is Kafka's: open transactions found
+at the partitions' leaders, compared with what the coordinators track.
 """
 
 from __future__ import annotations
@@ -36,21 +42,23 @@ from exactly.cli.topics import (
     strict,
 )
 from exactly.client import txn_admin
-from exactly.client.wire import DescribedTransactionState, WireClient, WireError, error_name
+from exactly.client.broker_pool import BrokerPool
+from exactly.client.wire import DescribedTransactionState, WireError, error_name
 
 Command = Callable[[argparse.Namespace], int]
 
 
-def wire_command(prog: str) -> Callable[[Callable[[argparse.Namespace, WireClient], int]], Command]:
-    """A command that gets a connected WireClient; wire errors become one-line CLI errors."""
+def wire_command(prog: str) -> Callable[[Callable[[argparse.Namespace, BrokerPool], int]], Command]:
+    """A command that gets a :class:`BrokerPool` connected to the bootstrap servers (requests
+    are routed to leaders and coordinators from there); wire errors become one-line CLI errors."""
 
-    def wrap(func: Callable[[argparse.Namespace, WireClient], int]) -> Command:
+    def wrap(func: Callable[[argparse.Namespace, BrokerPool], int]) -> Command:
         @guarded(prog)
         @functools.wraps(func)
         def run(args: argparse.Namespace) -> int:
             try:
-                with WireClient.connect(args.bootstrap_server, timeout=args.request_timeout) as client:
-                    return func(args, client)
+                with BrokerPool.connect(args.bootstrap_server, timeout=args.request_timeout) as pool:
+                    return func(args, pool)
             except WireError as exc:
                 raise CliError(str(exc)) from None
 
@@ -75,9 +83,9 @@ def _start_and_age(state: DescribedTransactionState, now: int) -> tuple[str, str
 
 # ---------------------------------------------------------------------- commands
 @wire_command("exactly txn list")
-def cmd_list(args: argparse.Namespace, client: WireClient) -> int:
+def cmd_list(args: argparse.Namespace, pool: BrokerPool) -> int:
     listed = txn_admin.list_transactions(
-        client,
+        pool,
         states=tuple(args.state or ()),
         producer_ids=tuple(args.producer_id or ()),
         duration_ms=-1 if args.duration_ms is None else args.duration_ms,
@@ -90,9 +98,9 @@ def cmd_list(args: argparse.Namespace, client: WireClient) -> int:
 
 
 @wire_command("exactly txn describe")
-def cmd_describe(args: argparse.Namespace, client: WireClient) -> int:
+def cmd_describe(args: argparse.Namespace, pool: BrokerPool) -> int:
     ids = list(dict.fromkeys(args.transactional_ids))
-    states = txn_admin.describe_transactions(client, ids)
+    states = txn_admin.describe_transactions(pool, ids)
     now = txn_admin.now_ms()
     rows: list[tuple[Any, ...]] = []
     missing: list[str] = []
@@ -143,14 +151,14 @@ def cmd_describe(args: argparse.Namespace, client: WireClient) -> int:
 
 
 @wire_command("exactly txn abort")
-def cmd_abort(args: argparse.Namespace, client: WireClient) -> int:
+def cmd_abort(args: argparse.Namespace, pool: BrokerPool) -> int:
     if args.transactional_id is not None:
         if args.topic is not None or args.partition is not None or args.producer_id is not None:
             raise CliError("--transactional-id cannot be combined with --topic/--partition/--producer-id")
-        return _abort_transactional_id(args, client)
+        return _abort_transactional_id(args, pool)
     if args.topic is None or args.partition is None:
         raise CliError("give --transactional-id ID, or --topic T --partition P [--producer-id N]")
-    result = txn_admin.abort_partition_transaction(client, args.topic, args.partition, args.producer_id)
+    result = txn_admin.abort_partition_transaction(pool, args.topic, args.partition, args.producer_id)
     p = result.producer
     print(
         f"Aborted the open transaction of producer {p.producer_id} (epoch {p.producer_epoch}, "
@@ -161,9 +169,9 @@ def cmd_abort(args: argparse.Namespace, client: WireClient) -> int:
     return 0
 
 
-def _abort_transactional_id(args: argparse.Namespace, client: WireClient) -> int:
+def _abort_transactional_id(args: argparse.Namespace, pool: BrokerPool) -> int:
     tid = args.transactional_id
-    result = txn_admin.fence_transactional_id(client, tid, timeout_s=args.request_timeout)
+    result = txn_admin.fence_transactional_id(pool, tid, timeout_s=args.request_timeout)
     before = result.before
     fenced = (
         f"producer id {result.producer_id} is now at epoch {result.producer_epoch}; "
@@ -185,29 +193,37 @@ def _abort_transactional_id(args: argparse.Namespace, client: WireClient) -> int
 
 
 @wire_command("exactly txn find-hanging")
-def cmd_find_hanging(args: argparse.Namespace, client: WireClient) -> int:
-    hanging = txn_admin.find_hanging(client, args.max_age_ms)
+def cmd_find_hanging(args: argparse.Namespace, pool: BrokerPool) -> int:
+    if args.partition is not None and args.topic is None:
+        raise CliError("--partition needs --topic")
+    hanging = txn_admin.find_hanging(
+        pool, args.max_age_ms, topic=args.topic, partition=args.partition, broker_id=args.broker_id
+    )
     print_table(
         (
-            "TransactionalId",
+            "Topic",
+            "Partition",
             "ProducerId",
             "ProducerEpoch",
-            "TransactionState",
-            "CurrentTransactionStartTimeMs",
-            "TransactionDurationMs",
-            "TopicPartitions",
+            "CoordinatorEpoch",
+            "StartOffset",
+            "LastTimestamp",
+            "DurationMs",
+            "TransactionalId",
         ),
         [
             (
-                s.transactional_id,
-                s.producer_id,
-                s.producer_epoch,
-                s.transaction_state,
-                s.transaction_start_time_ms,
-                age,
-                txn_admin.partitions_text(s),
+                h.tp.topic,
+                h.tp.partition,
+                h.producer.producer_id,
+                h.producer.producer_epoch,
+                h.producer.coordinator_epoch,
+                h.producer.current_txn_start_offset,
+                h.producer.last_timestamp,
+                h.duration_ms,
+                h.transactional_id or "None",
             )
-            for s, age in hanging
+            for h in hanging
         ],
     )
     return 0
@@ -234,6 +250,16 @@ _ABORT_HELP = """\
     read_committed consumers stall. Finds the producer with an open transaction
     on the partition (DescribeProducers) and writes an ABORT marker for it to
     that partition (WriteTxnMarkers). The coordinator is not involved.
+"""
+
+_HANGING_HELP = """\
+A transaction is hanging on a partition when a producer has an open transaction
+there (DescribeProducers at the partition's leader: CurrentTransactionStartOffset
+set) whose last write is older than --max-age-ms, and no coordinator will write
+its marker: no transactional id has that producer id (ListTransactions at every
+broker), or the id's transaction (DescribeTransactions at its coordinator) does
+not include the partition. Its start offset holds the last stable offset back.
+End it with: exactly txn abort --topic T --partition P --producer-id N
 """
 
 _TXN_HELP = (
@@ -299,10 +325,24 @@ def register(subparsers: Any) -> None:
     abort.set_defaults(func=cmd_abort)
 
     hanging = actions.add_parser(
-        "find-hanging", help="transactions open longer than --max-age-ms (ListTransactions + Describe)"
+        "find-hanging",
+        help="open transactions on partitions that no coordinator will end (DescribeProducers + "
+        "ListTransactions + DescribeTransactions)",
+        description=_HANGING_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     hanging.add_argument(
-        "--max-age-ms", type=non_negative_int, default=60_000, metavar="N", help="default 60000"
+        "--max-age-ms",
+        type=non_negative_int,
+        default=900_000,
+        metavar="N",
+        help="only transactions whose producer last wrote more than N ms ago (default 900000, "
+        "transaction.max.timeout.ms: no live transaction is older)",
+    )
+    hanging.add_argument("--topic", metavar="T", help="search this topic only (default: every topic)")
+    hanging.add_argument("--partition", type=non_negative_int, metavar="P", help="with --topic")
+    hanging.add_argument(
+        "--broker-id", type=non_negative_int, metavar="N", help="only partitions with a replica on broker N"
     )
     add_connection_options(hanging)
     hanging.set_defaults(func=cmd_find_hanging)

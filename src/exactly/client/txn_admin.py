@@ -10,19 +10,23 @@
 * :func:`abort_partition_transaction` - the hanging-transaction path: find the producer with an
   open transaction on a partition (DescribeProducers) and write an ABORT marker for it there
   (WriteTxnMarkers), whatever the coordinator thinks.
-* :func:`find_hanging` - transactions open longer than a threshold.
+* :func:`find_hanging` - KIP-664's hanging transactions: open on a partition (DescribeProducers
+  at its leader) for longer than a threshold while no coordinator expects to end them there.
 
-This is a single-broker client: every request goes to the bootstrap broker, which is the
-coordinator of every transactional id and the leader of every partition. Failures raise
+Every function takes a :class:`~exactly.client.broker_pool.BrokerPool`, which routes each request
+as Kafka's admin client does (the partition's leader, the id's coordinator, every broker for
+ListTransactions); a single broker is the one-broker case of the same routing. Failures raise
 :class:`OpsError` (a :class:`WireError`) with a one-line message.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from dataclasses import dataclass
 
+from exactly.client.broker_pool import RETRIABLE, BrokerPool, Retry
 from exactly.client.wire import (
     ApiKey,
     DescribedTransactionState,
@@ -30,6 +34,7 @@ from exactly.client.wire import (
     WireError,
     error_name,
 )
+from exactly.types import TopicPartition
 
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 DEFAULT_TXN_TIMEOUT_MS = 60_000
@@ -53,13 +58,30 @@ class ListedTransaction:
 
 
 def list_transactions(
-    client: WireClient,
+    pool: BrokerPool,
     *,
     states: tuple[str, ...] = (),
     producer_ids: tuple[int, ...] = (),
     duration_ms: int = -1,
 ) -> list[ListedTransaction]:
-    """ListTransactions; ``duration_ms`` >= 0 needs v1 (KIP-994)."""
+    """ListTransactions to every live broker, merged (each coordinator knows the ids of the
+    transaction log partitions it leads); ``duration_ms`` >= 0 needs v1 (KIP-994)."""
+    merged: dict[str, ListedTransaction] = {}
+    for broker_id in pool.broker_ids():
+        attempt = functools.partial(_list_at, pool, broker_id, states, producer_ids, duration_ms)
+        for listed in pool.retrying(f"ListTransactions at broker {broker_id}", attempt):
+            merged.setdefault(listed.transactional_id, listed)  # an id met twice is moving: keep one
+    return sorted(merged.values(), key=lambda t: t.transactional_id)
+
+
+def _list_at(
+    pool: BrokerPool,
+    broker_id: int,
+    states: tuple[str, ...],
+    producer_ids: tuple[int, ...],
+    duration_ms: int,
+) -> list[ListedTransaction]:
+    client = pool.client(broker_id)
     version = client.version_for(ApiKey.LIST_TRANSACTIONS, 1)
     if duration_ms >= 0 and version < 1:
         raise OpsError("the broker does not support a duration filter (ListTransactions v1)")
@@ -70,8 +92,11 @@ def list_transactions(
         producer_id_filters=tuple(producer_ids),
         duration_filter=duration_ms,
     )
+    code = error_name(response.error_code)
+    if code in RETRIABLE:
+        raise Retry(code)
     if int(response.error_code):
-        raise OpsError(f"ListTransactions failed: {error_name(response.error_code)}")
+        raise OpsError(f"ListTransactions failed: {code}")
     unknown = tuple(response.unknown_state_filters)
     if unknown:
         raise OpsError(
@@ -79,25 +104,35 @@ def list_transactions(
             "(states: Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort, "
             "PrepareEpochFence, Dead)"
         )
-    out = [
+    return [
         ListedTransaction(str(t.transactional_id), int(t.producer_id), str(t.transaction_state))
         for t in response.transaction_states
     ]
-    return sorted(out, key=lambda t: t.transactional_id)
 
 
-def describe_transactions(client: WireClient, ids: list[str]) -> list[DescribedTransactionState]:
-    """DescribeTransactions, one entry per id in request order (errors left in ``error_code``)."""
-    if not ids:
-        return []
+def describe_transactions(pool: BrokerPool, ids: list[str]) -> list[DescribedTransactionState]:
+    """DescribeTransactions at each id's coordinator, one entry per id in request order
+    (errors left in ``error_code``; coordinator moves retried)."""
+    return [
+        pool.retrying(f"DescribeTransactions of '{tid}'", functools.partial(_describe_at, pool, tid))
+        for tid in ids
+    ]
+
+
+def _describe_at(pool: BrokerPool, tid: str) -> DescribedTransactionState:
+    client = pool.coordinator(tid)
     version = client.version_for(ApiKey.DESCRIBE_TRANSACTIONS, 0)
-    response = client.call(ApiKey.DESCRIBE_TRANSACTIONS, version, transactional_ids=tuple(ids))
-    return list(response.transaction_states)
+    response = client.call(ApiKey.DESCRIBE_TRANSACTIONS, version, transactional_ids=(tid,))
+    (state,) = response.transaction_states
+    code = error_name(state.error_code)
+    if code in RETRIABLE:
+        raise Retry(code)
+    return state  # type: ignore[no-any-return]
 
 
-def describe_one(client: WireClient, tid: str) -> DescribedTransactionState:
+def describe_one(pool: BrokerPool, tid: str) -> DescribedTransactionState:
     """DescribeTransactions of one id; raises OpsError unless it exists."""
-    (state,) = describe_transactions(client, [tid])
+    (state,) = describe_transactions(pool, [tid])
     code = error_name(state.error_code)
     if code == "TRANSACTIONAL_ID_NOT_FOUND":
         raise OpsError(f"transactional id '{tid}' not found")
@@ -126,24 +161,34 @@ class ActiveProducer:
     current_txn_start_offset: int
 
 
-def describe_producers(client: WireClient, topic: str, partition: int) -> list[ActiveProducer]:
+def describe_producers(pool: BrokerPool, topic: str, partition: int) -> list[ActiveProducer]:
+    """DescribeProducers at the partition's leader (a follower's producer state may lag)."""
+    tp = TopicPartition(topic, partition)
+    return pool.retrying(
+        f"DescribeProducers {topic}-{partition}", lambda: _describe_producers_at(pool.leader(tp), tp)
+    )
+
+
+def _describe_producers_at(client: WireClient, tp: TopicPartition) -> list[ActiveProducer]:
     version = client.version_for(ApiKey.DESCRIBE_PRODUCERS, 0)
     mod = client.module(ApiKey.DESCRIBE_PRODUCERS, version)
     response = client.call(
         ApiKey.DESCRIBE_PRODUCERS,
         version,
-        topics=(mod.TopicRequest(name=topic, partition_indexes=(partition,)),),
+        topics=(mod.TopicRequest(name=tp.topic, partition_indexes=(tp.partition,)),),
     )
     for t in response.topics:
         for p in t.partitions:
-            if int(p.partition_index) != partition:
+            if int(p.partition_index) != tp.partition:
                 continue
             code = error_name(p.error_code)
+            if code in RETRIABLE:
+                raise Retry(code)
             if code == "UNKNOWN_TOPIC_OR_PARTITION":
-                raise OpsError(f"topic '{topic}' has no partition {partition}")
+                raise OpsError(f"topic '{tp.topic}' has no partition {tp.partition}")
             if p.error_code:
                 detail = f" ({p.error_message})" if p.error_message else ""
-                raise OpsError(f"DescribeProducers {topic}-{partition} failed: {code}{detail}")
+                raise OpsError(f"DescribeProducers {tp.topic}-{tp.partition} failed: {code}{detail}")
             return [
                 ActiveProducer(
                     int(s.producer_id),
@@ -155,7 +200,7 @@ def describe_producers(client: WireClient, topic: str, partition: int) -> list[A
                 )
                 for s in p.active_producers
             ]
-    raise OpsError(f"DescribeProducers: no answer for {topic}-{partition}")
+    raise OpsError(f"DescribeProducers: no answer for {tp.topic}-{tp.partition}")
 
 
 # ---------------------------------------------------------------------- abort
@@ -167,16 +212,18 @@ class FenceResult:
     after: DescribedTransactionState | None
 
 
-def fence_transactional_id(client: WireClient, tid: str, *, timeout_s: float) -> FenceResult:
-    """InitProducerId(tid): aborts the open transaction and fences its producer (epoch bump)."""
-    before = describe_one(client, tid)  # never create an id that does not exist
+def fence_transactional_id(pool: BrokerPool, tid: str, *, timeout_s: float) -> FenceResult:
+    """InitProducerId(tid) at its coordinator: aborts the open transaction and fences its
+    producer (epoch bump)."""
+    before = describe_one(pool, tid)  # never create an id that does not exist
     timeout_ms = (
         before.transaction_timeout_ms if before.transaction_timeout_ms > 0 else DEFAULT_TXN_TIMEOUT_MS
     )
-    version = client.version_for(ApiKey.INIT_PRODUCER_ID)
     deadline = time.monotonic() + timeout_s
     backoff = 0.05
     while True:
+        client = pool.retrying(f"FindCoordinator for '{tid}'", lambda: pool.coordinator(tid))
+        version = client.version_for(ApiKey.INIT_PRODUCER_ID)
         response = client.call(
             ApiKey.INIT_PRODUCER_ID,
             version,
@@ -188,14 +235,14 @@ def fence_transactional_id(client: WireClient, tid: str, *, timeout_s: float) ->
         code = error_name(response.error_code)
         if not response.error_code:
             break
-        if code not in _RETRIABLE_INIT:
+        if code not in _RETRIABLE_INIT and code not in RETRIABLE:
             raise OpsError(f"InitProducerId for '{tid}' failed: {code}")
         if time.monotonic() + backoff > deadline:
             raise OpsError(f"the transaction of '{tid}' is still completing ({code}); try again later")
         time.sleep(backoff)
         backoff = min(backoff * 2, 1.0)
     try:
-        after: DescribedTransactionState | None = describe_one(client, tid)
+        after: DescribedTransactionState | None = describe_one(pool, tid)
     except OpsError:
         after = None
     return FenceResult(before, int(response.producer_id), int(response.producer_epoch), after)
@@ -210,10 +257,12 @@ class PartitionAbort:
 
 
 def abort_partition_transaction(
-    client: WireClient, topic: str, partition: int, producer_id: int | None = None
+    pool: BrokerPool, topic: str, partition: int, producer_id: int | None = None
 ) -> PartitionAbort:
-    """Write an ABORT marker for the open transaction of a producer on one partition."""
-    producers = describe_producers(client, topic, partition)
+    """Write an ABORT marker for the open transaction of a producer on one partition, at the
+    partition's leader, with the producer's id and epoch and the coordinator epoch the leader
+    last saw for it (Kafka's ``Admin.abortTransaction``)."""
+    producers = describe_producers(pool, topic, partition)
     if producer_id is not None:
         match = [p for p in producers if p.producer_id == producer_id]
         if not match:
@@ -233,39 +282,93 @@ def abort_partition_transaction(
             )
         target = open_[0]
     coordinator_epoch = max(target.coordinator_epoch, 0)  # -1: no marker seen yet
+    tp = TopicPartition(topic, partition)
+    pool.retrying(
+        f"WriteTxnMarkers ABORT on {topic}-{partition}",
+        lambda: _write_abort_at(pool.leader(tp), tp, target, coordinator_epoch),
+    )
+    return PartitionAbort(topic, partition, target, coordinator_epoch)
+
+
+def _write_abort_at(
+    client: WireClient, tp: TopicPartition, target: ActiveProducer, coordinator_epoch: int
+) -> None:
     version = client.version_for(ApiKey.WRITE_TXN_MARKERS)
     mod = client.module(ApiKey.WRITE_TXN_MARKERS, version)
     marker = mod.WritableTxnMarker(
         producer_id=target.producer_id,
         producer_epoch=target.producer_epoch,
         transaction_result=False,  # ABORT
-        topics=(mod.WritableTxnMarkerTopic(name=topic, partition_indexes=(partition,)),),
+        topics=(mod.WritableTxnMarkerTopic(name=tp.topic, partition_indexes=(tp.partition,)),),
         coordinator_epoch=coordinator_epoch,
     )
     response = client.call(ApiKey.WRITE_TXN_MARKERS, version, markers=(marker,))
     for m in response.markers:
         for t in m.topics:
             for p in t.partitions:
+                code = error_name(p.error_code)
+                if code in RETRIABLE:
+                    raise Retry(code)
                 if p.error_code:
                     raise OpsError(
                         f"WriteTxnMarkers ABORT for producer {target.producer_id} on "
-                        f"{t.name}-{p.partition_index} failed: {error_name(p.error_code)}"
+                        f"{t.name}-{p.partition_index} failed: {code}"
                     )
-    return PartitionAbort(topic, partition, target, coordinator_epoch)
 
 
 # ---------------------------------------------------------------------- hanging
-def find_hanging(client: WireClient, max_age_ms: int) -> list[tuple[DescribedTransactionState, int]]:
-    """Open transactions (Ongoing/Prepare*) older than ``max_age_ms`` -> (state, age ms)."""
-    version = client.version_for(ApiKey.LIST_TRANSACTIONS, 1)
-    listed = list_transactions(client, states=OPEN_STATES, duration_ms=max_age_ms if version >= 1 else -1)
-    described = describe_transactions(client, [t.transactional_id for t in listed])
+@dataclass(frozen=True, slots=True)
+class HangingTransaction:
+    """An open transaction on a partition that no coordinator will end there: the producer's
+    id is unknown to every coordinator, or its transaction does not include the partition."""
+
+    tp: TopicPartition
+    producer: ActiveProducer
+    transactional_id: str | None
+    duration_ms: int
+
+
+def find_hanging(
+    pool: BrokerPool,
+    max_age_ms: int,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    broker_id: int | None = None,
+) -> list[HangingTransaction]:
+    """Kafka's ``kafka-transactions.sh find-hanging``: DescribeProducers at each partition's
+    leader (of ``topic``/``partition``, or of every partition ``broker_id`` hosts, or of every
+    non-internal partition) for producers with an open transaction whose last write is older
+    than ``max_age_ms``; then ListTransactions (every broker) maps their producer ids to
+    transactional ids and DescribeTransactions (their coordinators) says whether the
+    transaction still includes the partition. Those that do not are hanging."""
+    partitions = pool.partitions(None if topic is None else [topic])
+    if partition is not None:
+        partitions = [p for p in partitions if p.tp.partition == partition]
+        if not partitions:
+            raise OpsError(f"topic '{topic}' has no partition {partition}")
+    if broker_id is not None:
+        partitions = [p for p in partitions if broker_id in p.replicas]
     now = now_ms()
-    out: list[tuple[DescribedTransactionState, int]] = []
-    for state in described:
-        if state.error_code or not is_open(state) or state.transaction_start_time_ms < 0:
-            continue  # finished or expired between the two requests
-        age = now - state.transaction_start_time_ms
-        if age > max_age_ms:
-            out.append((state, age))
-    return sorted(out, key=lambda sa: -sa[1])
+    candidates: list[tuple[TopicPartition, ActiveProducer]] = []
+    for p in partitions:
+        for producer in describe_producers(pool, p.tp.topic, p.tp.partition):
+            if producer.current_txn_start_offset >= 0 and now - producer.last_timestamp > max_age_ms:
+                candidates.append((p.tp, producer))
+    if not candidates:
+        return []
+    pids = tuple(sorted({producer.producer_id for _tp, producer in candidates}))
+    tid_of = {t.producer_id: t.transactional_id for t in list_transactions(pool, producer_ids=pids)}
+    described = {d.transactional_id: d for d in describe_transactions(pool, sorted(set(tid_of.values())))}
+    out: list[HangingTransaction] = []
+    for tp, producer in candidates:
+        tid = tid_of.get(producer.producer_id)
+        state = described.get(tid) if tid is not None else None
+        if state is not None and not state.error_code and _includes(state, tp):
+            continue  # its coordinator will write the marker there
+        out.append(HangingTransaction(tp, producer, tid, now - producer.last_timestamp))
+    return sorted(out, key=lambda h: (h.tp.topic, h.tp.partition, h.producer.producer_id))
+
+
+def _includes(state: DescribedTransactionState, tp: TopicPartition) -> bool:
+    return any(t.topic == tp.topic and tp.partition in t.partitions for t in state.topics)
