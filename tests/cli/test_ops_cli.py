@@ -153,7 +153,9 @@ def test_txn_list_describe_and_find_hanging_show_an_open_transaction(broker: Bro
 
     # open, but its coordinator will end it on that partition: not hanging (Kafka's definition)
     assert table(ok("txn", "find-hanging", "--max-age-ms", "0", *bs)) == []
-    assert table(ok("txn", "find-hanging", "--max-age-ms", "0", "--topic", topic, "--partition", "1", *bs)) == []
+    assert (
+        table(ok("txn", "find-hanging", "--max-age-ms", "0", "--topic", topic, "--partition", "1", *bs)) == []
+    )
 
     p.commit_transaction(30)
     (desc,) = table(ok("txn", "describe", t, *bs))

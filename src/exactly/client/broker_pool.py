@@ -168,6 +168,10 @@ class BrokerPool:
 
     def coordinator(self, transactional_id: str) -> WireClient:
         """The connection to the transaction coordinator of ``transactional_id``."""
+        return self.client(self.coordinator_id(transactional_id))
+
+    def coordinator_id(self, transactional_id: str) -> int:
+        """The broker id of ``transactional_id``'s coordinator (FindCoordinator, key type 1)."""
         version = self.bootstrap.version_for(ApiKey.FIND_COORDINATOR, FIND_COORDINATOR_MAX_VERSION)
         response = self.bootstrap.call(
             ApiKey.FIND_COORDINATOR, version, key=transactional_id, key_type=COORDINATOR_TYPE_TRANSACTION
@@ -182,7 +186,7 @@ class BrokerPool:
         if self._addresses.get(broker_id) != address:
             self.drop(broker_id)
             self._addresses[broker_id] = address
-        return self.client(broker_id)
+        return broker_id
 
     # ------------------------------------------------------------------ retries
     def retrying(self, what: str, attempt: Callable[[], T]) -> T:

@@ -33,6 +33,7 @@ from exactly.server.metrics import Metrics
 from exactly.server.prometheus import METRICS_HOST, start_metrics
 from exactly.server.replica_manager import ReplicaManager
 from exactly.server.txn_runtime import TxnRuntime
+from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
@@ -103,6 +104,9 @@ class Broker:
         self.internal = InternalTopics(self)
         self.groups = GroupRuntime(self)
         self.txn = TxnRuntime(self)
+        # KIP-890: transactional writes verified with the coordinator (remotely in cluster mode)
+        self.txn_verification_enabled = config.get_bool("transaction.partition.verification.enable")
+        self.txn_verifier = TxnVerifier(self)
 
     @classmethod
     def open(cls, config: BrokerConfig, data_dir: Path) -> Broker:
@@ -240,6 +244,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.txn.stop()
+        self.txn_verifier.close()
         if self._server is not None:
             await self._server.wait_closed()
         if self.replicas is not None:

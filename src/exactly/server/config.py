@@ -55,7 +55,9 @@ _DEFAULTS: dict[str, str] = {
     "producer.id.expiration.check.interval.ms": "600000",
     "transaction.max.timeout.ms": "900000",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "10000",
+    "transaction.remove.expired.transaction.cleanup.interval.ms": "3600000",
     "transactional.id.expiration.ms": "604800000",
+    "transaction.partition.verification.enable": "true",  # KIP-890 part 1 (Kafka 3.6+)
     "transaction.state.log.num.partitions": "50",
     "transaction.state.log.segment.bytes": "104857600",
     "transaction.state.log.replication.factor": "3",  # cluster mode only; a single broker uses 1

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -43,24 +42,19 @@ from kio.schema.types import ProducerId, TopicName
 from kio.schema.write_txn_markers.v1 import request as markers_request
 from kio.static.primitive import i16, i32
 
-from exactly.client.wire import decode_response, encode_request
 from exactly.coordinator.txn.effects import WriteMarkers
 from exactly.records.control import ControlType
+from exactly.server.broker_connection import BrokerConnection
 from exactly.server.internal_topics import AppendFailed
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
-    from exactly.server.metadata_cache import BrokerEndpoint
 
 log = logging.getLogger("exactly.txn_markers")
 
-API_KEY = 27
-VERSION = 1
 RETRY_BACKOFF_S = 0.1
-REQUEST_TIMEOUT_S = 30.0
-_SIZE = struct.Struct(">i")
 
 _RETRY = frozenset(
     {
@@ -92,6 +86,7 @@ async def write_local_marker(
 ) -> ErrorCode:
     """Append one marker as ``tp``'s leader, acknowledged by the ISR; tell the group
     coordinator when it completes a transaction's offsets. Returns the partition's error code."""
+    broker.txn_verifier.on_marker(tp, producer_id)  # verifications answered before it are void
     try:
         await broker.internal.write_marker_replicated(
             tp, result, producer_id, producer_epoch, coordinator_epoch
@@ -104,50 +99,13 @@ async def write_local_marker(
     return ErrorCode.none
 
 
-class _Connection:
-    """One broker-to-broker connection, one request at a time (markers are few and small)."""
-
-    def __init__(self, endpoint: BrokerEndpoint, client_id: str) -> None:
-        self.endpoint = endpoint
-        self._client_id = client_id
-        self._lock = asyncio.Lock()
-        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._correlation = 0
-
-    async def call(self, request: Any) -> Any:
-        async with self._lock:
-            try:
-                return await asyncio.wait_for(self._call(request), REQUEST_TIMEOUT_S)
-            except BaseException:
-                self.close()
-                raise
-
-    async def _call(self, request: Any) -> Any:
-        if self._streams is None:
-            self._streams = await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
-        reader, writer = self._streams
-        self._correlation += 1
-        writer.write(encode_request(request, self._correlation, self._client_id))
-        await writer.drain()
-        size = _SIZE.unpack(await reader.readexactly(4))[0]
-        corr, response = decode_response(API_KEY, VERSION, await reader.readexactly(size))
-        if corr != self._correlation:
-            raise ConnectionError(f"correlation id {corr}, expected {self._correlation}")
-        return response
-
-    def close(self) -> None:
-        if self._streams is not None:
-            self._streams[1].close()
-            self._streams = None
-
-
 class TxnMarkerSender:
     """Sends markers to partition leaders (see the module docstring). Owns one connection per
     destination broker, reopened when the broker's endpoint changes; :meth:`close` drops them."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, BrokerConnection] = {}
 
     async def send(self, markers: WriteMarkers, coordinator_epoch: int) -> None:
         """Return once every partition of ``markers`` has its marker or was given up (see the
@@ -232,7 +190,7 @@ class TxnMarkerSender:
         cached = self._cache().topic(tp.topic)
         return cached is not None and tp.partition in cached.assignment.partitions
 
-    def _connection(self, broker_id: int) -> _Connection:
+    def _connection(self, broker_id: int) -> BrokerConnection:
         endpoint = self._cache().brokers.get(broker_id)
         conn = self._connections.get(broker_id)
         if conn is not None and conn.endpoint != endpoint:
@@ -241,7 +199,9 @@ class TxnMarkerSender:
         if conn is None:
             if endpoint is None:
                 raise ConnectionError(f"broker {broker_id} is not alive")
-            conn = self._connections[broker_id] = _Connection(endpoint, f"txn-markers-{self.broker.node_id}")
+            conn = self._connections[broker_id] = BrokerConnection(
+                endpoint, f"txn-markers-{self.broker.node_id}"
+            )
         return conn
 
     def close(self) -> None:

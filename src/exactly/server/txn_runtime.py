@@ -105,6 +105,9 @@ class TxnRuntime:
             abort_timed_out_interval_ms=cfg.get_int(
                 "transaction.abort.timed.out.transaction.cleanup.interval.ms"
             ),
+            remove_expired_transactional_ids_interval_ms=cfg.get_int(
+                "transaction.remove.expired.transaction.cleanup.interval.ms"
+            ),
         )
         self.coordinator = TransactionCoordinator(broker.producer_ids.generate, config=self.config)
         self.runtime = CoordinatorRuntime(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import defaultdict
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from exactly.protocol.fast import (
 )
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
 from exactly.server.clock import now_ms
+from exactly.server.txn_verification import NOT_IN_TXN_MESSAGE, VerificationGuard, produce_error
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import AppendResult, PartitionLog
 from exactly.storage.producer_state import ProducerStateError
@@ -37,6 +39,7 @@ from exactly.topics import INTERNAL_TOPICS
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
+    from exactly.replication.leader import LeaderPartition
     from exactly.server.broker import Broker
     from exactly.server.dispatch import RequestContext
 
@@ -52,38 +55,26 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
     metrics = broker.metrics
     topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
     delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]] = []
-    replicas = broker.replicas
+    remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]] = []
     for topic in request.topics:
         name = topic.name
         parts_out: list[ProducePartitionResult] = []
         for pdata in topic.partitions:
             if acks not in (0, 1, -1):
-                code, message, result = ErrorCode.invalid_required_acks, None, None
+                outcome: _Outcome = (ErrorCode.invalid_required_acks, None, None)
             else:
-                code, message, result = _append(broker, name, pdata.index, pdata.records, request, now)
-            metrics.error(ApiKey.PRODUCE, code)
-            if result is None:
-                parts_out.append(ProducePartitionResult(pdata.index, int(code), -1, -1, -1, message))
-            else:
-                parts_out.append(
-                    ProducePartitionResult(
-                        pdata.index, 0, result.first_offset, result.log_append_time, result.log_start_offset
-                    )
-                )
-                if acks == -1 and replicas is not None:
-                    tp = TopicPartition(name, pdata.index)
-                    leader = replicas.leaders.get(tp)
-                    plog = broker.partition(name, pdata.index)
-                    if leader is not None and plog is not None:
-                        wait = replicas.wait_for_acks(
-                            tp,
-                            leader,
-                            result.last_offset + 1,
-                            plog.config.min_insync_replicas,
-                            request.timeout_ms / 1000,
-                        )
-                        delayed.append((parts_out, len(parts_out) - 1, wait))
+                try:
+                    outcome = _append(broker, name, pdata.index, pdata.records, request, now)
+                except _VerifyRemotely as pending:
+                    # KIP-890 at a leader that is not the coordinator: answered after the
+                    # coordinator's verification (below), in this slot
+                    parts_out.append(ProducePartitionResult(pdata.index, 0, -1, -1, -1, None))
+                    remote.append((parts_out, len(parts_out) - 1, name, pdata.records, pending))
+                    continue
+            _record(broker, request, name, pdata.index, outcome, parts_out, delayed)
         topics_out.append((name, parts_out))
+    if remote:
+        await _verify_and_append(broker, request, remote, delayed)
     if delayed:
         # acks=all in a cluster: answered once the ISR has the records (Kafka's DelayedProduce).
         codes = await asyncio.gather(*(wait for _parts, _i, wait in delayed))
@@ -96,6 +87,89 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
     return encode_produce_response(ctx.version, topics_out)
 
 
+_Outcome = tuple[ErrorCode, str | None, AppendResult | None]
+
+
+def _record(
+    broker: Broker,
+    request: ProduceRequestData,
+    topic: str,
+    index: int,
+    outcome: _Outcome,
+    parts_out: list[ProducePartitionResult],
+    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]],
+    slot: int | None = None,
+) -> None:
+    """Put one partition's answer in ``parts_out`` (appended, or at ``slot``); an acks=all
+    append in a cluster also gets its wait for the ISR in ``delayed``."""
+    code, message, result = outcome
+    broker.metrics.error(ApiKey.PRODUCE, code)
+    if result is None:
+        answer = ProducePartitionResult(index, int(code), -1, -1, -1, message)
+    else:
+        answer = ProducePartitionResult(
+            index, 0, result.first_offset, result.log_append_time, result.log_start_offset
+        )
+    if slot is None:
+        parts_out.append(answer)
+        slot = len(parts_out) - 1
+    else:
+        parts_out[slot] = answer
+    replicas = broker.replicas
+    if result is None or request.acks != -1 or replicas is None:
+        return
+    tp = TopicPartition(topic, index)
+    leader = replicas.leaders.get(tp)
+    plog = broker.partition(topic, index)
+    if leader is not None and plog is not None:
+        wait = replicas.wait_for_acks(
+            tp, leader, result.last_offset + 1, plog.config.min_insync_replicas, request.timeout_ms / 1000
+        )
+        delayed.append((parts_out, slot, wait))
+
+
+async def _verify_and_append(
+    broker: Broker,
+    request: ProduceRequestData,
+    remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]],
+    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]],
+) -> None:
+    """One AddPartitionsToTxn v4 (verify_only) per producer epoch to the coordinator, then the
+    second pass of the verified partitions' appends, each under its guard."""
+    verifier = broker.txn_verifier
+    tid = request.transactional_id
+    assert tid is not None  # _verify_transactional refuses a transactional batch without one
+    groups: dict[tuple[int, int], list[TopicPartition]] = defaultdict(list)
+    for _parts, _slot, topic, _records, pending in remote:
+        groups[(pending.producer_id, pending.producer_epoch)].append(TopicPartition(topic, pending.partition))
+    answers = await asyncio.gather(
+        *(verifier.verify(tid, pid, epoch, tps) for (pid, epoch), tps in groups.items())
+    )
+    codes = {
+        (pid, tp): code
+        for ((pid, _epoch), _tps), answer in zip(groups.items(), answers, strict=True)
+        for tp, code in answer.items()
+    }
+    now = now_ms()
+    for parts_out, slot, topic, records, pending in remote:
+        tp = TopicPartition(topic, pending.partition)
+        code = codes.get((pending.producer_id, tp), ErrorCode.network_exception)
+        problem = produce_error(code, tp)
+        if problem is not None:
+            verifier.forget(tp, pending.producer_id, pending.guard)
+            outcome: _Outcome = (problem[0], problem[1], None)
+        else:
+            try:
+                outcome = _append(broker, topic, pending.partition, records, request, now, pending.guard)
+            except _VerifyRemotely:  # the guard was replaced meanwhile: not verified
+                outcome = (
+                    ErrorCode.invalid_txn_state,
+                    f"{NOT_IN_TXN_MESSAGE} ({topic}-{pending.partition})",
+                    None,
+                )
+        _record(broker, request, topic, pending.partition, outcome, parts_out, delayed, slot)
+
+
 def _append(
     broker: Broker,
     topic: str,
@@ -103,7 +177,11 @@ def _append(
     records: memoryview | None,
     request: ProduceRequestData,
     now: int,
-) -> tuple[ErrorCode, str | None, AppendResult | None]:
+    guard: VerificationGuard | None = None,
+) -> _Outcome:
+    """Validate and append one partition's batch. Raises :class:`_VerifyRemotely` when a
+    transactional batch needs the verification of a coordinator on another broker first;
+    ``guard`` is that verification's, for the second attempt."""
     plog = broker.partition(topic, partition)
     replicas = broker.replicas
     # The single broker (replicas is None) builds no TopicPartition here: this runs per batch.
@@ -116,6 +194,7 @@ def _append(
     if records is None:
         return ErrorCode.invalid_record, "produce request has no records", None
     leader_epoch = INITIAL_LEADER_EPOCH
+    leader: LeaderPartition | None = None
     if managed and replicas is not None and tp is not None:
         # Cluster: only the leader appends, stamping its epoch; acks=all is refused before the
         # append when the committed ISR is below min.insync.replicas (Kafka's order).
@@ -131,7 +210,9 @@ def _append(
     try:
         header = validate_produce_records(records)
         if header.is_transactional:
-            problem = _verify_transactional(broker, plog, topic, partition, header, request.transactional_id)
+            problem = _verify_transactional(
+                broker, plog, topic, partition, header, request.transactional_id, leader, guard
+            )
             if problem is not None:
                 return problem[0], problem[1], None
         result = plog.append(records, header, leader_epoch=leader_epoch, now_ms=now)
@@ -152,6 +233,19 @@ def _append(
     return ErrorCode.none, None, result
 
 
+class _VerifyRemotely(Exception):
+    """The batch's transactional id is coordinated by another broker: verify there first."""
+
+    def __init__(
+        self, partition: int, producer_id: int, producer_epoch: int, guard: VerificationGuard
+    ) -> None:
+        super().__init__(partition)
+        self.partition = partition
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.guard = guard
+
+
 def _verify_transactional(
     broker: Broker,
     plog: PartitionLog,
@@ -159,11 +253,18 @@ def _verify_transactional(
     partition: int,
     header: BatchHeader,
     transactional_id: str | None,
+    leader: LeaderPartition | None,
+    guard: VerificationGuard | None,
 ) -> tuple[ErrorCode, str] | None:
     """KIP-890 part 1: before a producer's first transactional write to a partition, check with
     the coordinator that the partition is in its ongoing transaction. Without this, a write
     delayed past the end of its transaction would start a new "transaction" nobody will ever
-    end, holding back the LSO forever (the hanging transaction Jepsen found in Kafka)."""
+    end, holding back the LSO forever (the hanging transaction Jepsen found in Kafka).
+
+    The coordinator on this broker is asked directly; one on another broker by
+    :class:`~exactly.server.txn_verification.TxnVerifier` (raises :class:`_VerifyRemotely`;
+    the second attempt brings the ``guard`` of that verification). Off with
+    ``transaction.partition.verification.enable=false``, as in Kafka."""
     if transactional_id is None:
         return ErrorCode.invalid_record, "transactional batch without a transactional id"
     entry = plog.producer_state.last_entry(header.producer_id)
@@ -173,26 +274,25 @@ def _verify_transactional(
         and entry.producer_epoch == header.producer_epoch
     ):
         return None  # already inside this producer's transaction here: verified at its first write
-    if broker.txn.owner_error(transactional_id) is ErrorCode.not_coordinator:
-        # Cluster mode, the coordinator is another broker: the verification would be an
-        # AddPartitionsToTxn v4 to it, not built yet; the write is accepted unverified (as Kafka
-        # before 3.6 does).
+    if not broker.txn_verification_enabled:
         return None
+    tp = TopicPartition(topic, partition)
+    if guard is not None:  # second attempt, after the remote coordinator said yes
+        if broker.txn_verifier.consume(tp, header.producer_id, guard):
+            return None
+        return ErrorCode.invalid_txn_state, f"{NOT_IN_TXN_MESSAGE} ({topic}-{partition})"
+    if broker.txn.owner_error(transactional_id) is ErrorCode.not_coordinator and leader is not None:
+        raise _VerifyRemotely(
+            partition,
+            header.producer_id,
+            header.producer_epoch,
+            broker.txn_verifier.guard(tp, header.producer_id, header.producer_epoch, leader),
+        )
     result = broker.txn.coordinator.verify_partitions_in_txn(
         transactional_id,
         header.producer_id,
         header.producer_epoch,
-        [TopicPartition(topic, partition)],
+        [tp],
         request_version=4,
     )
-    code = result.error
-    if code == ErrorCode.none:
-        return None
-    if code == ErrorCode.producer_fenced:
-        return ErrorCode.invalid_producer_epoch, "producer epoch is fenced by a newer one"
-    if code == ErrorCode.coordinator_load_in_progress:
-        return ErrorCode.not_enough_replicas, "transaction coordinator is loading"
-    return (
-        ErrorCode.invalid_txn_state,
-        f"partition {topic}-{partition} is not part of the ongoing transaction",
-    )
+    return produce_error(result.error, tp)
