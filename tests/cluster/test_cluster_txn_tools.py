@@ -241,6 +241,16 @@ def test_txn_tools_find_and_abort_a_hanging_transaction_at_its_leader(
     assert offsets_at_leader(cluster, partition) == (high_before + 1, high_before + 1)  # + the ABORT marker
     assert table(exactly("txn", "find-hanging", "--max-age-ms", "0", *bs)) == []
 
+    # the other abort: by transactional id, InitProducerId at its coordinator fences the producer
+    fenced = txn_producer(cluster, "fence-me")
+    fenced.begin_transaction()
+    fenced.produce(TOPIC, value=b"doomed", partition=2)
+    assert fenced.flush(30) == 0
+    out = exactly("txn", "abort", "--transactional-id", "fence-me", *bs)
+    assert "Aborted the Ongoing transaction of 'fence-me'" in out, out
+    assert state_of(cluster, "fence-me")[1] > 0
+    wait_for(lambda: len(set(offsets_at_leader(cluster, 2))) == 1, what="partition 2's LSO past the abort")
+
 
 # ---------------------------------------------------------------------------- KIP-890
 @pytest.fixture
