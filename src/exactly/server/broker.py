@@ -117,6 +117,7 @@ class Broker:
             config.log_config(),
             now_ms=now_ms(),
             producer_id_expiration_ms=config.get_int("producer.id.expiration.ms"),
+            replicated=config.cluster_mode,
         )
         log.info(
             "loaded %d topics from %s in %.3f s", len(logs.topics()), data_dir, time.monotonic() - started

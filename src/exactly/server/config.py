@@ -20,6 +20,7 @@ _DEFAULTS: dict[str, str] = {
     "zookeeper.session.timeout.ms": "18000",
     "zookeeper.connection.timeout.ms": "",
     "replica.lag.time.max.ms": "30000",
+    "replica.high.watermark.checkpoint.interval.ms": "5000",
     "unclean.leader.election.enable": "false",
     "controlled.shutdown.enable": "true",
     "controlled.shutdown.max.retries": "3",
@@ -166,6 +167,8 @@ class BrokerConfig:
                 raise ConfigError("zookeeper.session.timeout.ms must be positive")
             if self.get_int("replica.lag.time.max.ms") <= 0:
                 raise ConfigError("replica.lag.time.max.ms must be positive")
+            if self.get_int("replica.high.watermark.checkpoint.interval.ms") <= 0:
+                raise ConfigError("replica.high.watermark.checkpoint.interval.ms must be positive")
             self.get_bool("unclean.leader.election.enable")
             self.get_bool("controlled.shutdown.enable")
             self.get_bool("auto.leader.rebalance.enable")

@@ -135,6 +135,7 @@ class ReplicaManager:
         await loop.run_in_executor(None, self._start_watches)
         shrink = loop.create_task(self.isr_writer.expiration_loop(), name="isr-expiration")
         self._background.add(shrink)
+        self._spawn(self._high_watermark_checkpoint_loop(), "highwatermark-checkpoint")
         log.info(
             "broker %d joined the cluster at %s (broker epoch %d)", self.broker_id, self.zk.connect, epoch
         )
@@ -183,6 +184,18 @@ class ReplicaManager:
             self.controller.stop()
         finally:
             self.zk.stop()
+
+    async def _high_watermark_checkpoint_loop(self) -> None:
+        """Kafka's highwatermark-checkpoint task: every ``replica.high.watermark.checkpoint.interval.ms``
+        the HWs go to ``replication-offset-checkpoint``, where a restart takes them from (the log
+        manager also writes it at close)."""
+        interval_s = self.broker.config.get_int("replica.high.watermark.checkpoint.interval.ms") / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.broker.logs.checkpoint_high_watermarks()
+            except OSError:  # a full or failing disk: the next round retries, the broker serves on
+                log.exception("high watermark checkpoint failed")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """A background task of this broker's cluster role (ISR writes, auto-creations):

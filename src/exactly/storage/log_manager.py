@@ -7,6 +7,7 @@ Layout of ``data_dir``::
                                           (rewritten via storage/durable.py, like every file here)
     recovery-point-offset-checkpoint      per partition recovery point
     log-start-offset-checkpoint           log start offsets above the first segment's base
+    replication-offset-checkpoint         high watermarks (cluster mode only)
     .clean_shutdown                       present only after a clean close
     <topic>-<partition>/                  one PartitionLog each
 
@@ -32,6 +33,15 @@ returns, so an acknowledged deletion survives ``kill -9``. Kafka writes it only 
 log.flush.start.offset.checkpoint.interval.ms and accepts losing a recent deletion when every
 replica crashes; a single broker has no other replica, so ``exactly`` writes it at once (one
 fsynced file per DeleteRecords request, not per partition).
+
+The *high watermark* checkpoint (Kafka's ``replication-offset-checkpoint``, same format) exists
+in cluster mode only (``replicated=True``): a replica's HW is not its log end (a follower may hold
+records the ISR has not acknowledged), so on open each partition's HW is the checkpointed one,
+capped at the recovered log end (a partition missing from the file starts at its log start, as
+Kafka's ``getOrElse(tp, 0)`` clamped). The replica manager writes it every
+``replica.high.watermark.checkpoint.interval.ms`` (``checkpoint_high_watermarks``) and ``close``
+writes it last. A single broker neither writes nor reads it: everything that survived on its disk
+was acknowledged or is acknowledgeable, so its HW is the recovered log end (unchanged behaviour).
 
 topics.json is the commit point of every topic change, and both orders around it are safe:
 ``create_topic`` and ``delete_topic`` write it *before* touching partition directories (a crash in
@@ -71,6 +81,7 @@ META_PROPERTIES = "meta.properties"
 TOPICS_FILE = "topics.json"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 DELETE_RECORDS_HIGH_WATERMARK = -1  # DeleteRecords offset meaning "up to the high watermark"
 CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
 DEFAULT_CHECKPOINT_INTERVAL_MS = 60_000  # Kafka's log.flush.offset.checkpoint.interval.ms
@@ -144,10 +155,13 @@ class LogManager:
         now_ms: int,
         checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+        replicated: bool = False,
     ) -> None:
         """Open every topic found in topics.json, recovering partitions (the recovery point
-        comes from the checkpoint; after an unclean shutdown everything after it is validated)."""
+        comes from the checkpoint; after an unclean shutdown everything after it is validated).
+        ``replicated`` (cluster mode): high watermarks come from ``replication-offset-checkpoint``."""
         self.data_dir = data_dir
+        self.replicated = replicated
         self.default_config = default_config
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
@@ -161,6 +175,9 @@ class LogManager:
         self._logs: dict[TopicPartition, PartitionLog] = {}
         recovery_points = read_offset_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT) or {}
         log_starts = read_offset_checkpoint(data_dir / LOG_START_OFFSET_CHECKPOINT) or {}
+        high_watermarks = (
+            (read_offset_checkpoint(data_dir / REPLICATION_OFFSET_CHECKPOINT) or {}) if replicated else None
+        )
         self._remove_orphan_directories()
         for info in self._topics.values():
             for partition in range(info.partitions):
@@ -173,6 +190,7 @@ class LogManager:
                     now_ms=now_ms,
                     producer_id_expiration_ms=producer_id_expiration_ms,
                     log_start_offset=log_starts.get(tp, 0),
+                    high_watermark=None if high_watermarks is None else high_watermarks.get(tp, 0),
                 )
         # From here on a crash is an unclean shutdown.
         marker.unlink(missing_ok=True)
@@ -434,14 +452,25 @@ class LogManager:
             {tp: partition_log.recovery_point for tp, partition_log in self._logs.items()},
         )
 
+    def checkpoint_high_watermarks(self) -> None:
+        """Cluster mode: write every partition's high watermark (``replication-offset-checkpoint``,
+        durably). A no-op on a single broker, whose HW is its recovered log end."""
+        if not self.replicated or self._closed:
+            return
+        write_offset_checkpoint(
+            self.data_dir / REPLICATION_OFFSET_CHECKPOINT,
+            {tp: partition_log.high_watermark for tp, partition_log in self._logs.items()},
+        )
+
     def close(self) -> None:
-        """Clean shutdown: close every partition (flush + producer snapshot), write the recovery
-        checkpoint and the clean-shutdown marker."""
+        """Clean shutdown: close every partition (flush + producer snapshot), write the recovery,
+        log start and (cluster mode) high watermark checkpoints and the clean-shutdown marker."""
         if self._closed:
             return
         for partition_log in self._logs.values():
             partition_log.close()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
+        self.checkpoint_high_watermarks()
         write_durably(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
         self._closed = True

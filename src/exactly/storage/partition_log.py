@@ -25,7 +25,8 @@ Offsets
 ``log_start_offset <= recovery_point <= log_end_offset``. The high watermark is separate from the
 log end offset so replication can hold it back later; a single broker advances it right after each
 append (``update_high_watermark``) and, on open, sets it to the recovered log end (everything that
-survived on a single broker's disk was acknowledged or is acknowledgeable).
+survived on a single broker's disk was acknowledged or is acknowledgeable); a cluster replica opens
+at its checkpointed HW instead (``replication-offset-checkpoint``, see ``log_manager``).
 
 The log start offset
 --------------------
@@ -149,13 +150,15 @@ class PartitionLog(LogMaintenance):
         now_ms: int,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
         log_start_offset: int = 0,
+        high_watermark: int | None = None,
     ) -> PartitionLog:
         """Open (creating if absent). ``recovery_point`` None means 'nothing is known to be
         flushed': the whole log is validated. Callers pass the checkpointed recovery point, and
         recovery validates every batch after it (CRC, lengths), truncates a torn tail, rebuilds
         indexes that are missing or corrupt, loads producer state from snapshot + replay of the
         tail (see log_loader). ``log_start_offset`` is the checkpointed one (the first segment's
-        base offset wins when higher)."""
+        base offset wins when higher). ``high_watermark`` is a replica's checkpointed one, capped at
+        the recovered log end; None (a single broker) makes it the log end."""
         directory.mkdir(parents=True, exist_ok=True)
         producer_state = ProducerStateManager(directory, producer_id_expiration_ms=producer_id_expiration_ms)
         leader_epochs = LeaderEpochCache(directory)
@@ -168,7 +171,7 @@ class PartitionLog(LogMaintenance):
             leader_epochs=leader_epochs,
             now_ms=now_ms,
         )
-        return cls(
+        opened = cls(
             directory,
             tp,
             config,
@@ -177,6 +180,9 @@ class PartitionLog(LogMaintenance):
             leader_epochs=leader_epochs,
             now_ms=now_ms,
         )
+        if high_watermark is not None:
+            opened.update_high_watermark(high_watermark)
+        return opened
 
     # --- offsets --------------------------------------------------------------------------
     @property
