@@ -4,7 +4,8 @@ an ``IsrUpdate`` to the partition's state znode, and the isr-expiration timer th
 The write is ``ClusterZk.update_isr`` at the zkVersion the leader holds, run in the default
 executor; its outcome is applied on the loop: ``on_isr_committed`` adopts the new ISR (and may move
 the HW, published if that ``LeaderPartition`` still leads), anything else is ``on_isr_failed``
-and the leader keeps acting on the maximal ISR (see ``replication.leader``).
+and the leader keeps acting on the maximal ISR (see ``replication.leader``). A write lost with the
+ZooKeeper session is expected (WARNING, no traceback); any other failure is logged with one.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+
 from exactly.cluster.zk import ClusterZk
 from exactly.replication.leader import IsrUpdate, LeaderPartition
 from exactly.server.clock import now_ms
 from exactly.types import TopicPartition
 
 log = logging.getLogger("exactly.replica_manager")
+
+# A write refused because the session expired, was closed, or its connection is down: an expected
+# outcome of a ZooKeeper outage (logged without a traceback); the leader keeps its committed ISR
+# and proposes again once the session is back. Anything else is a bug and keeps its traceback.
+SESSION_GONE = (SessionExpiredError, ConnectionLoss)
 
 
 class IsrWriter:
@@ -54,6 +62,9 @@ class IsrWriter:
                 version = await loop.run_in_executor(
                     None, self.zk.update_isr, tp, update.new, update.expected_zk_version
                 )
+            except SESSION_GONE as exc:  # expected: the shell registers again, the watches re-read
+                log.warning("%s: ISR write not made, the ZooKeeper session is lost (%r)", tp, exc)
+                version = None
             except Exception:
                 log.exception("%s: ISR write failed", tp)
                 version = None
