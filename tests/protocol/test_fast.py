@@ -194,3 +194,41 @@ def test_fetch_response_matches_kio(topics: list, session_error: int) -> None:
             [(n, [FetchPartitionResult(i, 0, 10, 9, 1, ab, r) for i, ab, r in parts]) for n, parts in topics],
         )
         assert b"".join(bytes(c) for c in chunks) == expected, version
+
+
+def test_fetch_response_v12_diverging_epoch_matches_kio() -> None:
+    """The tagged DivergingEpoch (KIP-595 truncation-on-fetch) of a partition, as kio writes it."""
+    api = schema(ApiKey.FETCH, 12)
+    mod = api.response_module
+    expected = encode_response(
+        api,
+        build(
+            api.response_type,
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=(
+                build(
+                    mod.FetchableTopicResponse,
+                    topic="t",
+                    partitions=(
+                        build(
+                            mod.PartitionData,
+                            partition_index=3,
+                            error_code=ErrorCode.none,
+                            high_watermark=10,
+                            last_stable_offset=9,
+                            log_start_offset=1,
+                            diverging_epoch=build(mod.EpochEndOffset, epoch=4, end_offset=2**40),
+                            aborted_transactions=None,
+                            preferred_read_replica=-1,
+                            records=b"",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+    chunks = encode_fetch_response(
+        12, 0, 0, [("t", [FetchPartitionResult(3, 0, 10, 9, 1, None, b"", diverging_epoch=(4, 2**40))])]
+    )
+    assert b"".join(bytes(c) for c in chunks) == expected

@@ -8,7 +8,9 @@ the log end), ask again until the decision is complete.
 from __future__ import annotations
 
 import pytest
+from kio.schema.errors import ErrorCode
 
+from exactly.replication.fetch_checks import check_diverging_epoch
 from exactly.replication.truncation import (
     FetchState,
     FollowerPartition,
@@ -125,4 +127,72 @@ def test_follower_state_truncates_after_every_epoch_increase() -> None:
 def test_diverging_epoch_only_while_fetching() -> None:
     follower = FollowerPartition(1, 0)
     with pytest.raises(InvalidTransitionError):
-        follower.on_diverging_epoch()
+        follower.on_diverging_epoch(TruncationDecision(5, True), for_epoch=0)
+
+
+def test_follower_with_epochs_truncates_on_fetch() -> None:
+    # Truncation on fetch (KIP-595): a follower with epochs fetches at once after every new epoch,
+    # the leader's DivergingEpoch answer truncates it and it keeps fetching.
+    follower = FollowerPartition(1, 4, truncate_on_fetch=True)
+    assert follower.state is FetchState.FETCHING
+    assert follower.on_diverging_epoch(TruncationDecision(8, True), for_epoch=4)
+    assert follower.state is FetchState.FETCHING
+    assert not follower.on_diverging_epoch(TruncationDecision(8, True), for_epoch=3)  # stale answer
+    # an incomplete answer (the follower lacks the leader's epoch, KIP-279): ask with
+    # OffsetsForLeaderEpoch until complete, then fetch again
+    assert follower.on_diverging_epoch(TruncationDecision(6, False), for_epoch=4)
+    assert follower.state is FetchState.TRUNCATING
+    assert follower.on_truncated(TruncationDecision(5, True), for_epoch=4)
+    assert follower.state is FetchState.FETCHING
+    # a new epoch (KAFKA-7164) with epochs known: the next fetch's check does the truncation
+    assert follower.on_leader_epoch(1, 5, truncate_on_fetch=True)
+    assert follower.state is FetchState.FETCHING
+    # a new epoch without any local epoch: truncate (to the HW) first
+    assert follower.on_leader_epoch(1, 6)
+    assert follower.state is FetchState.TRUNCATING
+    assert follower.on_leader_epoch(1, 7, truncate_on_fetch=True)  # a mid-truncation new epoch
+    assert follower.state is FetchState.FETCHING
+
+
+def converge_on_fetch(
+    follower: tuple[E, ...], follower_leo: int, hw: int, leader: tuple[E, ...], leader_leo: int
+) -> tuple[int, tuple[E, ...], int, int]:
+    """The truncation-on-fetch loop: fetch with the latest epoch, truncate on each DivergingEpoch;
+    an incomplete answer falls back to ``converge`` (OffsetsForLeaderEpoch). Returns (final log
+    end, final epoch cache, diverging answers, OffsetsForLeaderEpoch round trips)."""
+    leo = follower_leo
+    for answers in range(0, 20):
+        epoch = epoch_to_ask(follower)
+        assert epoch is not None
+        check = check_diverging_epoch(
+            leader, last_fetched_epoch=epoch, fetch_offset=leo, log_start_offset=0, log_end_offset=leader_leo
+        )
+        assert check.error == ErrorCode.none
+        if check.diverging is None:
+            return leo, follower, answers, 0
+        decision = truncation_offset(follower, check.diverging, log_end_offset=leo, high_watermark=hw)
+        leo = min(leo, decision.offset)
+        follower = truncate_from_end(follower, decision.offset)
+        if not decision.completed:
+            leo, follower, rounds = converge(follower, leo, hw, leader, leader_leo)
+            return leo, follower, answers + 1, rounds
+    raise AssertionError("fetching never stopped diverging")
+
+
+def test_old_leader_tail_is_cut_by_the_diverging_epoch_alone() -> None:
+    # The old leader wrote [10, 12) in epoch 1 that nobody got; the new leader has epoch 2 from 10.
+    leo, cache, answers, rounds = converge_on_fetch(
+        (E(0, 0), E(1, 5)), 12, 8, (E(0, 0), E(1, 5), E(2, 10)), 15
+    )
+    assert (leo, cache, answers, rounds) == (10, (E(0, 0), E(1, 5)), 1, 0)
+
+
+def test_same_results_as_offsets_for_leader_epoch() -> None:
+    # The KIP-279 case: the first answer is for an epoch the follower lacks, OffsetsForLeaderEpoch
+    # finishes; either way the logs end at the common prefix [0, 3).
+    follower, leader = (E(0, 0), E(2, 5)), (E(0, 0), E(1, 3), E(3, 7))
+    on_fetch = converge_on_fetch(follower, 8, 2, leader, 9)
+    asking = converge(follower, 8, 2, leader, 9)
+    assert on_fetch[:2] == asking[:2] == (3, (E(0, 0),))
+    # and a follower that is merely behind gets no diverging answer at all
+    assert converge_on_fetch((E(0, 0), E(1, 5)), 7, 5, (E(0, 0), E(1, 5), E(2, 10)), 15)[2] == 0

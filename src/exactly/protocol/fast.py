@@ -36,6 +36,7 @@ _PRODUCE_PART_V5 = struct.Struct(">ihqqq")  # + log start offset
 _FETCH_PART_V4 = struct.Struct(">ihqq")  # index, error, high watermark, last stable offset
 _FETCH_PART_V5 = struct.Struct(">ihqqq")  # + log start offset
 _ABORTED = struct.Struct(">qq")
+_DIVERGING = struct.Struct(">iq")  # EpochEndOffset: epoch, end offset
 
 
 class WireError(WireFormatError):
@@ -203,6 +204,9 @@ class FetchPartitionResult:
     log_start_offset: int
     aborted: Sequence[tuple[int, int]] | None  # (producer id, first offset); None = null array
     records: bytes | memoryview  # never null: Kafka writes MemoryRecords.EMPTY on error partitions
+    # v12+ tagged field 0 (KIP-595 truncation-on-fetch): (epoch, end offset) where the follower's
+    # last fetched epoch ends at the leader, when its log diverged; None = absent.
+    diverging_epoch: tuple[int, int] | None = None
 
 
 def encode_fetch_response(
@@ -252,7 +256,13 @@ def encode_fetch_response(
                 chunks.append(bytes(w.out))
                 chunks.append(records)
                 w.out = bytearray()
-            w.tags()
+            if flexible and p.diverging_epoch is not None:
+                epoch, end_offset = p.diverging_epoch
+                # one tagged field: tag 0, size, then EpochEndOffset {epoch, end offset, no tags}
+                w.out += b"\x01\x00" + write_uvarint(_DIVERGING.size + 1)
+                w.out += _DIVERGING.pack(epoch, end_offset) + b"\x00"
+            else:
+                w.tags()
         w.tags()
     w.tags()
     chunks.append(bytes(w.out))

@@ -19,6 +19,16 @@ Pitfalls this encodes:
   repeats forever after elections with no writes in between. The decision's ``offset`` is handed to
   the epoch cache's ``truncate_from_end`` unconditionally.
 * A follower with no epochs at all cannot ask: it truncates to its high watermark (Kafka's fallback).
+
+Truncation on fetch (Fetch v12+, KIP-595's diverging epoch; Kafka's path since IBP 2.7)
+---------------------------------------------------------------------------------------
+A follower that has epochs skips the OffsetsForLeaderEpoch round trip: on a new leader epoch it
+goes straight to FETCHING and sends its latest epoch as ``last_fetched_epoch``; the leader answers
+a ``DivergingEpoch`` (no records) when that epoch ends before the follower's fetch offset there,
+and the follower feeds it to the same :func:`truncation_offset`. A complete truncation keeps it
+FETCHING; an incomplete one (it lacks the leader's epoch, KIP-279) sends it TRUNCATING, where
+OffsetsForLeaderEpoch finishes the job, as in Kafka. A follower without epochs starts TRUNCATING
+(to its high watermark), since it has no ``last_fetched_epoch`` the leader could check.
 """
 
 from __future__ import annotations
@@ -72,22 +82,27 @@ def truncation_offset(
 
 class FetchState(enum.Enum):
     TRUNCATING = "truncating"  # asking OffsetsForLeaderEpoch, not fetching records
-    FETCHING = "fetching"
+    FETCHING = "fetching"  # with a last fetched epoch the leader checks (truncation on fetch)
 
 
 class FollowerEvent(enum.Enum):
-    NEW_LEADER_EPOCH = "new leader epoch"
+    NEW_LEADER_EPOCH = "new leader epoch"  # no local epoch: truncate (to the HW) before fetching
+    NEW_LEADER_EPOCH_ON_FETCH = "new leader epoch, truncate on fetch"  # local epochs: fetch at once
     TRUNCATION_INCOMPLETE = "truncated, ask again"
     TRUNCATION_COMPLETE = "truncated, fetch"
-    DIVERGING_EPOCH = "fetch answered with a diverging epoch"
+    DIVERGING_EPOCH_COMPLETE = "truncated to the leader's diverging epoch, fetch"
+    DIVERGING_EPOCH_INCOMPLETE = "truncated to the leader's diverging epoch, ask"
 
 
 _TRANSITIONS: dict[tuple[FetchState, FollowerEvent], FetchState] = {
     (FetchState.TRUNCATING, FollowerEvent.NEW_LEADER_EPOCH): FetchState.TRUNCATING,
     (FetchState.FETCHING, FollowerEvent.NEW_LEADER_EPOCH): FetchState.TRUNCATING,
+    (FetchState.TRUNCATING, FollowerEvent.NEW_LEADER_EPOCH_ON_FETCH): FetchState.FETCHING,
+    (FetchState.FETCHING, FollowerEvent.NEW_LEADER_EPOCH_ON_FETCH): FetchState.FETCHING,
     (FetchState.TRUNCATING, FollowerEvent.TRUNCATION_INCOMPLETE): FetchState.TRUNCATING,
     (FetchState.TRUNCATING, FollowerEvent.TRUNCATION_COMPLETE): FetchState.FETCHING,
-    (FetchState.FETCHING, FollowerEvent.DIVERGING_EPOCH): FetchState.TRUNCATING,
+    (FetchState.FETCHING, FollowerEvent.DIVERGING_EPOCH_COMPLETE): FetchState.FETCHING,
+    (FetchState.FETCHING, FollowerEvent.DIVERGING_EPOCH_INCOMPLETE): FetchState.TRUNCATING,
 }
 
 
@@ -104,10 +119,12 @@ class FollowerPartition:
 
     __slots__ = ("leader", "leader_epoch", "state")
 
-    def __init__(self, leader: int, leader_epoch: int) -> None:
+    def __init__(self, leader: int, leader_epoch: int, *, truncate_on_fetch: bool = False) -> None:
+        """``truncate_on_fetch``: the local log has epochs, so the leader's diverging-epoch check
+        replaces the OffsetsForLeaderEpoch round (start FETCHING)."""
         self.leader = leader
         self.leader_epoch = leader_epoch
-        self.state = FetchState.TRUNCATING
+        self.state = FetchState.FETCHING if truncate_on_fetch else FetchState.TRUNCATING
 
     def _move(self, event: FollowerEvent) -> None:
         target = _TRANSITIONS.get((self.state, event))
@@ -115,13 +132,16 @@ class FollowerPartition:
             raise InvalidTransitionError(f"{event.value} while {self.state.value}")
         self.state = target
 
-    def on_leader_epoch(self, leader: int, leader_epoch: int) -> bool:
-        """A newer epoch (same leader or not) restarts truncation; an equal or older one is ignored.
+    def on_leader_epoch(self, leader: int, leader_epoch: int, *, truncate_on_fetch: bool = False) -> bool:
+        """A newer epoch (same leader or not) restarts truncation (KAFKA-7164): by asking, or by
+        the next fetch's epoch check with ``truncate_on_fetch``; an equal or older one is ignored.
         Returns whether the state changed."""
         if leader_epoch <= self.leader_epoch:
             return False
         self.leader, self.leader_epoch = leader, leader_epoch
-        self._move(FollowerEvent.NEW_LEADER_EPOCH)
+        self._move(
+            FollowerEvent.NEW_LEADER_EPOCH_ON_FETCH if truncate_on_fetch else FollowerEvent.NEW_LEADER_EPOCH
+        )
         return True
 
     def on_truncated(self, decision: TruncationDecision, for_epoch: int) -> bool:
@@ -133,8 +153,17 @@ class FollowerPartition:
         )
         return True
 
-    def on_diverging_epoch(self) -> None:
-        self._move(FollowerEvent.DIVERGING_EPOCH)
+    def on_diverging_epoch(self, decision: TruncationDecision, for_epoch: int) -> bool:
+        """Apply the truncation computed from a fetch answer's DivergingEpoch (only while fetching:
+        raises otherwise); one for an older epoch is ignored. Incomplete (KIP-279) -> TRUNCATING."""
+        if for_epoch != self.leader_epoch:
+            return False
+        self._move(
+            FollowerEvent.DIVERGING_EPOCH_COMPLETE
+            if decision.completed
+            else FollowerEvent.DIVERGING_EPOCH_INCOMPLETE
+        )
+        return True
 
 
 def epoch_to_ask(entries: Sequence[EpochEntry]) -> int | None:

@@ -1,23 +1,26 @@
 """Follower replication: one fetcher task per leader broker (Kafka's ReplicaFetcherThread, as an
 asyncio task on the broker's loop).
 
-Each task keeps one connection to its leader and sends Fetch v11 with ``replica_id`` = this
+Each task keeps one connection to its leader and sends Fetch v12 with ``replica_id`` = this
 broker's id, the leader epoch it follows as ``current_leader_epoch`` (the leader refuses a stale
-or future epoch), and each partition's log end offset as the fetch offset (which *is* how the
-leader learns the follower's LEO). Returned batches are appended unchanged
-(``PartitionLog.append_as_follower``: offsets, leader epochs and LogAppendTime timestamps as the
-leader wrote them; producer state with the REPLICATION origin, which never raises on sequences),
-then the follower's high watermark becomes min(leader HW, own LEO).
+or future epoch), each partition's log end offset as the fetch offset (which *is* how the
+leader learns the follower's LEO) and its latest local epoch as ``last_fetched_epoch``. Returned
+batches are appended unchanged (``PartitionLog.append_as_follower``: offsets, leader epochs and
+LogAppendTime timestamps as the leader wrote them; producer state with the REPLICATION origin,
+which never raises on sequences), then the follower's high watermark becomes min(leader HW, own LEO).
 
 Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 mean the roles are moving; the partition waits for the next observed state (the replica manager
 moves it to another fetcher or makes it leader). A lost connection is retried after a back-off.
 
-Truncation first (KIP-101/279): a partition starts every new leader epoch TRUNCATING
-(``replication.truncation.FollowerPartition``). The fetcher asks OffsetsForLeaderEpoch for the
-follower's latest local epoch, cuts its log where ``truncation_offset`` says
-(``PartitionLog.truncate_to``: log, epoch cache, producer state), and asks again until the answer
-is complete; only then does it fetch records. A follower without any epoch truncates to its HW.
+Truncation (KIP-101/279), as Kafka does since IBP 2.7 (``replication.truncation``): a partition
+whose log has epochs starts every new leader epoch FETCHING, and the leader's answer carries a
+``DivergingEpoch`` (no records) when the follower's last fetched epoch ends earlier there; the
+fetcher cuts its log where ``truncation_offset`` says (``PartitionLog.truncate_to``: log, epoch
+cache, producer state) and fetches on (truncation on fetch). When that cut is incomplete (the
+follower lacks the leader's epoch, KIP-279) or the log has no epoch at all, the partition is
+TRUNCATING: OffsetsForLeaderEpoch for its latest epoch, asked again until the answer is complete
+(a follower without any epoch truncates to its HW); only then does it fetch records.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch_request
+from kio.schema.fetch.v12 import request as fetch_request
 from kio.schema.offset_for_leader_epoch.v3 import request as epoch_request
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
@@ -45,7 +48,7 @@ from exactly.replication.truncation import (
     truncation_offset,
 )
 from exactly.server.clock import now_ms
-from exactly.storage.leader_epoch import EpochEndOffset
+from exactly.storage.leader_epoch import EpochEndOffset, latest_epoch
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import ProducerStateError
 from exactly.types import TopicPartition
@@ -55,7 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exactly.replica_fetcher")
 
-FETCH_VERSION = 11
+FETCH_VERSION = 12  # last_fetched_epoch / DivergingEpoch (truncation on fetch)
 FETCH_API_KEY = 1
 EPOCH_API_KEY = 23
 EPOCH_VERSION = 3
@@ -91,6 +94,8 @@ class LeaderFetcher:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._correlation = 0
+        # The leader epoch each partition of the fetch in flight was asked in (stale answers).
+        self._sent_epochs: dict[TopicPartition, int] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -104,12 +109,17 @@ class LeaderFetcher:
 
     def follow(self, tp: TopicPartition, leader_epoch: int) -> None:
         """Start (or restart, on a newer epoch) following: always truncating first, even when
-        the leader is the same broker (KAFKA-7164)."""
+        the leader is the same broker (KAFKA-7164) - on fetch when the log has epochs."""
+        plog = self.manager.broker.logs.get_partition(tp)
+        on_fetch = plog is not None and epoch_to_ask(plog.leader_epochs.entries) is not None
         current = self.partitions.get(tp)
-        if current is not None and current.state.on_leader_epoch(self.leader, leader_epoch):
+        if current is not None and current.state.on_leader_epoch(
+            self.leader, leader_epoch, truncate_on_fetch=on_fetch
+        ):
             current.failed = False
         elif current is None or leader_epoch > current.leader_epoch:
-            self.partitions[tp] = FollowedPartition(tp, FollowerPartition(self.leader, leader_epoch))
+            state = FollowerPartition(self.leader, leader_epoch, truncate_on_fetch=on_fetch)
+            self.partitions[tp] = FollowedPartition(tp, state)
         self._changed.set()
 
     def unfollow(self, tp: TopicPartition) -> None:
@@ -255,17 +265,42 @@ class LeaderFetcher:
             )
         followed.state.on_truncated(decision, followed.leader_epoch)
 
+    def _truncate_on_fetch(self, followed: FollowedPartition, plog: PartitionLog, diverging: Any) -> None:
+        """The leader answered a DivergingEpoch (no records, nothing about our fetch recorded):
+        the same rule as an OffsetsForLeaderEpoch answer; incomplete -> TRUNCATING (ask)."""
+        decision = truncation_offset(
+            plog.leader_epochs.entries,
+            EpochEndOffset(int(diverging.epoch), int(diverging.end_offset)),
+            log_end_offset=plog.log_end_offset,
+            high_watermark=plog.high_watermark,
+        )
+        removed = plog.truncate_to(decision.offset)
+        log.info(
+            "%s: truncated to %d (%d bytes) for leader epoch %d on fetch: diverging epoch %d ends at %d%s",
+            plog.tp,
+            decision.offset,
+            removed,
+            followed.leader_epoch,
+            int(diverging.epoch),
+            int(diverging.end_offset),
+            "" if decision.completed else ", asking OffsetsForLeaderEpoch",
+        )
+        followed.state.on_diverging_epoch(decision, followed.leader_epoch)
+
     def _build(self, active: list[FollowedPartition]) -> Any:
         by_topic: dict[str, list[Any]] = {}
+        self._sent_epochs = {}
         for followed in active:
             plog = self.manager.broker.logs.get_partition(followed.tp)
             if plog is None:
                 continue
+            self._sent_epochs[followed.tp] = followed.leader_epoch
             by_topic.setdefault(followed.tp.topic, []).append(
                 fetch_request.FetchPartition(
                     partition=i32(followed.tp.partition),
                     current_leader_epoch=i32(followed.leader_epoch),
                     fetch_offset=i64(plog.log_end_offset),
+                    last_fetched_epoch=i32(latest_epoch(plog.leader_epochs.entries)),
                     log_start_offset=i64(plog.log_start_offset),
                     partition_max_bytes=i32(PARTITION_MAX_BYTES),
                 )
@@ -306,6 +341,12 @@ class LeaderFetcher:
                     plog.log_end_offset,
                 )
             return False
+        diverging = part.diverging_epoch
+        if int(diverging.epoch) >= 0 or int(diverging.end_offset) >= 0:  # the tagged field is present
+            if followed.truncating or self._sent_epochs.get(tp) != followed.leader_epoch:
+                return True  # asked in an older epoch: the new epoch's own check decides
+            self._truncate_on_fetch(followed, plog, diverging)
+            return True
         records = part.records
         if records:
             try:

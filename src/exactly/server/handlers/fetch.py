@@ -8,6 +8,11 @@ partition is returned even when it exceeds the limits, so a consumer can always 
 Long poll: when fewer than min_bytes are available, the request waits (up to max_wait) for an
 append to any of its partitions, then reads again.
 
+Replica fetches (cluster mode) read up to the log end and move the leader's HW and ISR; from v12
+they carry the follower's last fetched epoch, and a follower whose log diverged gets a
+DivergingEpoch and no records (truncation on fetch, ``fetch_checks.check_diverging_epoch``).
+Consumers' last fetched epochs are not checked (Kafka checks them too).
+
 Fetch sessions (KIP-227): the broker never creates one (answers session id 0), which clients
 treat as "keep sending full fetches"; a request naming an unknown session gets
 FETCH_SESSION_ID_NOT_FOUND as in Kafka.
@@ -23,7 +28,10 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
+from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
+from exactly.storage.leader_epoch import EpochEndOffset
 from exactly.storage.log_read import OffsetOutOfRangeError
+from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -97,6 +105,25 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_topic_or_partition)
                 parts.append(_error_partition(p.partition, ErrorCode.unknown_topic_or_partition))
                 continue
+            if from_follower and broker.replicas is not None:
+                # Fetch v12+ truncation on fetch: the follower's log diverged from ours; answer
+                # where its last fetched epoch ends here and record nothing about this fetch.
+                check = check_diverging_epoch(
+                    plog.leader_epochs.entries,
+                    last_fetched_epoch=int(getattr(p, "last_fetched_epoch", NO_EPOCH)),
+                    fetch_offset=p.fetch_offset,
+                    log_start_offset=plog.log_start_offset,
+                    log_end_offset=plog.log_end_offset,
+                )
+                if check.error != ErrorCode.none:
+                    errors = True
+                    broker.metrics.error(ApiKey.FETCH, check.error)
+                    parts.append(_error_partition(p.partition, check.error))
+                    continue
+                if check.diverging is not None:
+                    errors = True  # answer at once: the follower truncates before fetching on
+                    parts.append(_diverging_partition(p.partition, plog, check.diverging))
+                    continue
             limit = max(min(p.partition_max_bytes, remaining), 0)
             try:
                 result = plog.read(
@@ -138,6 +165,20 @@ def _read_all(broker: Broker, request: Any) -> tuple[list[tuple[str, list[FetchP
             )
         out.append((topic.topic, parts))
     return out, total, errors
+
+
+def _diverging_partition(index: int, plog: PartitionLog, diverging: EpochEndOffset) -> FetchPartitionResult:
+    """Kafka's answer to a diverged follower: no records, the offsets, and the DivergingEpoch."""
+    return FetchPartitionResult(
+        index,
+        0,
+        plog.high_watermark,
+        plog.last_stable_offset,
+        plog.log_start_offset,
+        None,
+        b"",
+        diverging_epoch=(diverging.leader_epoch, diverging.end_offset),
+    )
 
 
 def _error_partition(index: int, error_code: int) -> FetchPartitionResult:
