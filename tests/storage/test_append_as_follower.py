@@ -84,3 +84,57 @@ def test_max_message_bytes_is_the_leaders_check(tmp_path: Path) -> None:
     follower.append_as_follower(batch, BatchHeader.parse(batch), now_ms=NOW)
     assert follower.log_end_offset == 1
     follower.close()
+
+
+def replicate_in_place(leader: PartitionLog, follower: PartitionLog, now_ms: int, *, prefix: int = 0) -> None:
+    """What the fetcher does now: the leader's bytes at ``prefix`` inside a larger frame, every
+    batch past the follower's end appended from there in one call."""
+    records = leader.read(follower.log_end_offset, 1 << 20, read_committed=False, up_to_log_end=True).records
+    frame = bytearray(b"\xaa" * prefix) + records + b"\xbb" * 7  # response bytes around the records
+    headers = list(iter_batches(frame, prefix, prefix + len(records)))
+    follower.append_batches_as_follower(frame, headers, now_ms=now_ms)
+
+
+def test_batches_from_a_frame_match_one_by_one_appends_across_rolls(tmp_path: Path) -> None:
+    leader = open_log(tmp_path / "leader", LOG_APPEND_TIME)  # one segment: one read returns all
+    small = LogConfig(segment_bytes=300, message_timestamp_type="LogAppendTime")
+    in_place = open_log(tmp_path / "in-place", small)
+    one_by_one = open_log(tmp_path / "one-by-one", small)
+    append(leader, 2, producer_id=7, epoch=0, seq=0, transactional=True)
+    append_marker(leader, 7, 0, abort=True)
+    for i in range(5):
+        append(leader, 1, value_size=60, now_ms=NOW + i, leader_epoch=2)
+    replicate_in_place(leader, in_place, NOW + 999, prefix=13)
+    replicate(leader, one_by_one, NOW + 999)
+    assert len(in_place.segments) > 1  # the batches of one call rolled segments on the way
+    assert [s.base_offset for s in in_place.segments] == [s.base_offset for s in one_by_one.segments]
+    for ours, theirs in zip(in_place.segments, one_by_one.segments, strict=True):
+        assert ours.log_path.read_bytes() == theirs.log_path.read_bytes()
+    assert segment_bytes(in_place) == segment_bytes(leader)
+    assert in_place.log_end_offset == leader.log_end_offset == 8
+    assert (
+        in_place.leader_epochs.entries == leader.leader_epochs.entries == [EpochEntry(0, 0), EpochEntry(2, 3)]
+    )
+    assert in_place.producers()[7].last_seq == 1
+    in_place.update_high_watermark(8)
+    assert in_place.last_stable_offset == 8  # the aborted transaction completed
+    assert in_place.collect_aborted_transactions(0, 8) == leader.collect_aborted_transactions(0, 8)
+    assert len(in_place.collect_aborted_transactions(0, 8)) == 1
+    for log in (leader, in_place, one_by_one):
+        log.close()
+
+
+def test_batches_that_do_not_follow_the_log_end_write_nothing(tmp_path: Path) -> None:
+    leader = open_log(tmp_path / "leader")
+    follower = open_log(tmp_path / "follower")
+    append(leader, 2)
+    append(leader, 3)
+    data = bytearray(leader_bytes(leader))
+    headers = list(iter_batches(data))
+    with pytest.raises(ValueError, match="starts at 2, expected 0"):
+        follower.append_batches_as_follower(data, headers[1:], now_ms=NOW)
+    with pytest.raises(ValueError, match="starts at 0, expected 2"):
+        follower.append_batches_as_follower(data, [headers[0], headers[0]], now_ms=NOW)
+    assert follower.log_end_offset == 0 and segment_bytes(follower) == b""
+    leader.close()
+    follower.close()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +38,8 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from exactly.client.wire import decode_response, encode_request
-from exactly.records.batch import BatchHeader, InvalidRecordError, iter_batches
+from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_response
+from exactly.records.batch import InvalidRecordError, iter_batches
 from exactly.replication.truncation import (
     FetchState,
     FollowerPartition,
@@ -48,6 +48,7 @@ from exactly.replication.truncation import (
     truncation_offset,
 )
 from exactly.server.clock import now_ms
+from exactly.server.replica_channel import ReplicaChannel
 from exactly.storage.leader_epoch import EpochEndOffset, latest_epoch
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import ProducerStateError
@@ -66,7 +67,6 @@ MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
 BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
-_SIZE = struct.Struct(">i")
 
 
 @dataclass(slots=True)
@@ -137,67 +137,67 @@ class LeaderFetcher:
                 await asyncio.sleep(BACKOFF_S)
                 continue
             try:
-                reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+                channel = await ReplicaChannel.open(endpoint.host, endpoint.port)
             except OSError as exc:
                 log.info("fetcher for leader %d: cannot connect: %s", self.leader, exc)
                 await asyncio.sleep(BACKOFF_S)
                 continue
             try:
-                await self._fetch_loop(reader, writer)
-            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                await self._fetch_loop(channel)
+            except (OSError, ValueError) as exc:  # ConnectionError, WireFormatError among them
                 log.info("fetcher for leader %d: connection lost: %r", self.leader, exc)
                 await asyncio.sleep(BACKOFF_S)
             finally:
-                writer.close()
+                channel.close()
 
-    async def _fetch_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _fetch_loop(self, channel: ReplicaChannel) -> None:
         while True:
             active = [p for p in self.partitions.values() if not p.failed]
             if not active:
                 return
             truncating = [p for p in active if p.truncating]
             if truncating:
-                await self._truncate(reader, writer, truncating)
+                await self._truncate(channel, truncating)
                 continue
             request = self._build(active)
             if request is None:
                 await asyncio.sleep(BACKOFF_S)
                 continue
-            response = await self._call(reader, writer, request, FETCH_API_KEY, FETCH_VERSION)
-            if int(response.error_code) != 0:
-                log.info("fetcher for leader %d: fetch error %d", self.leader, int(response.error_code))
+            frame = await self._send(channel, request)
+            response = parse_fetch_response(frame, FETCH_VERSION)
+            self._check_correlation(response.correlation_id)
+            if response.error_code != 0:
+                log.info("fetcher for leader %d: fetch error %d", self.leader, response.error_code)
                 await asyncio.sleep(BACKOFF_S)
                 continue
             backoff = False
-            for topic in response.responses:
-                for part in topic.partitions:
-                    tp = TopicPartition(str(topic.topic), int(part.partition_index))
-                    if not self._handle_partition(tp, part):
-                        backoff = True
+            for part in response.partitions:
+                if not self._handle_partition(frame, part):
+                    backoff = True
+            del response
+            channel.release(frame)  # nothing refers to it any more: the next response reuses it
+            del frame
             if backoff:
                 await asyncio.sleep(BACKOFF_S)
 
-    async def _call(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        request: Any,
-        api_key: int,
-        version: int,
-    ) -> Any:
+    async def _send(self, channel: ReplicaChannel, request: Any) -> bytearray:
         self._correlation += 1
-        writer.write(encode_request(request, self._correlation, f"replica-{self.manager.broker_id}"))
-        await writer.drain()
-        size = _SIZE.unpack(await reader.readexactly(4))[0]
-        payload = await reader.readexactly(size)
-        corr, response = decode_response(api_key, version, payload)
+        return await channel.call(
+            encode_request(request, self._correlation, f"replica-{self.manager.broker_id}")
+        )
+
+    def _check_correlation(self, corr: int) -> None:
         if corr != self._correlation:
             raise ValueError(f"correlation id {corr}, expected {self._correlation}")
+
+    async def _call(self, channel: ReplicaChannel, request: Any, api_key: int, version: int) -> Any:
+        """A request answered through kio's generic reader (the rare, small ones)."""
+        frame = await self._send(channel, request)
+        corr, response = decode_response(api_key, version, bytes(frame))
+        self._check_correlation(corr)
         return response
 
-    async def _truncate(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, truncating: list[FollowedPartition]
-    ) -> None:
+    async def _truncate(self, channel: ReplicaChannel, truncating: list[FollowedPartition]) -> None:
         """One OffsetsForLeaderEpoch round for every truncating partition; each answer cuts the
         log and either completes the truncation or asks again next round (KIP-279)."""
         asks: dict[str, list[Any]] = {}
@@ -227,7 +227,7 @@ class LeaderFetcher:
                 for t, parts in asks.items()
             ),
         )
-        response = await self._call(reader, writer, request, EPOCH_API_KEY, EPOCH_VERSION)
+        response = await self._call(channel, request, EPOCH_API_KEY, EPOCH_VERSION)
         backoff = False
         for topic in response.topics:
             for part in topic.partitions:
@@ -265,12 +265,14 @@ class LeaderFetcher:
             )
         followed.state.on_truncated(decision, followed.leader_epoch)
 
-    def _truncate_on_fetch(self, followed: FollowedPartition, plog: PartitionLog, diverging: Any) -> None:
+    def _truncate_on_fetch(
+        self, followed: FollowedPartition, plog: PartitionLog, diverging: tuple[int, int]
+    ) -> None:
         """The leader answered a DivergingEpoch (no records, nothing about our fetch recorded):
         the same rule as an OffsetsForLeaderEpoch answer; incomplete -> TRUNCATING (ask)."""
         decision = truncation_offset(
             plog.leader_epochs.entries,
-            EpochEndOffset(int(diverging.epoch), int(diverging.end_offset)),
+            EpochEndOffset(*diverging),
             log_end_offset=plog.log_end_offset,
             high_watermark=plog.high_watermark,
         )
@@ -281,8 +283,8 @@ class LeaderFetcher:
             decision.offset,
             removed,
             followed.leader_epoch,
-            int(diverging.epoch),
-            int(diverging.end_offset),
+            diverging[0],
+            diverging[1],
             "" if decision.completed else ", asking OffsetsForLeaderEpoch",
         )
         followed.state.on_diverging_epoch(decision, followed.leader_epoch)
@@ -323,13 +325,15 @@ class LeaderFetcher:
             rack_id="",
         )
 
-    def _handle_partition(self, tp: TopicPartition, part: Any) -> bool:
-        """Append what came back; False when the partition needs a back-off."""
+    def _handle_partition(self, frame: bytearray, part: FetchedPartition) -> bool:
+        """Append what came back (``frame[part.records_start:part.records_end]``, read in place);
+        False when the partition needs a back-off."""
+        tp = TopicPartition(part.topic, part.partition)
         followed = self.partitions.get(tp)
         plog = self.manager.broker.logs.get_partition(tp)
         if followed is None or plog is None:
             return True  # unfollowed while the fetch was in flight
-        code = int(part.error_code)
+        code = part.error_code
         if code != ErrorCode.none:
             if code == ErrorCode.offset_out_of_range:
                 followed.failed = True
@@ -342,29 +346,28 @@ class LeaderFetcher:
                 )
             return False
         diverging = part.diverging_epoch
-        if int(diverging.epoch) >= 0 or int(diverging.end_offset) >= 0:  # the tagged field is present
+        if diverging is not None:  # the tagged field is present
             if followed.truncating or self._sent_epochs.get(tp) != followed.leader_epoch:
                 return True  # asked in an older epoch: the new epoch's own check decides
             self._truncate_on_fetch(followed, plog, diverging)
             return True
-        records = part.records
-        if records:
+        if part.records_end > part.records_start:
             try:
-                self._append(plog, bytearray(records))
+                self._append(plog, frame, part.records_start, part.records_end)
             except (InvalidRecordError, ProducerStateError) as exc:
                 # A batch this log cannot take (an unreadable marker, data inside an open
                 # transaction): stop this partition, not the fetcher of every other one.
                 followed.failed = True
                 log.error("%s: replicated batch refused, replication of this partition stopped: %s", tp, exc)
                 return False
-        plog.update_high_watermark(min(int(part.high_watermark), plog.log_end_offset))
+        plog.update_high_watermark(min(part.high_watermark, plog.log_end_offset))
         self.manager.broker.waiters.notify(tp)
         return True
 
-    def _append(self, plog: PartitionLog, data: bytearray) -> None:
-        now = now_ms()
-        for header in iter_batches(data):
-            if header.last_offset < plog.log_end_offset:
-                continue  # already have it (a batch that started before our fetch offset)
-            batch = data[header.position : header.position + header.size]
-            plog.append_as_follower(batch, BatchHeader.parse(batch, 0), now_ms=now)
+    def _append(self, plog: PartitionLog, frame: bytearray, start: int, end: int) -> None:
+        """Append the whole batches in ``frame[start:end]`` (a partial last batch, cut by the
+        leader's size limit, is left for the next fetch) straight from the response frame:
+        each header's ``position`` is absolute in ``frame``, so no batch is copied out."""
+        headers = [h for h in iter_batches(frame, start, end) if h.last_offset >= plog.log_end_offset]
+        if headers:  # a batch below the log end is one we already have (it began before our offset)
+            plog.append_batches_as_follower(frame, headers, now_ms=now_ms())

@@ -46,6 +46,7 @@ maybeIncrementFirstUnstableOffset). Persisting it is the log manager's job
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -296,6 +297,25 @@ class PartitionLog(LogMaintenance):
         if isinstance(staged, DuplicateBatch):  # not answered for REPLICATION; the contract says so
             raise ValueError(f"{self.tp}: replicated batch at {header.base_offset} taken for a duplicate")
         self._write(batch, header, staged, now_ms)
+
+    def append_batches_as_follower(
+        self, buf: bytearray | memoryview, headers: Sequence[BatchHeader], *, now_ms: int
+    ) -> None:
+        """``append_as_follower`` for consecutive batches of one fetch response, written from
+        ``buf`` in place (each header's ``position`` is absolute in ``buf``: no batch is copied
+        out). Per batch, in order: roll check, producer state, segment write, epoch cache and
+        indexes, exactly as one-batch appends would do them, so the replica's bytes, segments
+        and indexes are the same whichever way they arrived. Raises ValueError, before writing
+        anything, unless the batches are contiguous from the log end."""
+        expected = self.log_end_offset
+        for header in headers:
+            if header.base_offset != expected:
+                raise ValueError(
+                    f"{self.tp}: a replicated batch starts at {header.base_offset}, expected {expected}"
+                )
+            expected = header.next_offset
+        for header in headers:
+            self.append_as_follower(buf, header, now_ms=now_ms)
 
     def _write(
         self, batch: bytearray | memoryview, header: BatchHeader, staged: ProducerAppendInfo, now_ms: int

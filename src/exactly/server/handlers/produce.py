@@ -30,6 +30,7 @@ from exactly.protocol.fast import (
     parse_produce_request,
 )
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
+from exactly.replication.leader import AckOutcome
 from exactly.server.clock import now_ms
 from exactly.server.txn_verification import NOT_IN_TXN_MESSAGE, VerificationGuard, produce_error
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
@@ -121,11 +122,25 @@ def _record(
     tp = TopicPartition(topic, index)
     leader = replicas.leaders.get(tp)
     plog = broker.partition(topic, index)
-    if leader is not None and plog is not None:
-        wait = replicas.wait_for_acks(
-            tp, leader, result.last_offset + 1, plog.config.min_insync_replicas, request.timeout_ms / 1000
+    if leader is None or plog is None:
+        return
+    # Kafka's tryCompleteElseWatch: an ISR of one (RF 1) has moved the HW already, so only a
+    # produce that must wait becomes a delayed one.
+    required = result.last_offset + 1
+    min_isr = plog.config.min_insync_replicas
+    acks = leader.check_acks_all(required, min_isr)
+    if acks is AckOutcome.WAIT:
+        delayed.append(
+            (
+                parts_out,
+                slot,
+                replicas.wait_for_acks(tp, leader, required, min_isr, request.timeout_ms / 1000),
+            )
         )
-        delayed.append((parts_out, slot, wait))
+    elif acks is AckOutcome.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+        code = ErrorCode.not_enough_replicas_after_append
+        broker.metrics.error(ApiKey.PRODUCE, code)
+        parts_out[slot] = ProducePartitionResult(index, int(code), -1, -1, -1, None)
 
 
 async def _verify_and_append(
