@@ -9,6 +9,13 @@ batches are appended unchanged (``PartitionLog.append_as_follower``: offsets, le
 LogAppendTime timestamps as the leader wrote them; producer state with the REPLICATION origin,
 which never raises on sequences), then the follower's high watermark becomes min(leader HW, own LEO).
 
+The hot path copies no record byte in user space (every replicated byte passes through here):
+the connection (``replica_channel``) receives a large response straight into a reusable buffer,
+``exactly.protocol.fetch_response`` finds each partition's records region in that frame, and
+``PartitionLog.append_batches_as_follower`` writes the batches from it to the segment; the
+request is written by hand (``exactly.protocol.fetch_request``). Only the rare
+OffsetsForLeaderEpoch goes through kio's generic codec.
+
 Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 mean the roles are moving; the partition waits for the next observed state (the replica manager
 moves it to another fetcher or makes it leader). A lost connection is retried after a back-off.
@@ -26,18 +33,17 @@ TRUNCATING: OffsetsForLeaderEpoch for its latest epoch, asked again until the an
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v12 import request as fetch_request
 from kio.schema.offset_for_leader_epoch.v3 import request as epoch_request
 from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import i8, i32, i32Timedelta, i64
+from kio.static.primitive import i32
 
 from exactly.client.wire import decode_response, encode_request
+from exactly.protocol.fetch_request import FetchPosition, encode_replica_fetch
 from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_response
 from exactly.records.batch import InvalidRecordError, iter_batches
 from exactly.replication.truncation import (
@@ -96,6 +102,7 @@ class LeaderFetcher:
         self._correlation = 0
         # The leader epoch each partition of the fetch in flight was asked in (stale answers).
         self._sent_epochs: dict[TopicPartition, int] = {}
+        self._client_id = f"replica-{manager.broker_id}"
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -163,7 +170,7 @@ class LeaderFetcher:
             if request is None:
                 await asyncio.sleep(BACKOFF_S)
                 continue
-            frame = await self._send(channel, request)
+            frame = await channel.call(request)
             response = parse_fetch_response(frame, FETCH_VERSION)
             self._check_correlation(response.correlation_id)
             if response.error_code != 0:
@@ -180,19 +187,14 @@ class LeaderFetcher:
             if backoff:
                 await asyncio.sleep(BACKOFF_S)
 
-    async def _send(self, channel: ReplicaChannel, request: Any) -> bytearray:
-        self._correlation += 1
-        return await channel.call(
-            encode_request(request, self._correlation, f"replica-{self.manager.broker_id}")
-        )
-
     def _check_correlation(self, corr: int) -> None:
         if corr != self._correlation:
             raise ValueError(f"correlation id {corr}, expected {self._correlation}")
 
     async def _call(self, channel: ReplicaChannel, request: Any, api_key: int, version: int) -> Any:
         """A request answered through kio's generic reader (the rare, small ones)."""
-        frame = await self._send(channel, request)
+        self._correlation += 1
+        frame = await channel.call(encode_request(request, self._correlation, self._client_id))
         corr, response = decode_response(api_key, version, bytes(frame))
         self._check_correlation(corr)
         return response
@@ -289,8 +291,10 @@ class LeaderFetcher:
         )
         followed.state.on_diverging_epoch(decision, followed.leader_epoch)
 
-    def _build(self, active: list[FollowedPartition]) -> Any:
-        by_topic: dict[str, list[Any]] = {}
+    def _build(self, active: list[FollowedPartition]) -> bytes | None:
+        """The Fetch request frame for every active partition (written by hand: see
+        ``exactly.protocol.fetch_request``), or None when none has a log."""
+        by_topic: dict[str, list[FetchPosition]] = {}
         self._sent_epochs = {}
         for followed in active:
             plog = self.manager.broker.logs.get_partition(followed.tp)
@@ -298,31 +302,27 @@ class LeaderFetcher:
                 continue
             self._sent_epochs[followed.tp] = followed.leader_epoch
             by_topic.setdefault(followed.tp.topic, []).append(
-                fetch_request.FetchPartition(
-                    partition=i32(followed.tp.partition),
-                    current_leader_epoch=i32(followed.leader_epoch),
-                    fetch_offset=i64(plog.log_end_offset),
-                    last_fetched_epoch=i32(latest_epoch(plog.leader_epochs.entries)),
-                    log_start_offset=i64(plog.log_start_offset),
-                    partition_max_bytes=i32(PARTITION_MAX_BYTES),
+                FetchPosition(
+                    followed.tp.partition,
+                    followed.leader_epoch,
+                    plog.log_end_offset,
+                    plog.log_start_offset,
+                    PARTITION_MAX_BYTES,
+                    latest_epoch(plog.leader_epochs.entries),
                 )
             )
         if not by_topic:
             return None
-        return fetch_request.FetchRequest(
-            replica_id=BrokerId(self.manager.broker_id),
-            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=MAX_WAIT_MS)),
-            min_bytes=i32(1),
-            max_bytes=i32(MAX_BYTES),
-            isolation_level=i8(0),
-            session_id=i32(0),
-            session_epoch=i32(-1),
-            topics=tuple(
-                fetch_request.FetchTopic(topic=TopicName(t), partitions=tuple(parts))
-                for t, parts in by_topic.items()
-            ),
-            forgotten_topics_data=(),
-            rack_id="",
+        self._correlation += 1
+        return encode_replica_fetch(
+            FETCH_VERSION,
+            self._correlation,
+            self._client_id,
+            replica_id=self.manager.broker_id,
+            max_wait_ms=MAX_WAIT_MS,
+            min_bytes=1,
+            max_bytes=MAX_BYTES,
+            topics=list(by_topic.items()),
         )
 
     def _handle_partition(self, frame: bytearray, part: FetchedPartition) -> bool:
