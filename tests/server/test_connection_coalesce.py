@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,9 @@ class _Transport:
         pass
 
 
+PARKING_PRODUCE = 100  # fake produce tags from here on park like an acks=all produce in a cluster
+
+
 def _request(key: int, tag: int, size: int = 16) -> bytearray:
     body = struct.pack(">hhi", key, 0, tag)
     return bytearray(body + bytes(max(size - len(body), 0)))
@@ -70,10 +74,15 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
     started: list[tuple[int, int]] = []
     transport = _Transport()
 
-    async def fake_dispatch(broker: Any, payload: bytearray, peer: str) -> list[bytes] | None:
+    async def fake_dispatch(
+        broker: Any, payload: bytearray, peer: str, before_park: Callable[[], None] = lambda: None
+    ) -> list[bytes] | None:
         key, _version, tag = struct.unpack_from(">hhi", payload)
         started.append((tag, len(transport.writes)))
         if key == ApiKey.FETCH and park is not None:
+            await park
+        if key == ApiKey.PRODUCE and tag >= PARKING_PRODUCE and park is not None:
+            before_park()  # as an acks=all produce does before it waits for the ISR
             await park
         return None if tag < 0 else [b"r%d" % tag]
 
@@ -148,6 +157,35 @@ def test_finished_responses_go_out_before_a_request_that_may_park(monkeypatch: p
     asyncio.run(main())
 
 
+def test_held_responses_go_out_when_a_produce_parks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A produce is handled with earlier answers held back (most do not wait: acks=1, or an ISR
+    of one); one that parks for the ISR writes them first, so they never wait for replication."""
+
+    async def main() -> None:
+        park: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn, transport, started = _make(monkeypatch, park)
+        conn._frames.extend(
+            [
+                _request(ApiKey.PRODUCE, 1),
+                _request(ApiKey.PRODUCE, 2),
+                _request(ApiKey.PRODUCE, PARKING_PRODUCE),
+                _request(ApiKey.PRODUCE, 4),
+            ]
+        )
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        assert (PARKING_PRODUCE, 0) in started  # handled with r1, r2 still held back
+        assert transport.writes == [[b"r1", b"r2"]]  # written when it parked
+        park.set_result(None)
+        await asyncio.sleep(0.01)
+        flat = [c for w in transport.writes for c in w]
+        assert flat == [b"r1", b"r2", b"r%d" % PARKING_PRODUCE, b"r4"]
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
 def test_answered_large_buffers_are_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         conn, transport, _ = _make(monkeypatch)
@@ -175,7 +213,9 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
     see that frame overwritten by the next request."""
     kept: list[memoryview] = []
 
-    async def keeping_dispatch(broker: Any, payload: bytearray, peer: str) -> list[bytes] | None:
+    async def keeping_dispatch(
+        broker: Any, payload: bytearray, peer: str, before_park: Callable[[], None] = lambda: None
+    ) -> list[bytes] | None:
         kept.append(memoryview(payload))
         return [b"ok"]
 

@@ -19,8 +19,9 @@ PENDING_MAX_BYTES pile up). Order is unchanged, since responses are still produc
 at a time. What is gathered is written out before a large frame is handled (a 1 MB produce
 takes about a millisecond: holding an ack back that long stalls a client that keeps 5 requests
 in flight, measured as -15% MB/s with confluent-kafka) and before any request that may wait
-(only APIs in NEVER_WAIT are handled with responses held back), so a long-polling Fetch never
-delays an answer that is already done.
+(only APIs in NEVER_WAIT are handled with responses held back; a cluster's acks=all Produce that
+must wait for the ISR writes them out through ``RequestContext.before_park`` just before it
+parks), so a long-polling Fetch or a parked produce never delays an answer that is already done.
 
 What closes a connection (each with a log line, as Kafka does): a frame over
 socket.request.max.bytes or with a negative size (the framer), and whatever the dispatcher
@@ -47,8 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("exactly.connection")
 
 PENDING_MAX_BYTES = 4 * 1024 * 1024  # gathered response bytes that force a write
-# APIs whose handlers never await (answered within the dispatch call): the only ones handled
-# while earlier responses are held back for a combined write
+# APIs whose handlers never await (answered within the dispatch call), or, for a cluster's
+# acks=all Produce, call ``ctx.before_park`` (which writes what is held back) before they do: the
+# only ones handled while earlier responses are held back for a combined write
 NEVER_WAIT = frozenset({ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.API_VERSIONS})
 MAX_QUEUED_FRAMES = 32  # read-ahead before we stop reading the socket
 WRITE_HIGH_WATER = 8 * 1024 * 1024
@@ -152,6 +154,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         release = self.framer.release
         pending: list[Any] = []  # responses held back for one combined write, in request order
         pending_bytes = 0
+
+        def flush_held() -> None:
+            """A handler is about to park (an acks=all produce waiting for the ISR)."""
+            nonlocal pending, pending_bytes
+            if pending:
+                transport.writelines(pending)
+                pending, pending_bytes = [], 0
+
         try:
             while not self._closing:
                 if self._draining:
@@ -173,14 +183,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if self._paused_reading and len(frames) < MAX_QUEUED_FRAMES // 2:
                     transport.resume_reading()
                     self._paused_reading = False
-                if pending and (_api_key(payload) not in NEVER_WAIT or broker.replicas is not None):
-                    # this request may park (in a cluster, acks=all produces wait for the ISR)
+                if pending and _api_key(payload) not in NEVER_WAIT:
+                    # this request may park
                     transport.writelines(pending)
                     pending, pending_bytes = [], 0
                 broker.metrics.bytes_in += len(payload) + 4
                 self.in_request = True
                 try:
-                    chunks = await dispatch(broker, payload, self.peer)
+                    chunks = await dispatch(broker, payload, self.peer, flush_held)
                 except CloseConnection as exc:
                     if pending and not self._closing:
                         transport.writelines(pending)  # answers owed to earlier requests

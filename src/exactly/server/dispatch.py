@@ -17,6 +17,7 @@ Everything else gets an error code inside a response, chosen by the handler.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,14 +54,21 @@ class CloseConnection(Exception):
     the connection logs."""
 
 
+def _nothing() -> None:
+    """The default ``before_park``: nothing held back."""
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """What a handler knows about its request besides the body: the parsed header, the schema of
-    the request's (api, version), and the peer address (for log lines)."""
+    the request's (api, version), the peer address (for log lines), and ``before_park``: what a
+    handler that is about to wait (an acks=all produce parked for the ISR) calls first, so the
+    connection can send the responses it holds back for a combined write (no-op by default)."""
 
     header: RequestHeader
     api: ApiSchema
     peer: str
+    before_park: Callable[[], None] = _nothing
 
     @property
     def version(self) -> int:
@@ -97,7 +105,9 @@ def _read_kio(api: Any, payload: bytearray, pos: int) -> Any:
     return request
 
 
-async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] | None:
+async def dispatch(
+    broker: Broker, payload: bytearray, peer: str, before_park: Callable[[], None] = _nothing
+) -> list[Any] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response). Raises CloseConnection where Kafka closes the connection."""
     try:
@@ -134,7 +144,7 @@ async def dispatch(broker: Broker, payload: bytearray, peer: str) -> list[Any] |
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
         ) from None
-    ctx = RequestContext(header, api, peer)
+    ctx = RequestContext(header, api, peer, before_park)
     response = await handler(broker, ctx, request)
     if response is None:  # acks=0 produce
         return None

@@ -78,6 +78,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
         await _verify_and_append(broker, request, remote, delayed)
     if delayed:
         # acks=all in a cluster: answered once the ISR has the records (Kafka's DelayedProduce).
+        ctx.before_park()  # answers the connection holds back must not wait for the ISR too
         codes = await asyncio.gather(*(wait for _parts, _i, wait in delayed))
         for (parts, i, _wait), code in zip(delayed, codes, strict=True):
             if code != ErrorCode.none:
