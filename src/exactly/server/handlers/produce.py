@@ -75,6 +75,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
             _record(broker, request, name, pdata.index, outcome, parts_out, delayed)
         topics_out.append((name, parts_out))
     if remote:
+        ctx.before_park()  # the coordinator's verification is a round trip: do not hold answers
         await _verify_and_append(broker, request, remote, delayed)
     if delayed:
         # acks=all in a cluster: answered once the ISR has the records (Kafka's DelayedProduce).
