@@ -420,8 +420,16 @@ class ReplicaManager:
     # --- serving ---------------------------------------------------------------------------------
 
     def manages(self, tp: TopicPartition) -> bool:
-        """Whether ``tp`` is a cluster partition (internal topics included)."""
-        return self.cache.topic(tp.topic) is not None
+        """Whether ``tp`` is a cluster partition (internal topics included): on a cluster broker
+        every partition is, also one whose topic the metadata cache does not know (yet). A broker
+        restarted after kill -9 listens while it waits for ZooKeeper to let it register, with its
+        old replicas loaded from disk and an empty cache; served as a single broker's partition,
+        such a replica took a retried acks=-1 write at leader epoch 0 and acknowledged it at once,
+        then lost it to truncation as a follower. The leadership checks answer
+        UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER instead (retriable), as Kafka, which
+        does not even process requests before the broker registered."""
+        del tp  # kept for the callers' symmetry: the answer does not depend on the partition
+        return True
 
     def after_leader_append(self, plog: PartitionLog) -> None:
         leader = self.leaders.get(plog.tp)
