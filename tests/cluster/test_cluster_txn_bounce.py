@@ -220,7 +220,11 @@ HARD_BOUNCE_ENDTXN = pytest.mark.xfail(
         "markers still pending) lets the transaction's records time out unregistered "
         "(message.timeout.ms = transaction.timeout.ms); librdkafka's abort then ends in EndTxn "
         "answered INVALID_TXN_STATE by the next coordinator, which librdkafka treats as fatal. "
-        "Root cause not found yet (coordinator state after the move vs Kafka's EndTxn rules)"
+        "Root cause not found yet (coordinator state after the move vs Kafka's EndTxn rules). "
+        "Second intermittent symptom: a copier hangs for minutes in abort_transaction / "
+        "send_offsets_to_transaction after such a bounce - its TxnOffsetCommit to the group "
+        "coordinator's broker is only processed (INVALID_PRODUCER_EPOCH) when that broker's "
+        "partitions move at teardown, so a request on that connection stays unanswered"
     ),
 )
 
