@@ -217,6 +217,9 @@ def test_transaction_after_the_transaction_coordinators_kill_9(cluster: list[Bro
     create_topic(cluster)
     producer = transactional_producer(cluster, "txn-failover")
     produce_txn(producer, range(0, 40))
+    # the cluster answers EndTxn once PrepareCommit is replicated and writes the markers after:
+    # wait until they are in (the LSO passed them), so the first COMMIT carries epoch 0
+    assert read_committed(cluster, 40) == list(range(40))
     coordinator = leader_of(cluster, TXN_STATE)
     assert coordinator in (0, 1, 2)
     broker_named(cluster, coordinator).kill()
