@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly.cluster.zk import ClusterZk
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
 from tests.cluster.txn_bounce_helpers import ConcurrentReader, TxnCopier, all_isrs_full, partition_isrs
 from tests.support.broker import Broker
+from tests.support.clients import Got
 from tests.support.txn_helpers import read_to_end, wire_produce
 from tests.support.wire import WireClient, simple_batch
 
@@ -81,6 +82,28 @@ def seed(brokers: list[Broker], count: int, partitions: int) -> dict[int, int]:
             producer.poll(0)
     assert producer.flush(60) == 0
     return {p: len(range(p, count, partitions)) for p in range(partitions)}
+
+
+def read_committed_when_available(brokers: list[Broker], topic: str, partitions: int) -> list[Got]:
+    """``read_to_end`` read_committed, asked again while ListOffsets fails retriably: right
+    after a leader change the new leader answers OFFSET_NOT_AVAILABLE until its high watermark
+    caught up with its epoch's start (Kafka's rule), and the bounces end with such changes."""
+    got: list[Got] = []
+
+    def read() -> bool:
+        try:
+            got[:] = read_to_end(
+                bootstrap_of(brokers)(), topic, range(partitions), "read_committed", timeout=60
+            )
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() == KafkaError.OFFSET_NOT_AVAILABLE):
+                raise
+            return False
+        return True
+
+    wait_for(read, timeout=60, what=f"a read_committed read of {topic}")
+    return got
 
 
 def broker_id_of(broker: Broker) -> int:
@@ -185,7 +208,7 @@ def run_copy_with_bounces(
     assert sum(t.stats.aborted for t in threads) > 0
 
     expected = Counter(str(i).encode() for i in range(count))
-    final = read_to_end(bootstrap(), OUTPUT, range(partitions_out), "read_committed", timeout=60)
+    final = read_committed_when_available(cluster, OUTPUT, partitions_out)
     output = Counter(r.value for r in final)
     assert not [v for v, n in output.items() if n > 1], "duplicates in the output"
     assert output == expected, (
@@ -321,6 +344,6 @@ def test_a_restarting_broker_acknowledges_no_write_before_it_rejoined(
     assert victim.running
     assert code != 0, "a broker that has not rejoined the cluster acknowledged an acks=-1 write"
     wait_for(lambda: all_isrs_full(zk, [INPUT]), timeout=60, what="the restarted broker back in the ISR")
-    final = read_to_end(bootstrap_of(cluster)(), INPUT, [0], "read_committed")
+    final = read_committed_when_available(cluster, INPUT, 1)
     assert sorted(int(r.value or b"") for r in final) == list(range(10))
     await_replicas_identical(bootstrap_of(cluster)(), [INPUT])
