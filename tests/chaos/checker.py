@@ -15,6 +15,9 @@
                         (offsets vs. sequence numbers), or one consumer session returned offsets of a
                         partition out of order.
 * ``hung``              transactions still open after all faults healed (the LSO never caught up).
+* ``replica_divergence`` (cluster mode) the replicas of a partition still differ after healing
+                        (a ``replicas`` event with ``identical`` false, written by the runner from
+                        ``exactly.client.replica_verification``).
 
 The checker never looks at time; it is deterministic for a given event list.
 """
@@ -28,7 +31,16 @@ from typing import Any
 
 from tests.chaos.history import Event, parse_value
 
-KINDS = ("lost", "unseen", "duplicate", "aborted_read", "inconsistent_offset", "order", "hung")
+KINDS = (
+    "lost",
+    "unseen",
+    "duplicate",
+    "aborted_read",
+    "inconsistent_offset",
+    "order",
+    "hung",
+    "replica_divergence",
+)
 MAX_EXAMPLES = 10
 
 
@@ -224,6 +236,8 @@ def check(events: list[Event]) -> Report:
     for e in events:
         if e["t"] == "hung":
             report.add("hung", {"hw": e.get("hw"), "lso": e.get("lso")})
+        elif e["t"] == "replicas" and not e.get("identical", True):
+            report.add("replica_divergence", e.get("verdicts"))
 
     results = list(txn_result.values())
     report.stats = {

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -93,11 +93,18 @@ class RunResult:
         return self.report.ok
 
 
+class Reachable(Protocol):
+    """Whatever a client bootstraps to: one proxied broker, or every broker of a cluster."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
+
 class Client:
     """A client process that can be paused, killed and started again (a new incarnation)."""
 
     def __init__(
-        self, cfg: ChaosConfig, pb: ProxiedBroker, topic: str, role: str, base: str, extra: list[str]
+        self, cfg: ChaosConfig, pb: Reachable, topic: str, role: str, base: str, extra: list[str]
     ) -> None:
         self.cfg, self.pb, self.topic, self.role, self.base, self.extra = cfg, pb, topic, role, base, extra
         self.incarnation = 0
@@ -198,6 +205,11 @@ class Chaos:
     def broker(self) -> Broker:
         return self.pb.broker
 
+    @property
+    def bootstrap(self) -> str:
+        """Where the runner's own consumers (final reads) bootstrap."""
+        return self.pb.bootstrap
+
     # ------------------------------------------------------------------ phases
     def setup(self) -> None:
         self.broker.start()
@@ -272,6 +284,13 @@ class Chaos:
             self.broker.env.pop(FAULT_ENV, None)
             self.pb.restart(clean=True)
             return {"crashed": crashed, "clean_first": clean}
+        if kind in ("pause", "kill_client"):
+            return self.client_fault(kind)
+        raise ValueError(kind)
+
+    def client_fault(self, kind: str) -> dict[str, Any]:
+        """Faults of the clients, not the brokers (shared by the cluster round)."""
+        rng = self.rng
         if kind == "pause":
             writers = [c for c in self.clients if c.writer]
             c = rng.choice(writers)
@@ -321,7 +340,7 @@ class Chaos:
     def ends(self, parts: list[int], isolation: str) -> dict[int, int]:
         c = Consumer(
             {
-                "bootstrap.servers": self.pb.bootstrap,
+                "bootstrap.servers": self.bootstrap,
                 "group.id": "chaos-final",
                 "isolation.level": isolation,
                 "log_level": 0,
@@ -340,7 +359,7 @@ class Chaos:
     ) -> tuple[list[list[Any]], dict[int, int]]:
         c = Consumer(
             {
-                "bootstrap.servers": self.pb.bootstrap,
+                "bootstrap.servers": self.bootstrap,
                 "group.id": "chaos-final",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
@@ -369,6 +388,9 @@ class Chaos:
             c.close()
         return recs, {p: min(positions[p], ends[p]) for p in parts}
 
+    def verify(self) -> None:
+        """After the final reads: checks beyond the history (the cluster checks its replicas)."""
+
     def close(self) -> None:
         for c in self.clients:
             c.kill()
@@ -378,14 +400,21 @@ class Chaos:
 
 
 def run_one(cfg: ChaosConfig, *, keep: bool = False) -> RunResult:
-    started = time.monotonic()
     if cfg.workdir.exists():
         shutil.rmtree(cfg.workdir)
-    chaos = Chaos(cfg)
+    return run_chaos(Chaos(cfg), keep=keep)
+
+
+def run_chaos(chaos: Chaos, *, keep: bool = False) -> RunResult:
+    """Set up, inject faults, heal and read, verify, check the history (the run directory is
+    removed afterwards if the run passed, unless ``keep``)."""
+    cfg = chaos.cfg
+    started = time.monotonic()
     try:
         chaos.setup()
         chaos.inject()
         chaos.finish()
+        chaos.verify()
     finally:
         chaos.close()
     report = check(load_history(cfg.workdir))

@@ -161,8 +161,19 @@ class Broker:
         self.groups.load()
         self.txn.load()
         loop = asyncio.get_running_loop()
+        # A cluster broker binds first (its advertised port may be the bound one) but accepts
+        # connections only once it joined the cluster, as Kafka's socket server starts processing
+        # requests at the end of start-up: before its registration and partition roles are known
+        # it would serve its partitions as a lone broker (leader epoch 0, high watermark = log
+        # end) - a restarted leader whose old session has not expired yet would acknowledge
+        # writes that the newly elected leader then truncates.
         self._server = await loop.create_server(
-            lambda: KafkaConnection(self), self.listen.host, self.listen.port, reuse_address=True, backlog=512
+            lambda: KafkaConnection(self),
+            self.listen.host,
+            self.listen.port,
+            reuse_address=True,
+            backlog=512,
+            start_serving=self.replicas is None,
         )
         sock = self._server.sockets[0]
         host, port = sock.getsockname()[:2]
@@ -177,6 +188,7 @@ class Broker:
             self._tasks.append(metrics[1])
         if self.replicas is not None:
             await self.replicas.start(self.advertised.host, self.advertised.port)
+            await self._server.start_serving()
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))
         self._tasks.append(asyncio.create_task(self._idle_connections_loop(), name="idle-connections"))
