@@ -249,7 +249,8 @@ def run_reader(args: argparse.Namespace, h: HistoryWriter, rng: random.Random, d
             "isolation.level": "read_committed" if args.iso == "rc" else "read_uncommitted",
             "fetch.wait.max.ms": 200,
             "socket.timeout.ms": 5_000,
-            **QUIET,
+            # warnings (log truncation detected, offset resets) go to the reader's log file
+            "log_level": 4,
         }
     )
     session = f"{os.getpid()}"
@@ -258,7 +259,11 @@ def run_reader(args: argparse.Namespace, h: HistoryWriter, rng: random.Random, d
     while not stopping(args, deadline):
         recs = []
         for m in c.consume(num_messages=500, timeout=0.2):
-            if m.error() is not None:
+            err = m.error()
+            if err is not None:
+                # e.g. a log truncation the consumer detected and the reset it made: the reason
+                # behind an "order" anomaly (a read going backwards), kept for diagnosis
+                h.write("consumer_error", p=m.partition(), err=f"{err.name()}: {err.str()}")
                 continue
             recs.append([int(m.partition() or 0), int(m.offset() or 0), (m.value() or b"").decode()])
         if recs:

@@ -21,6 +21,7 @@ _DEFAULTS: dict[str, str] = {
     "zookeeper.connection.timeout.ms": "",
     "replica.lag.time.max.ms": "30000",
     "replica.high.watermark.checkpoint.interval.ms": "5000",
+    "replica.socket.timeout.ms": "30000",
     "unclean.leader.election.enable": "false",
     "controlled.shutdown.enable": "true",
     "controlled.shutdown.max.retries": "3",
@@ -169,6 +170,9 @@ class BrokerConfig:
                 raise ConfigError("replica.lag.time.max.ms must be positive")
             if self.get_int("replica.high.watermark.checkpoint.interval.ms") <= 0:
                 raise ConfigError("replica.high.watermark.checkpoint.interval.ms must be positive")
+
+            if self.get_int("replica.socket.timeout.ms") <= 0:
+                raise ConfigError("replica.socket.timeout.ms must be positive")
             self.get_bool("unclean.leader.election.enable")
             self.get_bool("controlled.shutdown.enable")
             self.get_bool("auto.leader.rebalance.enable")

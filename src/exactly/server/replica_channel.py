@@ -68,9 +68,14 @@ class ReplicaChannel(asyncio.BufferedProtocol):
             self._waiter.set_result(None)
 
     # ---- the caller's side -----------------------------------------------------------------
-    async def call(self, request: bytes) -> bytearray:
+    async def call(self, request: bytes, timeout_s: float) -> bytearray:
         """Send one size-prefixed request and return the next response frame (without its size
-        prefix). Give a large frame back with ``release`` once nothing references it."""
+        prefix). Give a large frame back with ``release`` once nothing references it.
+
+        No response within ``timeout_s`` (``replica.socket.timeout.ms``) raises TimeoutError, an
+        OSError: the caller drops the connection and reconnects, as Kafka's fetcher does for a
+        request or response lost on the way (otherwise every partition of this leader would
+        stall for good)."""
         frames = self.framer.frames
         if self._lost is not None:
             raise ConnectionError(f"connection to the leader lost: {self._lost!r}")
@@ -79,12 +84,19 @@ class ReplicaChannel(asyncio.BufferedProtocol):
         while not frames:
             if self._lost is not None:
                 raise ConnectionError(f"connection to the leader lost: {self._lost!r}")
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            handle = waiter.get_loop().call_later(timeout_s, self._time_out, waiter)
             try:
                 await self._waiter
             finally:
+                handle.cancel()
                 self._waiter = None
         return frames.popleft()
+
+    @staticmethod
+    def _time_out(waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError("no response from the leader within replica.socket.timeout.ms"))
 
     def release(self, frame: bytearray) -> None:
         self.framer.release(frame)

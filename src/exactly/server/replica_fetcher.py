@@ -18,7 +18,10 @@ OffsetsForLeaderEpoch goes through kio's generic codec.
 
 Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 mean the roles are moving; the partition waits for the next observed state (the replica manager
-moves it to another fetcher or makes it leader). A lost connection is retried after a back-off.
+moves it to another fetcher or makes it leader). A lost connection is retried after a back-off;
+so is a response that does not come within ``replica.socket.timeout.ms`` (Kafka's fetcher
+request timeout): a request or response lost on the way would otherwise stall every partition
+of this leader for good, and the follower would never return to the ISR.
 
 Truncation (KIP-101/279), as Kafka does since IBP 2.7 (``replication.truncation``): a partition
 whose log has epochs starts every new leader epoch FETCHING, and the leader's answer carries a
@@ -170,7 +173,7 @@ class LeaderFetcher:
             if request is None:
                 await asyncio.sleep(BACKOFF_S)
                 continue
-            frame = await channel.call(request)
+            frame = await channel.call(request, self.manager.fetch_timeout_s)
             response = parse_fetch_response(frame, FETCH_VERSION)
             self._check_correlation(response.correlation_id)
             if response.error_code != 0:
@@ -194,7 +197,9 @@ class LeaderFetcher:
     async def _call(self, channel: ReplicaChannel, request: Any, api_key: int, version: int) -> Any:
         """A request answered through kio's generic reader (the rare, small ones)."""
         self._correlation += 1
-        frame = await channel.call(encode_request(request, self._correlation, self._client_id))
+        frame = await channel.call(
+            encode_request(request, self._correlation, self._client_id), self.manager.fetch_timeout_s
+        )
         corr, response = decode_response(api_key, version, bytes(frame))
         self._check_correlation(corr)
         return response

@@ -88,6 +88,8 @@ class ReplicaManager:
         self.roles = PartitionRoles(self.broker_id, broker_epoch=0)
         self.leaders: dict[TopicPartition, LeaderPartition] = {}
         self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
+        # how long a fetcher waits for one response before it drops the connection and reconnects
+        self.fetch_timeout_s = config.get_int("replica.socket.timeout.ms") / 1000
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cache_changed: asyncio.Event | None = None
         self._stopped = False
