@@ -34,7 +34,8 @@ test: setup lint typecheck
 bench: setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
-# Jepsen-style chaos runs (tests/chaos/run.py): `make chaos RUNS=50 SEED=1 [CHAOS_ARGS=--duration 20]`
+# Jepsen-style chaos runs (tests/chaos/run.py, tests/chaos/README.md): `make chaos RUNS=50 SEED=1 [CHAOS_ARGS=--duration 20]`;
+# on a three-broker ZooKeeper cluster: `make chaos RUNS=50 CHAOS_ARGS="--cluster 3 --duration 15"`
 RUNS ?= 5
 SEED ?= 1
 chaos: $(STAMP)

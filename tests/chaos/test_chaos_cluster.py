@@ -27,7 +27,9 @@ def test_cluster_chaos_seed_has_no_anomalies(seed: int, zk_connect: str, tmp_pat
     result = run_cluster(cfg, zk_connect, keep=True)
     print(f"seed {seed}: faults {result.faults}: {result.report.summary()}")
     assert result.faults, "no fault was injected"
-    assert result.report.stats["acked"] > 100 and result.report.stats["committed"] > 5, result.report.stats
+    # the cluster faults block the coordinators for seconds each (a stopped broker stays in the
+    # ISR until its session expires), so a 15 s round may commit only a few transactions
+    assert result.report.stats["acked"] > 100 and result.report.stats["committed"] >= 1, result.report.stats
     assert result.ok, (
         f"cluster chaos seed {seed} found anomalies (history kept in {result.workdir}; reproduce with "
         f"`python -m tests.chaos.run --cluster 3 --runs 1 --seed {seed}`):\n{result.report.summary()}"
