@@ -142,12 +142,15 @@ def record(
         f"({','.join(result.faults)}) {verdict}",
         flush=True,
     )
+    if result.notes:
+        print(f"  seed {seed} notes: {result.notes}", flush=True)
     rows.append(
         {
             "seed": seed,
             "ok": result.ok,
             "seconds": round(result.seconds, 1),
             "faults": result.faults,
+            "notes": result.notes,
             **result.report.as_dict(),
         }
     )

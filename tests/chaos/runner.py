@@ -87,6 +87,9 @@ class RunResult:
     workdir: Path
     seconds: float
     faults: list[str]
+    # what the runner noticed while healing (an ISR not full in time, a client that would not
+    # stop): not anomalies, but worth a look
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -417,9 +420,15 @@ def run_chaos(chaos: Chaos, *, keep: bool = False) -> RunResult:
         chaos.verify()
     finally:
         chaos.close()
-    report = check(load_history(cfg.workdir))
+    events = load_history(cfg.workdir)
+    report = check(events)
     (cfg.workdir / "report.json").write_text(json.dumps(report.as_dict(), indent=1, default=str))
-    result = RunResult(cfg.seed, report, cfg.workdir, time.monotonic() - started, chaos.faults)
+    notes = [
+        str(e["what"])
+        for e in events
+        if e["t"] == "fault" and e.get("proc") == "runner" and e.get("what") not in cfg.faults
+    ]
+    result = RunResult(cfg.seed, report, cfg.workdir, time.monotonic() - started, chaos.faults, notes)
     if report.ok and not keep:
         shutil.rmtree(cfg.workdir, ignore_errors=True)
     return result

@@ -240,6 +240,16 @@ def test_hung_transactions() -> None:
     only(check(ev), "hung")
 
 
+def test_replica_divergence_from_the_cluster_verification() -> None:
+    ev = clean_history()
+    ev.append({"t": "replicas", "proc": "runner", "identical": True, "partitions": 5, "verdicts": None})
+    assert check(ev).ok
+    ev.append(
+        {"t": "replicas", "proc": "runner", "identical": False, "partitions": 5, "verdicts": "t-0: ..."}
+    )
+    only(check(ev), "replica_divergence")
+
+
 def test_every_kind_has_a_planted_test() -> None:
     names = {n for n in globals() if n.startswith("test_")}
     for kind in KINDS:
