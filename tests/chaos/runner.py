@@ -429,6 +429,8 @@ def run_chaos(chaos: Chaos, *, keep: bool = False) -> RunResult:
         if e["t"] == "fault" and e.get("proc") == "runner" and e.get("what") not in cfg.faults
     ]
     result = RunResult(cfg.seed, report, cfg.workdir, time.monotonic() - started, chaos.faults, notes)
-    if report.ok and not keep:
+    # a round without a single committed transaction passed, but its writers made no progress:
+    # keep it to look at (a liveness problem, not an anomaly)
+    if report.ok and not keep and report.stats.get("committed", 0) > 0:
         shutil.rmtree(cfg.workdir, ignore_errors=True)
     return result
