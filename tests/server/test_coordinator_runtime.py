@@ -325,6 +325,34 @@ def test_replicated_failed_append_reaches_the_completion() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("entry", ["execute", "run_async"])
+def test_replicated_operation_completes_when_its_caller_is_cancelled(entry: str) -> None:
+    """A request handler is cancelled when its client disconnects; the append it started must
+    still reach its completion (else the coordinator keeps a pending transition for good: the
+    cluster chaos suite's transactions stuck in Prepare* with CONCURRENT_TRANSACTIONS forever)."""
+
+    async def scenario() -> None:
+        rt, shard, topic = runtime(replicated=True)
+        await rt.reload(lambda: {0})
+        topic.acks = asyncio.Event()
+        result: CoordinatorResult[str] = CoordinatorResult(writes=(shard.write(b"a"),))
+        if entry == "execute":
+            caller = asyncio.ensure_future(rt.execute(lambda: result))
+        else:
+            caller = asyncio.ensure_future(rt.run_async(lambda _token: result))
+        await asyncio.sleep(0.01)
+        assert topic.events == ["append b'a'"]
+        caller.cancel()  # the client went away while the write waits for the ISR
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        topic.acks.set()
+        # the next operation runs after the first one's completion, under the same lock
+        assert await rt.execute(lambda: CoordinatorResult(response="next")) == "next"
+        assert topic.events == ["append b'a'", "acked b'a'", "complete b'a' none @0"]
+
+    asyncio.run(scenario())
+
+
 def test_reload_answers_parked_requests_not_coordinator() -> None:
     async def scenario() -> None:
         rt, shard, _topic = runtime(replicated=True)

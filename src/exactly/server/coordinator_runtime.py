@@ -54,7 +54,7 @@ import asyncio
 import inspect
 import itertools
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -149,7 +149,7 @@ class CoordinatorRuntime:
         self.replicated = internal.replicated
         self.owned: frozenset[int] | None = frozenset() if self.replicated else None
         self._lock = asyncio.Lock()
-        self._calls: set[asyncio.Task[None]] = set()
+        self._calls: set[asyncio.Task[Any]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def owner_error(self, partition: int) -> ErrorCode:
@@ -283,6 +283,9 @@ class CoordinatorRuntime:
         and its writes are awaited until the ISR has them."""
         if not self.replicated:
             return self.drive(op())
+        return await self._detached(self._execute_locked(op))
+
+    async def _execute_locked(self, op: Callable[[], CoordinatorResult[R]]) -> R | None:
         async with self._lock:
             response = await self._drive_replicated(op())
             self._maybe_wake()
@@ -292,6 +295,9 @@ class CoordinatorRuntime:
         """:meth:`run` for either mode (cluster mode: under the lock, writes acknowledged)."""
         if not self.replicated:
             return self.run(op)
+        return await self._detached(self._run_locked(op))
+
+    async def _run_locked(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
         answers: list[R] = []
         async with self._lock:
             token = next(self._tokens)
@@ -303,6 +309,25 @@ class CoordinatorRuntime:
             finally:
                 self._waiting.pop(token, None)
         return answers[0] if answers else None
+
+    async def _detached(self, work: Coroutine[Any, Any, R]) -> R:
+        """Run ``work`` (an operation, once started) to its end even if the caller is cancelled:
+        a request handler is cancelled when its client disconnects, and an operation cut between
+        its append and its completion would leave the coordinator's state half-applied (a
+        transactional id's pending transition set for good: CONCURRENT_TRANSACTIONS forever, a
+        Prepare* whose markers are never sent), while the record itself may well be replicated.
+        Kafka runs the completion whatever became of the connection; so does this: the task
+        finishes and its answer is dropped."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._calls.add(task)
+        task.add_done_callback(self._finished_detached)
+        return await asyncio.shield(task)
+
+    def _finished_detached(self, task: asyncio.Task[Any]) -> None:
+        self._calls.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # seen by the caller too, unless it went away: then this is the only trace
+            self._log.info("operation ended with %r", task.exception())
 
     async def _drive_replicated(self, result: CoordinatorResult[R]) -> R | None:
         """:meth:`drive` with acks=all appends; the caller holds the lock."""
