@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", type=int, default=0, help="brokers of a ZooKeeper cluster (0: one broker)")
     ap.add_argument("--seeds", default=None, help="A..B: seeds A to B (overrides --seed/--runs)")
     args = ap.parse_args(argv)
+    # SIGTERM (and SIGINT, which a background job ignores) end the run through the finally
+    # blocks: the round's brokers, clients and ZooKeeper are stopped, not left behind
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     if args.seeds is not None:
         first, _, last = args.seeds.partition("..")
         args.seed, args.runs = int(first), int(last or first) - int(first) + 1
@@ -113,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 1 if failed else 0
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run_seed(args: argparse.Namespace, base: Path, seed: int, zk: str | None) -> RunResult:
