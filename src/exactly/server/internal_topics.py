@@ -169,14 +169,7 @@ class InternalTopics:
         partition's producer state tracks the open transaction and its marker completes it."""
         plog = self._partition(topic, partition)
         now = now_ms()
-        raw = build_batch(
-            [Record(key=k, value=v) for k, v in records],
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=-1,
-            transactional=transactional,
-            base_timestamp=now,
-        )
+        raw = _records_batch(records, producer_id, producer_epoch, transactional, now)
         return self._append_raw(plog, raw, now)
 
     def write_marker(
@@ -193,13 +186,7 @@ class InternalTopics:
         if plog is None:
             return False
         now = now_ms()
-        raw = build_control_batch(
-            result,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            coordinator_epoch=coordinator_epoch,
-            timestamp=now,
-        )
+        raw = _marker_batch(result, producer_id, producer_epoch, coordinator_epoch, now)
         self._append_raw(plog, raw, now)
         return True
 
@@ -220,14 +207,7 @@ class InternalTopics:
         REQUEST_TIMED_OUT / NOT_LEADER_OR_FOLLOWER / NOT_ENOUGH_REPLICAS_AFTER_APPEND). The
         coordinators map these to their own errors."""
         now = now_ms()
-        raw = build_batch(
-            [Record(key=k, value=v) for k, v in records],
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=-1,
-            transactional=transactional,
-            base_timestamp=now,
-        )
+        raw = _records_batch(records, producer_id, producer_epoch, transactional, now)
         return await self._append_acked(TopicPartition(topic, partition), raw, now)
 
     async def write_marker_replicated(
@@ -242,13 +222,7 @@ class InternalTopics:
         WriteTxnMarkers handling); raises AppendFailed (UNKNOWN_TOPIC_OR_PARTITION for a partition
         the cluster does not have, TRANSACTION_COORDINATOR_FENCED from the producer state, ...)."""
         now = now_ms()
-        raw = build_control_batch(
-            result,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            coordinator_epoch=coordinator_epoch,
-            timestamp=now,
-        )
+        raw = _marker_batch(result, producer_id, producer_epoch, coordinator_epoch, now)
         await self._append_acked(tp, raw, now)
 
     async def _append_acked(self, tp: TopicPartition, raw: bytes, now: int) -> int:
@@ -327,3 +301,35 @@ class InternalTopics:
                         entries,
                     )
                     offset = header.next_offset
+
+
+def _records_batch(
+    records: Sequence[tuple[bytes, bytes | None]],
+    producer_id: int,
+    producer_epoch: int,
+    transactional: bool,
+    now: int,
+) -> bytes:
+    """One batch of a coordinator's key/value records (no sequences: coordinators write without
+    idempotence; transactional offset commits carry the producer's id and epoch)."""
+    return build_batch(
+        [Record(key=k, value=v) for k, v in records],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=-1,
+        transactional=transactional,
+        base_timestamp=now,
+    )
+
+
+def _marker_batch(
+    result: ControlType, producer_id: int, producer_epoch: int, coordinator_epoch: int, now: int
+) -> bytes:
+    """A COMMIT/ABORT control batch for ``producer_id``, stamped with the coordinator epoch."""
+    return build_control_batch(
+        result,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        coordinator_epoch=coordinator_epoch,
+        timestamp=now,
+    )
