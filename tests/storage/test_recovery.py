@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from exactly.storage.config import LogConfig
 from exactly.storage.log_read import AbortedTxn
@@ -182,4 +185,34 @@ def test_leader_epochs_of_truncated_data_are_forgotten(tmp_path: Path) -> None:
     reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
     assert reopened.log_end_offset == 1
     assert [(e.epoch, e.start_offset) for e in reopened.leader_epochs.entries] == [(1, 0)]
+    reopened.close()
+
+
+def test_replay_leaves_the_epoch_history_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Replaying the log after a crash assigns only epochs newer than the checkpoint's latest
+    (Kafka's segment recovery): older batches must not rewrite the durable history (before, the
+    first epoch-0 batch dropped every later entry, and each batch rewrote the file again)."""
+    log = open_log(tmp_path, SMALL_SEGMENTS)
+    append(log, 2, leader_epoch=0)
+    append(log, 2, leader_epoch=1)
+    history = [(e.epoch, e.start_offset) for e in log.leader_epochs.entries]
+    assert history == [(0, 0), (1, 2)]
+    crash(log)
+    written = log.leader_epochs.path.stat().st_mtime_ns
+    with caplog.at_level(logging.WARNING, logger="exactly.storage"):
+        reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)  # replays every batch
+    assert [(e.epoch, e.start_offset) for e in reopened.leader_epochs.entries] == history
+    assert not [r for r in caplog.records if "non-monotonic" in r.getMessage()]
+    assert reopened.leader_epochs.path.stat().st_mtime_ns == written
+    reopened.close()
+
+
+def test_replay_refills_a_lost_epoch_checkpoint_from_the_batches(tmp_path: Path) -> None:
+    log = open_log(tmp_path, SMALL_SEGMENTS)
+    append(log, 2, leader_epoch=0)
+    append(log, 2, leader_epoch=3)
+    crash(log)
+    log.leader_epochs.path.unlink()
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
+    assert [(e.epoch, e.start_offset) for e in reopened.leader_epochs.entries] == [(0, 0), (3, 2)]
     reopened.close()

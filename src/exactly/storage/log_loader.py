@@ -204,7 +204,12 @@ def rebuild_producer_state(
                     log.warning("unreadable control batch at offset %d", header.base_offset)
                     continue
             completed = producer_state.replay(header, control_type, coordinator_epoch=coordinator_epoch)
-            leader_epochs.assign(header.partition_leader_epoch, header.base_offset)
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and epoch > leader_epochs.latest_epoch:
+                # Only newer epochs, as Kafka's segment recovery: the checkpoint (durable on
+                # every change, already cut at the log end) also holds epochs no batch carries
+                # (a leader records (epoch, LEO) when elected), which older batches must not undo.
+                leader_epochs.assign(epoch, header.base_offset)
             replayed += 1
             if completed is not None and completed.is_aborted:
                 first_unstable = producer_state.first_unstable_offset()
