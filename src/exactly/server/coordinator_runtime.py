@@ -54,7 +54,7 @@ import asyncio
 import inspect
 import itertools
 import logging
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -332,23 +332,11 @@ class CoordinatorRuntime:
     async def _drive_replicated(self, result: CoordinatorResult[R]) -> R | None:
         """:meth:`drive` with acks=all appends; the caller holds the lock."""
         answers = _Answers(result)
-        await self._carry_out_replicated(result, answers)
-        for reply in answers.replies:
-            self._deliver(reply.token, reply.response)
-        return answers.response  # type: ignore[no-any-return]
-
-    async def _carry_out_replicated(self, result: CoordinatorResult[Any], answers: _Answers) -> None:
-        for write in result.writes:
-            nxt = write.complete(await self._append_replicated(write))
-            answers.add(nxt)
-            await self._carry_out_replicated(nxt, answers)
-        for effect in result.effects:
-            if self._side_effect is None:
-                raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
-            follow = self._side_effect(effect)
-            if follow is not None:
-                answers.add(follow)
-                await self._carry_out_replicated(follow, answers)
+        steps = self._carry_out(result, answers)
+        write = next(steps, None)
+        while write is not None:
+            write = _send(steps, await self._append_replicated(write))
+        return self._answer(answers)  # type: ignore[no-any-return]
 
     def run(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
         """Like :meth:`call` for an operation answered before it returns (None if it was not)."""
@@ -376,24 +364,34 @@ class CoordinatorRuntime:
         """Carry out ``result`` (see the module docstring); returns the answer of the request that
         produced it, or None when it has none yet. Parked requests' replies are delivered."""
         answers = _Answers(result)
-        self._carry_out(result, answers)
+        steps = self._carry_out(result, answers)
+        write = next(steps, None)
+        while write is not None:
+            write = _send(steps, self._append(write))
+        return self._answer(answers)  # type: ignore[no-any-return]
+
+    def _answer(self, answers: _Answers) -> Any:
         for reply in answers.replies:
             self._deliver(reply.token, reply.response)
-        return answers.response  # type: ignore[no-any-return]
+        return answers.response
 
-    def _carry_out(self, result: CoordinatorResult[Any], answers: _Answers) -> None:
-        """Writes, then effects; what each leads to is carried out before its next sibling."""
+    def _carry_out(
+        self, result: CoordinatorResult[Any], answers: _Answers
+    ) -> Generator[Write, AppendOutcome, None]:
+        """Writes, then effects; what each leads to is carried out before its next sibling. Yields
+        each write and takes its append's outcome back, so the local (:meth:`drive`) and the
+        replicated (:meth:`_drive_replicated`) drivers share one traversal."""
         for write in result.writes:
-            nxt = write.complete(self._append(write))
+            nxt = write.complete((yield write))
             answers.add(nxt)
-            self._carry_out(nxt, answers)
+            yield from self._carry_out(nxt, answers)
         for effect in result.effects:
             if self._side_effect is None:
                 raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
             follow = self._side_effect(effect)
             if follow is not None:
                 answers.add(follow)
-                self._carry_out(follow, answers)
+                yield from self._carry_out(follow, answers)
 
     def _deliver(self, token: RequestToken, response: Any) -> None:
         answer = self._waiting.pop(token, None)
@@ -483,3 +481,11 @@ class CoordinatorRuntime:
                     await outcome
             except Exception:  # one bad run must not stop the job for good
                 self._log.exception("%s failed", job.name)
+
+
+def _send(steps: Generator[Write, AppendOutcome, None], outcome: AppendOutcome) -> Write | None:
+    """The next write of a traversal given the last one's outcome; None once it is done."""
+    try:
+        return steps.send(outcome)
+    except StopIteration:
+        return None
