@@ -52,3 +52,9 @@ def cluster_zk(zk_connect: str) -> Iterator[Callable[[], ClusterZk]]:
             zk.stop()
         except Exception:
             pass
+
+
+@pytest.fixture
+def zk(cluster_zk: Callable[[], ClusterZk]) -> ClusterZk:
+    """The test's own ZooKeeper session on the cluster's chroot, to read the authoritative state."""
+    return cluster_zk()

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,12 +61,6 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
         tmp_path,
         **{"zookeeper.session.timeout.ms": str(SESSION_MS), "replica.lag.time.max.ms": str(LAG_MS)},
     )
-
-
-@pytest.fixture
-def zk(cluster_zk: Callable[[], ClusterZk]) -> ClusterZk:
-    """The test's own ZooKeeper session on the cluster's chroot, to read the authoritative state."""
-    return cluster_zk()
 
 
 # ---------------------------------------------------------------------------- ReplicationTest

@@ -12,7 +12,7 @@ joining (found by the cluster chaos suite: an acknowledged write lost, its offse
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,11 +35,6 @@ SESSION_MS = 3_000
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(zk_connect, tmp_path, **{"zookeeper.session.timeout.ms": str(SESSION_MS)})
-
-
-@pytest.fixture
-def zk(cluster_zk: Callable[[], ClusterZk]) -> ClusterZk:
-    return cluster_zk()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,11 +31,6 @@ SESSION_MS = 3_000
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     # replica.lag.time.max.ms stays long: the leader must not shrink the ISR itself first
     yield from running_cluster(zk_connect, tmp_path, **{"zookeeper.session.timeout.ms": str(SESSION_MS)})
-
-
-@pytest.fixture
-def zk(cluster_zk: Callable[[], ClusterZk]) -> ClusterZk:
-    return cluster_zk()
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ dropped response). Kafka's fetcher times the request out and reconnects; so must
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,11 +50,6 @@ def proxied_cluster(zk_connect: str, tmp_path: Path) -> Iterator[tuple[list[Brok
             broker.close()
         for proxy in proxies:
             proxy.close()
-
-
-@pytest.fixture
-def zk(cluster_zk: Callable[[], ClusterZk]) -> ClusterZk:
-    return cluster_zk()
 
 
 @pytest.mark.slow
