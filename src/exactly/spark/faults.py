@@ -7,6 +7,9 @@ Spark Python worker, not in the test process:
   raises there (``failed-<stage>-<batch>-<partition>`` marks it done); Spark retries the task.
 * ``testing.pauseBeforeCommit=true`` - after producing, before committing: create
   ``paused-<partition>`` and wait for ``resume-<partition>`` (at most 120 s).
+* ``testing.pauseBatch=B`` - in micro-batch B only, after producing and before committing:
+  create ``paused-B-<partition>`` and wait for ``resume-B`` (at most 120 s). A test kills a broker
+  there: records sent, the transaction still open.
 * ``testing.hangBatch=B`` - in micro-batch B, the first task to commit creates ``committed-B-<p>``
   and hangs right after its commit; a task that reaches its commit after that hangs *before* it
   (``paused-B-<p>``, its transaction left open). The test then SIGKILLs the driver: some tasks
@@ -31,6 +34,7 @@ class Faults:
     hook_dir: str | None = None
     fail_once: str | None = None
     pause_before_commit: bool = False
+    pause_batch: int | None = None
     hang_batch: int | None = None
 
     @property
@@ -66,6 +70,9 @@ class Faults:
         if self.pause_before_commit:
             self._touch(f"paused-{partition}")
             self._wait_for(f"resume-{partition}")
+        if self.pause_batch == batch:
+            self._touch(f"paused-{batch}-{partition}")
+            self._wait_for(f"resume-{batch}")
         if self.hang_batch == batch and self._path(f"claimed-{batch}").exists():
             self._touch(f"paused-{batch}-{partition}")
             self._wait_for("never")
@@ -87,9 +94,11 @@ class Faults:
 def parse_faults(get: dict[str, str]) -> Faults:
     """From the lower-cased writer options."""
     hang = get.get("testing.hangbatch")
+    pause = get.get("testing.pausebatch")
     return Faults(
         hook_dir=get.get("testing.hookdir"),
         fail_once=get.get("testing.failonce"),
         pause_before_commit=get.get("testing.pausebeforecommit", "false").lower() == "true",
+        pause_batch=int(pause) if pause is not None else None,
         hang_batch=int(hang) if hang is not None else None,
     )
