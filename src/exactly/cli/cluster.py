@@ -37,8 +37,6 @@ from pathlib import Path
 
 from exactly.cli.overrides import parse_overrides
 
-START_TIMEOUT_S = 60.0
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("cluster", help="run ZooKeeper + N replicated brokers on loopback (development)")
@@ -148,8 +146,9 @@ def verify_replicas(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exactly.cluster.zookeeper import ZooKeeperError, ZooKeeperServer
-    from exactly.testing.broker import Broker, BrokerError
+    from exactly.cli.local_cluster import LocalCluster, internal_topic_defaults
+    from exactly.cluster.zookeeper import ZooKeeperError
+    from exactly.testing.broker import BrokerError
 
     if args.data_dir is None:
         print("exactly cluster: --data-dir is required", file=sys.stderr)
@@ -163,44 +162,23 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signo, _frame: stop.set())
-    data_dir: Path = args.data_dir.resolve()
-    (data_dir / "zookeeper").mkdir(parents=True, exist_ok=True)
-    zookeeper = ZooKeeperServer(data_dir / "zookeeper", args.zookeeper_port)
+    # -o wins over the internal topics' defaults (replication capped at the number of brokers)
+    cluster = LocalCluster(
+        args.data_dir,
+        args.brokers,
+        {**internal_topic_defaults(args.brokers), **overrides},
+        args.zookeeper_port,
+    )
     try:
-        address = zookeeper.start()
-    except ZooKeeperError as exc:
-        print(f"exactly cluster: {exc}", file=sys.stderr)
-        return 1
-    connect = f"{address.connect}/exactly"
-    # Kafka refuses to create the coordinators' internal topics with fewer live brokers than
-    # their replication factor (3); a smaller development cluster gets factors it can satisfy,
-    # as Kafka's own sample server.properties sets them for one broker. -o still wins.
-    internal_defaults = {
-        "offsets.topic.replication.factor": str(min(3, args.brokers)),
-        "transaction.state.log.replication.factor": str(min(3, args.brokers)),
-        "transaction.state.log.min.isr": str(min(2, args.brokers)),
-    }
-    overrides = {**internal_defaults, **overrides}
-    brokers = [
-        Broker(
-            data_dir / f"broker-{broker_id}",
-            data_dir / f"broker-{broker_id}.log",
-            overrides={**overrides, "broker.id": str(broker_id), "zookeeper.connect": connect},
-            name=f"broker-{broker_id}",
-        )
-        for broker_id in range(args.brokers)
-    ]
-    try:
-        for broker in brokers:
-            try:
-                broker.start(timeout=START_TIMEOUT_S)
-            except BrokerError as exc:
-                print(f"exactly cluster: {broker.name} did not start: {exc}", file=sys.stderr)
-                return 1
-        print(f"zookeeper {connect}", flush=True)
-        print(f"bootstrap servers: {','.join(b.bootstrap for b in brokers)}", flush=True)
+        try:
+            cluster.start()
+        except (ZooKeeperError, BrokerError) as exc:
+            print(f"exactly cluster: {exc}", file=sys.stderr)
+            return 1
+        print(f"zookeeper {cluster.connect}", flush=True)
+        print(f"bootstrap servers: {cluster.bootstrap}", flush=True)
         while not stop.wait(0.5):
-            for broker in brokers:
+            for broker in cluster.brokers:
                 if not broker.running:
                     print(
                         f"exactly cluster: {broker.name} exited ({broker.returncode}); see {broker.log_path}",
@@ -209,6 +187,4 @@ def run(args: argparse.Namespace) -> int:
                     return 1
         return 0
     finally:
-        for broker in brokers:
-            broker.close()  # SIGTERM, then SIGKILL if it hangs
-        zookeeper.stop()
+        cluster.close()

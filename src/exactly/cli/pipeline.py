@@ -6,6 +6,9 @@
   sink) with a checkpoint; ``--trigger availableNow`` (default) stops when caught up,
   ``--trigger processingTime:5s`` runs until Ctrl-C, ``--timeout`` or ``--until-caught-up``.
   ``--master`` (default ``local[*]``) runs the same job on a cluster.
+* ``demo`` does it all on brokers of its own (``make run``): one embedded broker, or with
+  ``--cluster 3`` ZooKeeper + 3 replicated brokers, optionally ``--kill-broker-after N`` (kill -9
+  of a broker mid-run, restarted later); see ``exactly.cli.pipeline_demo``.
 * ``verify`` recomputes the truth from the committed input and checks the outputs; exit 1 if not OK.
 
 Works against exactly or any Kafka-compatible broker.
@@ -20,6 +23,7 @@ import signal
 import sys
 from typing import Any
 
+from exactly.cli import pipeline_demo
 from exactly.cli.topics import add_connection_options, positive_int, strict
 
 
@@ -63,6 +67,14 @@ def register(subparsers: Any) -> None:
     run.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE")
     run.set_defaults(func=_run)
+
+    demo = strict(
+        sub.add_parser(
+            "demo", help="brokers of its own (one, or --cluster N), sample orders, the job, verify"
+        )
+    )
+    pipeline_demo.add_arguments(demo)
+    demo.set_defaults(func=pipeline_demo.main)
 
     ver = strict(sub.add_parser("verify", help="check the outputs against the committed input"))
     _common(ver)
