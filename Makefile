@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup system-deps run test lint typecheck unit bench chaos clean
+.PHONY: setup system-deps run run-cluster test lint typecheck unit bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ setup: $(STAMP) system-deps
 # embedded broker + orders pipeline on Spark local[*] (needs Java 17: system-deps), exactly once
 run: setup
 	$(BIN)/python -m exactly.demo $(RUN_ARGS)
+
+# the same on ZooKeeper + 3 replicated brokers (topics RF 3, min.insync.replicas 2); one broker (the
+# transaction coordinator or an output partition's leader) is killed with kill -9 after 2 micro-batches
+# and restarted once the cluster dropped it; the verification must still pass
+run-cluster: setup
+	$(BIN)/python -m exactly pipeline demo --cluster 3 --kill-broker-after 2 $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -119,6 +119,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _run_to_the_end(spark: Any, config: Any, crash: BrokerCrash | None) -> dict[str, Any]:
     """Run the job until it caught up; restart a failed query from its checkpoint."""
+    from pyspark.errors import StreamingQueryException
+
     from exactly.spark.pipeline import run
 
     total = {"batches": 0, "orders": 0, "seconds": 0.0, "finished": False}
@@ -131,7 +133,7 @@ def _run_to_the_end(spark: Any, config: Any, crash: BrokerCrash | None) -> dict[
 
         try:
             summary = run(spark, config, on_progress=progress)
-        except RuntimeError as exc:
+        except (RuntimeError, StreamingQueryException) as exc:
             if attempt == MAX_RUNS:
                 raise
             print(f"  the query failed ({str(exc).splitlines()[0][:200]}); restarting it from its checkpoint")

@@ -15,7 +15,6 @@ Everything here runs on the driver (``OffsetClient`` holds an AdminClient and is
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from exactly.spark.options import EARLIEST, LATEST, OffsetSpecOption, SourceOptions, Subscription
+from exactly.spark.retries import call_retrying
 
 TP = tuple[str, int]
 OffsetMap = dict[TP, int]
@@ -84,7 +84,9 @@ class OffsetClient:
         sub = subscription or self.options.subscription
         if sub.assignment:
             return sorted(sub.assignment)
-        metadata = self._retry(lambda: self._admin.list_topics(timeout=self._timeout))
+        metadata = call_retrying(
+            lambda: self._admin.list_topics(timeout=self._timeout), self._timeout, "metadata"
+        )
         found: list[TP] = []
         for name, topic in metadata.topics.items():
             if topic.error is not None or not sub.matches(name):
@@ -124,17 +126,5 @@ class OffsetClient:
             futures = self._admin.list_offsets(request, isolation_level=level, request_timeout=self._timeout)
             return {(tp.topic, tp.partition): fut.result(self._timeout).offset for tp, fut in futures.items()}
 
-        result: OffsetMap = self._retry(query)
-        return result
-
-    def _retry(self, call: Any, attempts: int = 5) -> Any:
-        delay = 0.2
-        for attempt in range(attempts):
-            try:
-                return call()
-            except KafkaException:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 3.0)
-        raise AssertionError("unreachable")
+        # a partition whose leader moves answers NOT_LEADER / OFFSET_NOT_AVAILABLE for a while
+        return call_retrying(query, self._timeout, "ListOffsets")

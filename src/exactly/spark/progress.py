@@ -38,6 +38,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from exactly.spark.retries import call_retrying, retriable
+
 log = logging.getLogger("exactly.spark.progress")
 
 # (bootstrap, topic, txn id, partition) -> (offset of our newest marker, its batch)
@@ -168,7 +170,10 @@ def _watermarks_uncommitted(client_conf: dict[str, str], topic: str, partition: 
         }
     )
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        tp = TopicPartition(topic, partition)
+        low, high = call_retrying(
+            lambda: consumer.get_watermark_offsets(tp, timeout=10), 60, f"watermarks of {topic}-{partition}"
+        )
         return int(low), int(high)
     finally:
         consumer.close()
@@ -189,8 +194,8 @@ def _scan(
         for msg in consumer.consume(num_messages=5000, timeout=0.1):
             err = msg.error()
             if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
+                if err.code() == KafkaError._PARTITION_EOF or retriable(err):
+                    continue  # a lost connection / moved leader: the consumer recovers by itself
                 raise KafkaException(err)
             offset = msg.offset() or 0
             if offset >= stop:

@@ -41,6 +41,20 @@ The guarantee, precisely
 * Batch (non-streaming) writes get the same per-task guarantee under a random write id: retried
   tasks never duplicate, but a failed job leaves the partitions that did commit visible.
 
+Broker failures
+~~~~~~~~~~~~~~~
+Transient errors while a partition's leader or the transaction coordinator moves to another
+broker are retried inside the task (``retries.call_retrying``: ``init_transactions`` and
+``commit_transaction`` again on a retriable error, as librdkafka documents; librdkafka itself
+retries the produce requests and re-finds the coordinator). An error that needs an abort aborts
+the transaction; it, a fatal one (the producer was fenced, the coordinator refused the
+transaction's state) or a retriable one past ``transaction.timeout.ms`` fails the task, and
+Spark's retry of the task starts with a new producer whose ``init_transactions`` bumps the epoch
+and finishes or aborts whatever the failed attempt left open - the progress marker then tells
+whether the failed attempt's commit made it. Task retries need ``spark.task.maxFailures`` > 1
+(``local[N,F]`` on a local master: plain ``local[*]`` fails the query on the first task failure,
+and a restart of the query from its checkpoint is the recovery).
+
 At-least-once mode (``deliveryGuarantee=at_least_once``) uses a plain idempotent producer: no
 duplicates from producer retries, but a replayed batch is written again.
 """
@@ -67,6 +81,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
 from exactly.spark import progress
 from exactly.spark.options import OptionError, SinkOptions
+from exactly.spark.retries import call_retrying
 
 log = logging.getLogger("exactly.spark.sink")
 
@@ -212,7 +227,9 @@ def write_exactly_once(
         }
     )
     timeout = options.transaction_timeout_ms / 1000.0
-    producer.init_transactions(timeout)  # fences older attempts, completes their transactions
+    # fences older attempts and completes their transactions; a coordinator that is moving
+    # (its broker died) answers retriably until the new one has loaded the transaction log
+    call_retrying(lambda: producer.init_transactions(timeout), timeout, f"{txn_id}: init_transactions")
     timings["init"] = time.monotonic() - t0
     marker_partition = partition % progress_partitions
     last = progress.last_committed_batch(
@@ -247,7 +264,9 @@ def write_exactly_once(
         timings["produce"] = time.monotonic() - t0 - timings["init"] - timings["lookup"]
         producer.flush(timeout)  # commit_transaction would flush too; explicit so faults see it all sent
         options.faults.before_commit(batch_id, partition)
-        producer.commit_transaction(timeout)
+        # retriable (the coordinator moved, the commit's outcome unknown): the same call again,
+        # as librdkafka documents; the coordinator answers a repeated EndTxn idempotently
+        call_retrying(lambda: producer.commit_transaction(timeout), timeout, f"{txn_id}: commit")
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if error is not None and hasattr(error, "txn_requires_abort") and error.txn_requires_abort():

@@ -41,8 +41,11 @@ from pyspark.sql.streaming.datasource import (
 
 from exactly.spark.offsets import OffsetClient, OffsetMap, from_json_offsets, rate_limit, to_json_offsets
 from exactly.spark.options import EARLIEST, LATEST, SourceOptions
+from exactly.spark.retries import call_retrying
 
 log = logging.getLogger("exactly.spark.source")
+
+WATERMARK_TIMEOUT_S = 10.0  # one attempt; call_retrying retries a moved leader until the poll timeout
 
 SOURCE_SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -124,7 +127,11 @@ def read_range(options: SourceOptions, part: OffsetRange) -> Iterator[pa.RecordB
     tp = TopicPartition(part.topic, part.partition)
     timeout_s = options.poll_timeout_ms / 1000.0
     try:
-        low, _high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        low, _high = call_retrying(
+            lambda: consumer.get_watermark_offsets(tp, timeout=min(timeout_s, WATERMARK_TIMEOUT_S)),
+            timeout_s,
+            f"watermarks of {part.topic}-{part.partition}",
+        )
         start = part.start
         if start < low:
             if not part.from_earliest and options.fail_on_data_loss:
@@ -206,7 +213,12 @@ def _drain(
 def _check_truncation(consumer: Consumer, options: SourceOptions, part: OffsetRange, position: int) -> int:
     """At EOF below the planned end: has the log shrunk (a broker lost its unflushed tail)?
     Returns the end to read up to."""
-    _low, high = consumer.get_watermark_offsets(TopicPartition(part.topic, part.partition), timeout=10)
+    tp = TopicPartition(part.topic, part.partition)
+    _low, high = call_retrying(
+        lambda: consumer.get_watermark_offsets(tp, timeout=WATERMARK_TIMEOUT_S),
+        options.poll_timeout_ms / 1000.0,
+        f"watermarks of {part.topic}-{part.partition}",
+    )
     if 0 <= high < part.end and high <= position:
         message = (
             f"{part.topic}-{part.partition}: the log ends at {high} but the batch was planned up to "
