@@ -45,12 +45,12 @@ PAUSED_BATCH = 3
 
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
-    yield from running_cluster(
-        zk_connect,
-        tmp_path,
+    config = {
         **replicated_defaults(3),
-        **{"zookeeper.session.timeout.ms": "3000", "replica.lag.time.max.ms": "10000"},
-    )
+        "zookeeper.session.timeout.ms": "3000",
+        "replica.lag.time.max.ms": "10000",
+    }
+    yield from running_cluster(zk_connect, tmp_path, **config)  # type: ignore[arg-type]
 
 
 def _status(bootstrap: str) -> Any:
@@ -101,17 +101,17 @@ class Crash(threading.Thread):
     def _crash(self) -> None:
         self._until(lambda: bool(self.paused()), 240, f"a task of batch {PAUSED_BATCH} paused")
         self.batches_before = len(self.lines)
-        self.victim = choose_victim(_status(self.bootstrap), (self.topics.category, self.topics.total))
-        broker = self.cluster[self.victim.broker_id]
+        self.victim = victim = choose_victim(
+            _status(self.bootstrap), (self.topics.category, self.topics.total)
+        )
+        broker = self.cluster[victim.broker_id]
         broker.kill()
-        print(f"killed {self.victim.describe()}; tasks {self.paused()} held open transactions")
+        print(f"killed {victim.describe()}; tasks {self.paused()} held open transactions")
         (self.hooks / f"resume-{PAUSED_BATCH}").touch()  # the commits now meet the failover
         self._until(lambda: len(self.lines) >= PAUSED_BATCH + 2, 240, "two micro-batches after the kill")
-        wait_for(
-            lambda: self.victim.broker_id not in self.zk.live_brokers(), timeout=30, what="deregistration"
-        )
+        wait_for(lambda: victim.broker_id not in self.zk.live_brokers(), timeout=30, what="deregistration")
         broker.start(port=broker.port or 0)
-        print(f"restarted broker {self.victim.broker_id} after {len(self.lines)} micro-batches")
+        print(f"restarted broker {victim.broker_id} after {len(self.lines)} micro-batches")
 
 
 def test_orders_pipeline_survives_kill9_of_the_coordinator_broker(
