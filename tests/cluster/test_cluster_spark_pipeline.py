@@ -146,7 +146,7 @@ def test_orders_pipeline_survives_kill9_of_the_coordinator_broker(
         crash.join(120)
     assert crash.failure is None, crash.failure
     assert crash.victim is not None
-    assert any(r.startswith("transaction coordinator") for r in crash.victim.roles), crash.victim
+    assert any(r.startswith("transaction coordinator of 1/1 ") for r in crash.victim.roles), crash.victim
     assert crash.batches_before == PAUSED_BATCH, crash.lines  # batches 0..2 written, 3 in flight
     assert cluster[crash.victim.broker_id].running, "the killed broker was not restarted"
     assert summary["finished"], summary

@@ -111,23 +111,33 @@ class Victim:
 
 
 def choose_victim(status: ClusterStatus, outputs: Sequence[str]) -> Victim:
-    """The broker whose loss hurts an exactly-once writer most: the leader of the most
+    """The broker whose loss hurts an exactly-once writer most: the one leading the most
     ``__transaction_state`` partitions (transaction coordinator) and output partitions, ties
-    broken by the lowest id. Every role it holds is listed."""
-    roles: dict[int, list[str]] = {b.broker_id: [] for b in status.brokers}
+    broken by the lowest id. Its roles are listed (coordinator partitions counted)."""
+    coordinating: dict[int, int] = {b.broker_id: 0 for b in status.brokers}
+    leading: dict[int, list[str]] = {b.broker_id: [] for b in status.brokers}
+    if not coordinating:
+        raise WireError("no live broker in the metadata")
+    log_partitions = 0
     for p in status.partitions:
-        if p.leader < 0 or p.leader not in roles:
+        log_partitions += p.topic == TRANSACTION_STATE_TOPIC
+        if p.leader not in coordinating:
             continue
         if p.topic == TRANSACTION_STATE_TOPIC:
-            roles[p.leader].append(f"transaction coordinator ({p.topic}-{p.partition})")
+            coordinating[p.leader] += 1
         elif p.topic in outputs:
-            roles[p.leader].append(f"leader of {p.topic}-{p.partition}")
-    if status.controller_id in roles:
-        roles[status.controller_id].append("controller")
-    if not roles:
-        raise WireError("no live broker in the metadata")
-    chosen = max(sorted(roles), key=lambda b: sum(1 for r in roles[b] if r != "controller"))
-    return Victim(chosen, tuple(roles[chosen]))
+            leading[p.leader].append(f"{p.topic}-{p.partition}")
+    chosen = max(sorted(coordinating), key=lambda b: coordinating[b] + len(leading[b]))
+    roles = []
+    if coordinating[chosen]:
+        roles.append(
+            f"transaction coordinator of {coordinating[chosen]}/{log_partitions} {TRANSACTION_STATE_TOPIC} partitions"
+        )
+    if leading[chosen]:
+        roles.append(f"leader of {', '.join(leading[chosen])}")
+    if status.controller_id == chosen:
+        roles.append("controller")
+    return Victim(chosen, tuple(roles))
 
 
 def live_broker_ids(bootstrap: str) -> set[int] | None:
