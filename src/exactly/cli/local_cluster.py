@@ -111,9 +111,10 @@ class Victim:
 
 
 def choose_victim(status: ClusterStatus, outputs: Sequence[str]) -> Victim:
-    """The broker whose loss hurts an exactly-once writer most: the one leading the most
-    ``__transaction_state`` partitions (transaction coordinator) and output partitions, ties
-    broken by the lowest id. Its roles are listed (coordinator partitions counted)."""
+    """The broker whose loss hurts an exactly-once writer most: the transaction coordinator of
+    the most transactional ids (the leader of the most ``__transaction_state`` partitions: every
+    commit in flight there meets the failover), then the one leading the most output partitions,
+    ties broken by the lowest id. Its roles are listed (coordinator partitions counted)."""
     coordinating: dict[int, int] = {b.broker_id: 0 for b in status.brokers}
     leading: dict[int, list[str]] = {b.broker_id: [] for b in status.brokers}
     if not coordinating:
@@ -127,7 +128,7 @@ def choose_victim(status: ClusterStatus, outputs: Sequence[str]) -> Victim:
             coordinating[p.leader] += 1
         elif p.topic in outputs:
             leading[p.leader].append(f"{p.topic}-{p.partition}")
-    chosen = max(sorted(coordinating), key=lambda b: coordinating[b] + len(leading[b]))
+    chosen = max(sorted(coordinating), key=lambda b: (coordinating[b], len(leading[b])))
     roles = []
     if coordinating[chosen]:
         roles.append(

@@ -23,6 +23,7 @@ exactly-once across that restart is the sink's and the checkpoint's job (up to `
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import threading
 import time
@@ -65,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     from exactly.spark.session import build_session
 
     if args.kill_broker_after is not None and args.cluster < 2:
-        print("exactly pipeline demo: --kill-broker-after needs --cluster 2 or more")
+        print("exactly pipeline demo: --kill-broker-after needs --cluster 2 or more", file=sys.stderr)
         return 2
     master = args.master or ("local[*,4]" if args.cluster else "local[*]")
     per_trigger = args.max_offsets_per_trigger or (2_000 if args.cluster else 6_000)
