@@ -16,9 +16,11 @@ report as a section, so a broker-side traceback shows up next to the assertion.
 from __future__ import annotations
 
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,3 +201,29 @@ def kcat() -> str:
     if path is None:
         pytest.skip(reason)
     return path
+
+
+# ONE local SparkSession for the whole test session (tests/spark and the cluster pipeline test):
+# Spark takes 10-20 s to start. ``local[2,4]``: 2 threads, a failed task is retried up to 4 times
+# (the retry tests need it); UI off, 2 shuffle partitions, loopback only, ``src`` on the workers'
+# PYTHONPATH. Tests use unique topic names and checkpoint dirs so they never see each other's data.
+MASTER = "local[2,4]"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None:
+        pytest.skip("java is not installed (make system-deps)")
+    from exactly.spark.session import build_session
+
+    session = build_session(
+        MASTER,
+        "exactly-tests",
+        {"spark.sql.shuffle.partitions": "2", "spark.sql.streaming.noDataMicroBatches.enabled": "false"},
+        log_level="ERROR",
+    )
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -32,11 +32,9 @@ from exactly.cluster.zk import ClusterZk
 from exactly.spark.orders import Topics, create_topics, generate, verify
 from exactly.spark.pipeline import JobConfig, run
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
-from tests.spark.conftest import spark  # noqa: F401  (the session's one SparkSession, see below)
 from tests.support.broker import Broker
 
-# ``spark`` is the fixture of tests/spark/conftest.py: build_session's getOrCreate hands every user
-# in this process the same session, so importing the fixture here starts no second Spark.
+# ``spark`` is the session's one SparkSession (tests/conftest.py), shared with tests/spark.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ORDERS = 3000
@@ -115,7 +113,7 @@ class Crash(threading.Thread):
 
 
 def test_orders_pipeline_survives_kill9_of_the_coordinator_broker(
-    spark: Any,  # noqa: F811
+    spark: Any,
     cluster: list[Broker],
     zk: ClusterZk,
     tmp_path: Path,
