@@ -251,6 +251,8 @@ def run_reader(args: argparse.Namespace, h: HistoryWriter, rng: random.Random, d
             "socket.timeout.ms": 5_000,
             # warnings (log truncation detected, offset resets) go to the reader's log file
             "log_level": 4,
+            # CHAOS_READER_DEBUG=fetch,consumer (librdkafka debug contexts) to trace a reader
+            **({"debug": debug, "log_level": 7} if (debug := os.environ.get("CHAOS_READER_DEBUG")) else {}),
         }
     )
     session = f"{os.getpid()}"

@@ -137,13 +137,14 @@ def list_offsets_code(
 
 
 def offsets_for_epoch(
-    wire: WireClient, topic: str, current_leader_epoch: int, epoch: int
+    wire: WireClient, topic: str, current_leader_epoch: int, epoch: int, *, version: int = 3
 ) -> tuple[int, int, int]:
-    """OffsetsForLeaderEpoch v3 as a consumer -> (error code, epoch, end offset)."""
-    mod = wire.module(ApiKey.OFFSET_FOR_LEADER_EPOCH, 3)
+    """OffsetsForLeaderEpoch as a consumer -> (error code, epoch, end offset); v2 (no replica
+    id) is the version librdkafka validates its position with (KIP-320)."""
+    mod = wire.module(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
     response = wire.call(
         ApiKey.OFFSET_FOR_LEADER_EPOCH,
-        3,
+        version,
         replica_id=BrokerId(-1),
         topics=(
             mod.OffsetForLeaderTopic(

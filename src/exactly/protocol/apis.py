@@ -73,7 +73,7 @@ VERSION_RANGES: dict[int, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 11),
     ApiKey.FETCH: (4, 12),
     ApiKey.LIST_OFFSETS: (1, 7),
-    ApiKey.OFFSET_FOR_LEADER_EPOCH: (3, 4),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4),  # v2: librdkafka's only version (KIP-320)
     ApiKey.METADATA: (0, 12),
     ApiKey.OFFSET_COMMIT: (2, 8),
     ApiKey.OFFSET_FETCH: (1, 8),

@@ -1,7 +1,12 @@
-"""OffsetsForLeaderEpoch (23), v3-v4: where a leader epoch ends in this broker's log (KIP-101).
+"""OffsetsForLeaderEpoch (23), v2-v4: where a leader epoch ends in this broker's log (KIP-101).
 
 A follower that starts following a new leader epoch asks its leader where the follower's latest
-epoch ends there, then truncates its own log to that point (``replication.truncation``). The
+epoch ends there, then truncates its own log to that point (``replication.truncation``).
+Consumers ask it too (KIP-320): after every leader change they check that the epoch of their
+position still ends at or after it on the new leader, and move back to that end otherwise (a
+truncated tail) instead of fetching on from a position the new leader never had. librdkafka sends
+only v2 (no replica id: a consumer) and, when the broker does not offer it, silently skips that
+check; Kafka offers v0-v4, kio has no schemas for v0-v1, which only pre-2.1 clients send. The
 answer is Kafka's ``endOffsetFor`` (``storage.leader_epoch.end_offset_for``): the largest
 epoch <= the one asked and the start offset of the next epoch (the log end for the current
 epoch), or (-1, -1) when the epoch is newer than anything known.
