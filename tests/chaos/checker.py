@@ -15,6 +15,9 @@
                         (offsets vs. sequence numbers), or one consumer session returned offsets of a
                         partition out of order.
 * ``hung``              transactions still open after all faults healed (the LSO never caught up).
+* ``stalled``           a writer got no write through (no acknowledged idempotent send, no
+                        committed transaction) within 30 s of all faults being healed (a
+                        ``stalled`` event written by the runner): a liveness failure.
 * ``replica_divergence`` (cluster mode) the replicas of a partition still differ after healing
                         (a ``replicas`` event with ``identical`` false, written by the runner from
                         ``exactly.client.replica_verification``).
@@ -39,6 +42,7 @@ KINDS = (
     "inconsistent_offset",
     "order",
     "hung",
+    "stalled",
     "replica_divergence",
 )
 MAX_EXAMPLES = 10
@@ -236,6 +240,8 @@ def check(events: list[Event]) -> Report:
     for e in events:
         if e["t"] == "hung":
             report.add("hung", {"hw": e.get("hw"), "lso": e.get("lso")})
+        elif e["t"] == "stalled":
+            report.add("stalled", {"writers": e.get("writers"), "seconds": e.get("seconds")})
         elif e["t"] == "replicas" and not e.get("identical", True):
             report.add("replica_divergence", e.get("verdicts"))
 

@@ -44,6 +44,8 @@ from tests.support.proxy import FaultProxy, ProxiedBroker
 
 REPO = Path(__file__).resolve().parents[2]
 FAULT_ENV = "EXACTLY_FAULT"
+# after healing, each writer must get a write through within this long (``stalled`` otherwise)
+PROGRESS_S = 30.0
 
 BROKER_CONFIG = {
     "group.initial.rebalance.delay.ms": "0",
@@ -117,6 +119,27 @@ class Client:
     @property
     def writer(self) -> bool:
         return self.role in ("idem", "txn")
+
+    def history_marks(self) -> dict[Path, int]:
+        """How far each of this client's history files (one per incarnation) goes now."""
+        return {p: p.stat().st_size for p in self.cfg.workdir.glob(f"hist-{self.base}-*.jsonl")}
+
+    def progressed_since(self, marks: dict[Path, int]) -> bool:
+        """Did a write of this writer go through after ``marks``: an acknowledged idempotent
+        send, or a transaction committed (a later incarnation's file counts from its start)?"""
+        for path in self.cfg.workdir.glob(f"hist-{self.base}-*.jsonl"):
+            with path.open("rb") as f:
+                f.seek(marks.get(path, 0))
+                for raw in f:
+                    try:
+                        e = json.loads(raw)
+                    except ValueError:
+                        continue  # a line still being written
+                    if e.get("t") == "ack" and self.role == "idem":
+                        return True
+                    if e.get("t") == "txn_end" and e.get("intent") == "commit" and e.get("result") == "ok":
+                        return True
+        return False
 
     def start(self) -> None:
         self.incarnation += 1
@@ -320,9 +343,10 @@ class Chaos:
                 c.resume()
 
     def finish(self) -> None:
-        """Heal, stop the writers, wait for open transactions to end, read everything."""
+        """Heal, check the writers make progress again, stop them, wait for open transactions
+        to end, read everything."""
         self.heal()
-        time.sleep(2.0)
+        self.await_progress()
         (self.cfg.workdir / "stop").touch()
         for c in self.clients:
             if not c.wait(45):
@@ -339,6 +363,24 @@ class Chaos:
         for iso, ends in (("rc", lso), ("ru", hw)):
             recs, upto = self.read_all(parts, iso, ends)
             self.h.write("read", iso=iso, session=f"final-{iso}", final=True, recs=recs, upto=upto)
+
+    def await_progress(self) -> None:
+        """Liveness once healed: every writer must get a write through (an idempotent ack, a
+        committed transaction) within ``PROGRESS_S``; otherwise a ``stalled`` event, which the
+        checker counts as an anomaly. Without this wait a round whose faults kept the writers
+        busy with timeouts until the end passed with nothing committed, and a writer stuck for
+        good after the faults would pass as well."""
+        writers = [c for c in self.clients if c.writer]
+        marks = {c.base: c.history_marks() for c in writers}
+        deadline = time.monotonic() + PROGRESS_S
+        pending = writers
+        while True:
+            pending = [c for c in pending if not c.progressed_since(marks[c.base])]
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if pending:
+            self.h.write("stalled", writers=[c.base for c in pending], seconds=PROGRESS_S)
 
     def ends(self, parts: list[int], isolation: str) -> dict[int, int]:
         c = Consumer(

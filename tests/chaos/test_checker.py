@@ -268,3 +268,11 @@ def test_history_files_round_trip_and_survive_a_torn_line(tmp_path: Path) -> Non
     assert [e["t"] for e in events] == ["send", "ack", "read"]
     assert events[2]["proc"] == "p2"
     assert check(events).ok
+
+
+def test_a_writer_stalled_after_healing() -> None:
+    ev = clean_history()
+    ev.append({"t": "stalled", "proc": "runner", "writers": ["txn0"], "seconds": 30.0})
+    report = check(ev)
+    only(report, "stalled")
+    assert report.anomalies["stalled"][0]["writers"] == ["txn0"]

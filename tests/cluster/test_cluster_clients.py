@@ -419,7 +419,9 @@ def test_list_offsets_offsets_for_leader_epoch_and_fetch_check_the_leader_epoch(
             first.leader_epoch,
             3,
         )
-        assert offsets_for_epoch(wire, topic, epoch - 1, first.leader_epoch, version=2)[0] == FENCED_LEADER_EPOCH
+        assert (
+            offsets_for_epoch(wire, topic, epoch - 1, first.leader_epoch, version=2)[0] == FENCED_LEADER_EPOCH
+        )
 
         assert fetch_code(wire, topic, epoch) == NONE
         assert fetch_code(wire, topic, epoch - 1) == FENCED_LEADER_EPOCH

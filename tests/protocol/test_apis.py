@@ -6,7 +6,7 @@ import datetime
 
 from kio.schema.errors import ErrorCode
 
-from exactly.protocol.apis import VERSION_RANGES, build, encode_response, schema
+from exactly.protocol.apis import VERSION_RANGES, ApiKey, build, encode_response, schema
 
 
 def test_every_advertised_version_has_a_schema() -> None:
@@ -34,3 +34,10 @@ def test_build_drops_unknown_fields_and_fills_missing() -> None:
         assert resp.throttle_time == datetime.timedelta(0)
         body = encode_response(api, resp)
         assert b"t" in body and len(body) > 20
+
+
+def test_offsets_for_leader_epoch_offers_librdkafkas_version() -> None:
+    # librdkafka validates a consumer's position after a leader change (KIP-320) with v2 only,
+    # and skips the check, silently, against a broker that does not offer it
+    lo, hi = VERSION_RANGES[ApiKey.OFFSET_FOR_LEADER_EPOCH]
+    assert lo <= 2 <= hi
