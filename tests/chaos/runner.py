@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from tests.chaos.checker import Report, check
 from tests.chaos.history import HistoryWriter, load_history
@@ -44,6 +44,16 @@ from tests.support.proxy import FaultProxy, ProxiedBroker
 
 REPO = Path(__file__).resolve().parents[2]
 FAULT_ENV = "EXACTLY_FAULT"
+# errors of ListOffsets (the final end offsets) that a moment later may not be there
+_RETRY_ENDS = {
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+}
 # after healing, each writer must get a write through within this long (``stalled`` otherwise)
 PROGRESS_S = 30.0
 
@@ -392,12 +402,28 @@ class Chaos:
             }
         )
         try:
-            return {
-                p: int(c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10, cached=False)[1])
-                for p in parts
-            }
+            return {p: self._end(c, p) for p in parts}
         finally:
             c.close()
+
+    def _end(self, c: Consumer, partition: int) -> int:
+        """The partition's end offset, asked again on a retriable error: a leader elected a
+        moment ago answers OFFSET_NOT_AVAILABLE until its high watermark has caught up (Kafka's
+        rule), and the cluster's preferred-leader rebalance can move a leader at any time."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                tp = TopicPartition(self.topic, partition)
+                return int(c.get_watermark_offsets(tp, timeout=10, cached=False)[1])
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if (
+                    not isinstance(err, KafkaError)
+                    or err.code() not in _RETRY_ENDS
+                    or time.monotonic() > deadline
+                ):
+                    raise
+                time.sleep(0.5)
 
     def read_all(
         self, parts: list[int], iso: str, ends: dict[int, int]
