@@ -23,10 +23,11 @@ broker 0 is killed and broker 1 restarted, holding only A's first batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.cluster.helpers import running_cluster, wait_for
@@ -90,10 +91,13 @@ class Producer:
 
 
 def lose_the_last_isr_member(
-    cluster: list[Broker], topic_config: dict[str, str] | None = None
+    cluster: list[Broker],
+    topic_config: dict[str, str] | None = None,
+    before_losing: Callable[[], None] | None = None,
 ) -> tuple[Producer, Producer]:
     """Run the shared setup up to "broker 0 killed, broker 1 restarted"; returns (A, B).
-    ``topic_config``: overrides the topic is created with."""
+    ``topic_config``: overrides the topic is created with; ``before_losing`` runs once every
+    write is acknowledged, before broker 0 is killed."""
     first, second, observer = by_id(cluster, 0), by_id(cluster, 1), by_id(cluster, 2)
     client = admin(cluster)
     wait_for(lambda: len(client.list_topics(timeout=5).brokers) == 3, what="three brokers")
@@ -115,6 +119,8 @@ def lose_the_last_isr_member(
     b = Producer(observer)
     assert produce(first, a.batch(2, b"a2", b"a3")) == (0, 2)  # acknowledged by the ISR {0}
     assert produce(first, b.batch(0, b"b0", b"b1")) == (0, 4)
+    if before_losing is not None:
+        before_losing()
 
     first.kill()
     offline = wait_for_view(observer, TOPIC, lambda v: v.leader == -1, what="the partition offline")
@@ -187,3 +193,48 @@ def test_unclean_election_loses_the_acked_tail_and_the_producer_sees_out_of_orde
     )
     wait_for(lambda: segment_bytes(first) == segment_bytes(second), what="replicas to agree")
     assert b"b0" not in segment_bytes(first)
+
+
+@pytest.mark.parametrize("cluster", ["true"], indirect=True)
+def test_a_librdkafka_consumer_past_the_lost_tail_moves_back_to_where_its_epoch_ends(
+    cluster: list[Broker],
+) -> None:
+    """KIP-320 from the consumer's side: a consumer that had read the acknowledged tail (offsets
+    2-5) validates its position with OffsetsForLeaderEpoch (v2, librdkafka's version) on the
+    uncleanly elected leader, learns that its epoch ends at 2 there and fetches on from 2. A
+    broker without v2 makes librdkafka skip that check: it fetches at 6, past the new log end,
+    gets OFFSET_OUT_OF_RANGE and resets to the earliest offset, reading a0 and a1 again."""
+    second, observer = by_id(cluster, 1), by_id(cluster, 2)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": observer.bootstrap,
+            "group.id": "kip-320",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 500,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    read: list[tuple[int, bytes]] = []
+
+    def has_read(count: int) -> bool:
+        for m in consumer.consume(num_messages=10, timeout=0.2):
+            if m.error() is None:
+                read.append((int(m.offset() or 0), m.value() or b""))
+        return len(read) >= count
+
+    def read_the_tail() -> None:
+        consumer.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
+        wait_for(lambda: has_read(6), what="the consumer to read offsets 0-5")
+        assert [o for o, _ in read] == [0, 1, 2, 3, 4, 5]
+
+    try:
+        a, _b = lose_the_last_isr_member(cluster, before_losing=read_the_tail)
+        wait_for_view(second, TOPIC, lambda v: v.leader == 1, what="broker 1 elected uncleanly")
+        del read[:]
+        # The new log ends at 4 (< the consumer's position 6), whatever the consumer did so far.
+        assert produce(second, a.batch(2, b"a2-again", b"a3-again")) == (0, 2)
+        wait_for(lambda: has_read(2), timeout=60, what="the consumer to read on")
+        assert read[:2] == [(2, b"a2-again"), (3, b"a3-again")]
+    finally:
+        consumer.close()
