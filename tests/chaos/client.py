@@ -32,6 +32,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from tests.chaos.history import HistoryWriter, make_value
 
 QUIET: dict[str, Any] = {"log_level": 0}
+# CHAOS_WRITER_DEBUG=eos,msg (librdkafka debug contexts) traces the writers into their .log files
+if os.environ.get("CHAOS_WRITER_DEBUG"):
+    QUIET = {"debug": os.environ["CHAOS_WRITER_DEBUG"], "log_level": 7}
 _stop = False
 
 
