@@ -27,7 +27,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 
 from benchlib import (
     brokers,
+    cluster_txn_workloads,  # noqa: F401  (registers the cluster's transaction workloads)
     cluster_workloads,  # noqa: F401  (registers the cluster workloads)
+    coordinator_failover,  # noqa: F401  (registers the coordinator failover workloads)
     drivers,
     profile,
     report,

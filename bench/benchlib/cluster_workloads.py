@@ -53,11 +53,11 @@ RF3_CONFIG = {"min.insync.replicas": MIN_ISR}
 LEADER = 0  # broker id that leads every measured partition (explicit assignment)
 
 
-def _place(cluster: Cluster, prefix: str, rf: int, partitions: int = 1) -> str:
-    """A fresh topic whose partitions are led by broker ``LEADER`` (RF 3: the other two follow)."""
+def _place(cluster: Cluster, prefix: str, rf: int, partitions: int = 1, leader: int = LEADER) -> str:
+    """A fresh topic whose partitions are led by broker ``leader`` (RF 3: the other two follow)."""
     topic = f"{prefix}-rf{rf}-{uuid.uuid4().hex[:6]}"
-    others = [b for b in range(cluster.count) if b != LEADER]
-    assignment = [[LEADER, *others][:rf] for _ in range(partitions)]
+    others = [b for b in range(cluster.count) if b != leader]
+    assignment = [[leader, *others][:rf] for _ in range(partitions)]
     a = cluster.admin()  # kept alive until the future resolves (a collected handle fails it)
     futs = a.create_topics(
         [
@@ -85,8 +85,13 @@ def _leader_process(cluster: Cluster, broker_id: int = LEADER) -> BrokerProcess:
     )
 
 
-def _start_cluster(ctx: Context, tag: str, session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS) -> Cluster:
-    overrides = dict(opt.split("=", 1) for opt in ctx.broker_options)
+def _start_cluster(
+    ctx: Context,
+    tag: str,
+    session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+    extra: dict[str, str] | None = None,
+) -> Cluster:
+    overrides = {**(extra or {}), **dict(opt.split("=", 1) for opt in ctx.broker_options)}
     work = ctx.scratch / f"cluster-{tag}-{uuid.uuid4().hex[:6]}"
     cluster = Cluster(work, 3, session_timeout_ms, overrides)
     cluster.start()

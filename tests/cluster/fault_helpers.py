@@ -22,19 +22,11 @@ from kio.static.primitive import i32, i64
 from exactly.cluster.zk import ClusterZk
 from exactly.protocol.apis import ApiKey, build, schema
 from exactly.types import TopicPartition
-from tests.cluster.helpers import wait_for
+from tests.cluster.helpers import bootstrap, by_id, wait_for, watermarks
 from tests.support.broker import Broker
 from tests.support.wire import WireClient
 
 TOPIC = "faults"
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
-
-
-def broker_named(brokers: list[Broker], broker_id: int) -> Broker:
-    return next(b for b in brokers if b.name == f"broker-{broker_id}")
 
 
 def create_topic(brokers: list[Broker], zk: ClusterZk, partitions: int = 1, min_isr: int = 2) -> None:
@@ -97,10 +89,8 @@ def read_partitions(brokers: list[Broker], partitions: int) -> dict[int, list[in
         {"bootstrap.servers": bootstrap(brokers), "group.id": "unused", "enable.auto.commit": False}
     )
     try:
-        ends = {
-            p: consumer.get_watermark_offsets(KafkaPartition(TOPIC, p), timeout=10)[1]
-            for p in range(partitions)
-        }
+        # the preferred-leader election after a bounce may move a leader under this very request
+        ends = {p: watermarks(consumer, TOPIC, p)[1] for p in range(partitions)}
         consumer.assign([KafkaPartition(TOPIC, p, 0) for p in range(partitions) if ends[p] > 0])
         seen: dict[int, list[int]] = {p: [] for p in range(partitions)}
         positions = {p: 0 for p in range(partitions)}
@@ -205,7 +195,7 @@ def produce_acked(brokers: list[Broker], values: range) -> list[int]:
 def fail_over(brokers: list[Broker], zk: ClusterZk, partition: int = 0) -> Broker:
     """SIGKILL the partition's leader and wait for its registration to go and a new leader; -> it."""
     leader = partition_states(zk)[partition].leader
-    victim = broker_named(brokers, leader)
+    victim = by_id(brokers, leader)
     victim.kill()
     wait_deregistered(zk, leader)
     wait_for(lambda: new_leader_elected(zk, leader, partition), timeout=30, what="a new leader")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaPartition
 from kazoo.client import KazooClient
 
-from exactly.client.replica_verification import describe, verify_replicas
-from exactly.client.wire import WireError
+from exactly.client.replica_verification import METADATA_MAX_VERSION, describe, verify_replicas
+from exactly.client.wire import ApiKey, WireClient, WireError
 from exactly.cluster.zk import ClusterZk
 from exactly.replication.verification import PartitionVerdict
 from exactly.testing.wait import wait_until
@@ -50,6 +53,92 @@ def cluster_overrides(zk_connect: str, broker_id: int) -> dict[str, str]:
     }
 
 
+def broker_id(broker: Broker) -> int:
+    """``running_cluster`` names broker ``i`` ``broker-i`` and gives it ``broker.id=i``."""
+    return int(broker.overrides["broker.id"])
+
+
+def by_id(brokers: Sequence[Broker], wanted: int) -> Broker:
+    return next(b for b in brokers if broker_id(b) == wanted)
+
+
+def bootstrap(brokers: Sequence[Broker]) -> str:
+    """The running brokers' addresses (a killed broker's would only cost a client a connect error)."""
+    return ",".join(b.bootstrap for b in brokers if b.running)
+
+
+def metadata_broker_ids(broker: Broker) -> set[int]:
+    """The live brokers in ``broker``'s own Metadata answer (one connection to it, no client-side
+    cache that might have asked another broker): what its CreateTopics would place replicas on."""
+    with WireClient.connect(broker.bootstrap, timeout=5, client_id="cluster-test") as wire:
+        version = wire.version_for(ApiKey.METADATA, METADATA_MAX_VERSION)
+        response = wire.call(ApiKey.METADATA, version, topics=(), allow_auto_topic_creation=False)
+    return {int(b.node_id) for b in response.brokers}
+
+
+def await_registered(brokers: Sequence[Broker], timeout: float = 30.0) -> None:
+    """Until every running broker's Metadata lists every running broker.
+
+    A broker's listening line comes before its registration in ZooKeeper and before the watches
+    that fill its metadata cache have fired; a topic created in between is placed on the brokers
+    that broker knows of (Kafka: INVALID_REPLICATION_FACTOR "3 larger than available brokers: 2").
+    Kafka's own test harness waits the same way (``TestUtils.waitUntilBrokerMetadataIsPropagated``)."""
+    running = [b for b in brokers if b.running]
+    wanted = {broker_id(b) for b in running}
+    seen: dict[str, set[int]] = {}
+
+    def everyone_sees_everyone() -> bool:
+        for b in running:
+            try:
+                seen[b.name] = metadata_broker_ids(b)
+            except (OSError, WireError):
+                return False
+        return all(ids >= wanted for ids in seen.values())
+
+    wait_until(
+        everyone_sees_everyone,
+        timeout,
+        f"brokers {sorted(wanted)} registered and in every broker's Metadata",
+        interval=0.05,
+        describe=lambda: f" (seen: {seen})",
+    )
+
+
+# Kafka's retriable answers to a ListOffsets that a client handles by refreshing its metadata and
+# asking again (the leader moved: a preferred or failover election between the client's last
+# Metadata and its request).
+LEADER_MOVED = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 30.0) -> tuple[int, int]:
+    """(log start, high watermark) from the partition's leader, as a Kafka client gets them across
+    a leader change: on a retriable error it refreshes its metadata and asks the new leader.
+    Anything else (or no answer within ``timeout``) is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                KafkaPartition(topic, partition), timeout=10, cached=False
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            if exc.args[0].code() not in LEADER_MOVED or time.monotonic() > deadline:
+                raise
+        consumer.list_topics(topic, timeout=10)  # librdkafka's metadata refresh: the new leader
+        time.sleep(0.05)
+
+
 def running_cluster(
     zk_connect: str, tmp_path: Path, count: int = 3, env: Mapping[str, str] | None = None, **extra: str
 ) -> Iterator[list[Broker]]:
@@ -69,6 +158,7 @@ def running_cluster(
     try:
         for b in brokers:
             b.start()
+        await_registered(brokers)
         yield brokers
     finally:
         for b in brokers:

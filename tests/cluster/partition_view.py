@@ -20,7 +20,7 @@ from kio.static.primitive import i8, i32, i64
 
 from exactly.client.wire import WireError
 from exactly.protocol.apis import ApiKey
-from tests.cluster.helpers import wait_for
+from tests.cluster.helpers import by_id, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient
 
@@ -34,15 +34,6 @@ class PartitionView:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
-
-
-def broker_id(broker: Broker) -> int:
-    """``running_cluster`` names broker ``i`` ``broker-i`` and gives it ``broker.id=i``."""
-    return int(broker.overrides["broker.id"])
-
-
-def by_id(brokers: list[Broker], wanted: int) -> Broker:
-    return next(b for b in brokers if broker_id(b) == wanted)
 
 
 def view(broker: Broker, topic: str, partition: int = 0) -> PartitionView | None:
@@ -100,6 +91,29 @@ def wait_for_view(
     result = seen[0]
     assert result is not None
     return result
+
+
+def kill_leader(
+    brokers: list[Broker], topic: str, before: PartitionView | None = None, *, partition: int = 0
+) -> tuple[Broker, PartitionView]:
+    """SIGKILL the partition's leader -- the one ``before`` names, or by default the one a running
+    broker names now -- and wait until a surviving broker names another leader at a newer leader
+    epoch (the controller acts once the victim's session expired); -> (the victim, that view)."""
+    if before is None:
+        asked = next(b for b in brokers if b.running)
+        before = wait_for_view(asked, topic, lambda v: v.leader >= 0, partition=partition, what="a leader")
+    old = before
+    victim = by_id(brokers, old.leader)
+    victim.kill()
+    witness = next(b for b in brokers if b.running)
+    after = wait_for_view(
+        witness,
+        topic,
+        lambda v: v.leader not in (-1, old.leader) and v.leader_epoch > old.leader_epoch,
+        partition=partition,
+        what=f"a new leader of {topic}-{partition}",
+    )
+    return victim, after
 
 
 def list_offsets_code(

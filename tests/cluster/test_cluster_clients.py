@@ -29,10 +29,10 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 from kio.static.primitive import i32
 
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, by_id, running_cluster, wait_for
 from tests.cluster.partition_view import (
     PartitionView,
-    by_id,
+    kill_leader,
     list_offsets_code,
     offsets_for_epoch,
     wait_for_view,
@@ -54,10 +54,6 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "10000"})
 
 
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
-
-
 def create_rf3(brokers: list[Broker], topic: str) -> PartitionView:
     admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
@@ -71,20 +67,6 @@ def create_rf3(brokers: list[Broker], topic: str) -> PartitionView:
         lambda v: v.leader == seen.leader and len(v.isr) == 3,
         what="the leader to lead with a full ISR",
     )
-
-
-def kill_leader(brokers: list[Broker], topic: str, before: PartitionView) -> tuple[Broker, PartitionView]:
-    """SIGKILL the leader; return it and the view once another broker leads at a newer epoch."""
-    victim = by_id(brokers, before.leader)
-    victim.kill()
-    witness = next(b for b in brokers if b.running)
-    after = wait_for_view(
-        witness,
-        topic,
-        lambda v: v.leader not in (-1, before.leader) and v.leader_epoch > before.leader_epoch,
-        what="a new leader",
-    )
-    return victim, after
 
 
 def segment_bytes(broker: Broker, topic: str) -> bytes:

@@ -19,7 +19,8 @@ from kio.schema.types import ProducerId, TopicName
 from kio.schema.write_txn_markers.v1 import request as markers_request
 from kio.static.primitive import i16, i32
 
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, by_id, running_cluster, wait_for
+from tests.cluster.partition_view import kill_leader
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, fetch_batches
 
@@ -31,10 +32,6 @@ TXN_STATE = "__transaction_state"
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "10000"})
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
 
 
 def create_topic(brokers: list[Broker], partitions: int = 2) -> AdminClient:
@@ -52,10 +49,6 @@ def leader_of(brokers: list[Broker], topic: str, partition: int = 0) -> int:
     md = AdminClient({"bootstrap.servers": bootstrap(brokers)}).list_topics(topic, timeout=5)
     partitions = md.topics[topic].partitions
     return partitions[partition].leader if partition in partitions else -1
-
-
-def broker_named(brokers: list[Broker], broker_id: int) -> Broker:
-    return next(b for b in brokers if b.name == f"broker-{broker_id}")
 
 
 def transactional_producer(brokers: list[Broker], txn_id: str) -> Producer:
@@ -193,14 +186,7 @@ def test_committed_offsets_survive_the_group_coordinators_kill_9(cluster: list[B
     consumer.assign([TopicPartition(TOPIC, 0, 0), TopicPartition(TOPIC, 1, 0)])
     consumer.commit(offsets=[TopicPartition(TOPIC, 0, 7), TopicPartition(TOPIC, 1, 3)], asynchronous=False)
     consumer.close()
-    coordinator = leader_of(cluster, OFFSETS)
-    assert coordinator in (0, 1, 2)
-    broker_named(cluster, coordinator).kill()
-    wait_for(
-        lambda: leader_of(cluster, OFFSETS) not in (-1, coordinator),
-        timeout=30,
-        what="a new leader of __consumer_offsets-0",
-    )
+    kill_leader(cluster, OFFSETS)  # the group coordinator's broker
     survivors = [b for b in cluster if b.running]
     consumer = Consumer({**config, "bootstrap.servers": bootstrap(survivors)})
     try:
@@ -220,21 +206,14 @@ def test_transaction_after_the_transaction_coordinators_kill_9(cluster: list[Bro
     # the cluster answers EndTxn once PrepareCommit is replicated and writes the markers after:
     # wait until they are in (the LSO passed them), so the first COMMIT carries epoch 0
     assert read_committed(cluster, 40) == list(range(40))
-    coordinator = leader_of(cluster, TXN_STATE)
-    assert coordinator in (0, 1, 2)
-    broker_named(cluster, coordinator).kill()
-    wait_for(
-        lambda: leader_of(cluster, TXN_STATE) not in (-1, coordinator),
-        timeout=30,
-        what="a new leader of __transaction_state-0",
-    )
+    kill_leader(cluster, TXN_STATE)  # the transaction coordinator's broker
     survivors = [b for b in cluster if b.running]
     produce_txn(producer, range(40, 80))  # librdkafka finds the new coordinator by itself
     assert read_committed(survivors, 80) == list(range(80))
     # The markers carry the coordinator epoch = the transaction log partition's leader epoch:
     # 0 from the first coordinator, higher from the next. The data partition's leader refuses a
     # marker of the older coordinator epoch now, and a non-leader refuses any marker.
-    leader = broker_named(cluster, leader_of(survivors, TOPIC, 0))
+    leader = by_id(cluster, leader_of(survivors, TOPIC, 0))
     with WireClient(leader.bootstrap) as client:
         markers = [(h, recs) for h, recs in fetch_batches(client, TOPIC, 0) if h.is_control]
         epochs = [struct.unpack(">hi", recs[0].value)[1] for _h, recs in markers]
@@ -337,7 +316,7 @@ def test_transactions_go_on_while_the_coordinators_broker_is_killed_mid_stream(c
         next_value += 20
         txn += 1
         if txn == 4:  # the kill lands somewhere inside this transaction or the next ones
-            killer = threading.Timer(0.05, broker_named(cluster, leader_of(cluster, TXN_STATE)).kill)
+            killer = threading.Timer(0.05, by_id(cluster, leader_of(cluster, TXN_STATE)).kill)
             killer.start()
         try:
             produce_txn(producer, values, commit=txn % 3 != 0)
@@ -381,7 +360,7 @@ def test_commit_completed_by_the_next_coordinator_after_a_crash_after_prepare(
     coordinator = leader_of(cluster, TXN_STATE)
     assert coordinator in (0, 1, 2)
     produce_txn(producer, range(0, 30))  # the coordinator dies inside this commit
-    victim = broker_named(cluster, coordinator)
+    victim = by_id(cluster, coordinator)
     wait_for(lambda: not victim.running, timeout=10, what="the coordinator to crash after PrepareCommit")
     assert "crash-after-prepare" in victim.log_text()
     survivors = [b for b in cluster if b.running]

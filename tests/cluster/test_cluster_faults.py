@@ -32,7 +32,7 @@ from tests.cluster.fault_helpers import (
     TOPIC,
     ContinuousProducer,
     bootstrap,
-    broker_named,
+    by_id,
     create_topic,
     fail_over,
     freeze_without_parked_fetch,
@@ -88,15 +88,7 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(
             if await_full_isr:
                 wait_for(lambda: isr_full(zk), timeout=60, what=f"a full ISR before bounce {bounce}")
             wait_for(lambda: partition_states(zk)[0].leader >= 0, timeout=30, what="a leader")
-            leader = partition_states(zk)[0].leader
-            victim = broker_named(cluster, leader)
-            victim.kill()
-            wait_deregistered(zk, leader)
-            wait_for(
-                lambda old=leader: new_leader_elected(zk, old),
-                timeout=30,
-                what="a new leader of partition 0",
-            )
+            victim = fail_over(cluster, zk)
             before = producer.count(0)
             wait_for(
                 lambda n=before: producer.count(0) > n + 50,
@@ -136,7 +128,7 @@ def test_two_failovers_in_a_row_without_writes_leave_identical_replicas(
     await_replicas_identical(bootstrap(cluster), [TOPIC])
     first = fail_over(cluster, zk)
     second = fail_over(cluster, zk)  # no write in the first new leader's epoch
-    third = broker_named(cluster, partition_states(zk)[0].leader)
+    third = by_id(cluster, partition_states(zk)[0].leader)
     assert third not in (first, second)
     first.start()
     second.start()
@@ -173,7 +165,7 @@ def test_zombie_leader_never_acks_alone_and_loses_its_unreplicated_tail(
     acked = produce_acked(cluster, range(50))
     await_replicas_identical(bootstrap(cluster), [TOPIC])
     leader_id = partition_states(zk)[0].leader
-    zombie = broker_named(cluster, leader_id)
+    zombie = by_id(cluster, leader_id)
     others = [b for b in cluster if b is not zombie]
     frozen: list[Broker] = []
     try:
@@ -250,7 +242,7 @@ def test_each_broker_paused_past_its_session_under_idempotent_producer(
     try:
         wait_for(lambda: producer.count() >= 200, timeout=30, what="the producer to get going")
         leader = partition_states(zk)[0].leader
-        order = [broker_named(cluster, leader), *(b for b in cluster if b.name != f"broker-{leader}")]
+        order = [by_id(cluster, leader), *(b for b in cluster if b.name != f"broker-{leader}")]
         for paused in order:
             wait_for(lambda: isr_full(zk), timeout=60, what=f"a full ISR before pausing {paused.name}")
             paused_id = int(paused.name.split("-")[1])
@@ -365,7 +357,7 @@ def test_new_leader_withholds_offsets_until_its_high_watermark_reaches_its_epoch
     produce_acked(cluster, range(20))
     await_replicas_identical(bootstrap(cluster), [TOPIC])
     assert partition_states(zk)[0].leader == old_leader
-    leader, successor, frozen = (broker_named(cluster, b) for b in (old_leader, successor_id, frozen_id))
+    leader, successor, frozen = (by_id(cluster, b) for b in (old_leader, successor_id, frozen_id))
     freeze_without_parked_fetch(frozen, leader)
     assert frozen.pid is not None
     try:

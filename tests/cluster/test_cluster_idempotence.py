@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.helpers import running_cluster, wait_for
-from tests.cluster.partition_view import by_id, wait_for_view
+from tests.cluster.helpers import by_id, running_cluster, wait_for
+from tests.cluster.partition_view import wait_for_view
 from tests.support.broker import Broker
 from tests.support.wire import (
     WireClient,

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.helpers import running_cluster, wait_for
-from tests.cluster.partition_view import by_id, list_offsets_code, wait_for_view
+from tests.cluster.helpers import by_id, running_cluster, wait_for
+from tests.cluster.partition_view import list_offsets_code, wait_for_view
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, fetch_records, partition_response, produce_request, simple_batch
 

@@ -23,7 +23,7 @@ from kio.static.primitive import i32, i32Timedelta
 from exactly.cluster.zk import ClusterZk
 from exactly.cluster.znodes import decode_topic_id
 from exactly.controller.assignment import assign_added_partitions
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, running_cluster, wait_for
 from tests.support.broker import Broker, child_env
 from tests.support.wire import WireClient
 
@@ -33,10 +33,6 @@ TOPIC = "grown"
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "10000"})
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers)
 
 
 def create(brokers: list[Broker], partitions: int, rf: int = 3) -> AdminClient:

@@ -15,7 +15,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, Topic
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly.server.replica_fetcher import MAX_WAIT_MS
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
 
@@ -25,10 +25,6 @@ TOPIC = "replicated"
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(zk_connect, tmp_path, **{"replica.lag.time.max.ms": "10000"})
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
 
 
 def create_rf3(brokers: list[Broker], partitions: int = 1, min_isr: int = 2) -> AdminClient:

@@ -20,7 +20,7 @@ import pytest
 from exactly.cluster.zk import ClusterZk
 from tests.cluster.fault_helpers import (
     TOPIC,
-    broker_named,
+    by_id,
     create_topic,
     new_leader_elected,
     partition_states,
@@ -43,7 +43,7 @@ def test_leader_restarted_before_its_session_expired_acknowledges_nothing_until_
 ) -> None:
     create_topic(cluster, zk)
     old_leader = partition_states(zk)[0].leader
-    leader = broker_named(cluster, old_leader)
+    leader = by_id(cluster, old_leader)
     port = leader.port
     assert port is not None
     leader.kill()

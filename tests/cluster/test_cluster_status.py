@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exactly.client.cluster_status import ClusterStatus, read_status
 from exactly.client.wire import WireError
 from exactly.testing.broker import child_env
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, by_id, running_cluster, wait_for
 from tests.support.broker import Broker
 
 pytestmark = pytest.mark.timeout(300)
@@ -60,10 +60,6 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
             "auto.leader.rebalance.enable": "false",
         },
     )
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
 
 
 def status_of(brokers: list[Broker]) -> ClusterStatus | None:
@@ -109,10 +105,6 @@ def metric(broker: Broker, name: str, **labels: str) -> float:
 
 def total(brokers: list[Broker], name: str) -> float:
     return sum(metric(b, name) for b in brokers)
-
-
-def broker_named(brokers: list[Broker], broker_id: int) -> Broker:
-    return next(b for b in brokers if b.name == f"broker-{broker_id}")
 
 
 def setup_topics(brokers: list[Broker]) -> None:
@@ -168,7 +160,7 @@ def test_status_and_metrics_through_a_pause_and_a_kill_9(cluster: list[Broker]) 
     controller = status.controller_id
     # the victim: not the controller, so the controller's counters survive the kill
     victim_id = next(b for b in (0, 1, 2) if b != controller)
-    victim = broker_named(cluster, victim_id)
+    victim = by_id(cluster, victim_id)
     single_on_victim = [
         p.partition for p in status.partitions if p.topic == SINGLE and p.replicas == (victim_id,)
     ]
@@ -208,10 +200,7 @@ def test_status_and_metrics_through_a_pause_and_a_kill_9(cluster: list[Broker]) 
     p0_leader = next(p.leader for p in status.partitions if p.topic == REPLICATED and p.partition == 0)
     labels = {"topic": REPLICATED, "partition": "0"}
     wait_for(
-        lambda: (
-            metric(broker_named(cluster, p0_leader), "exactly_partition_last_stable_offset_lag", **labels)
-            >= 1
-        ),
+        lambda: metric(by_id(cluster, p0_leader), "exactly_partition_last_stable_offset_lag", **labels) >= 1,
         what="the leader's LastStableOffsetLag",
     )
     for b in cluster:
@@ -219,17 +208,14 @@ def test_status_and_metrics_through_a_pause_and_a_kill_9(cluster: list[Broker]) 
             assert metric(b, "exactly_partition_last_stable_offset_lag", **labels) == 0
     producer.commit_transaction(60)
     wait_for(
-        lambda: (
-            metric(broker_named(cluster, p0_leader), "exactly_partition_last_stable_offset_lag", **labels)
-            == 0
-        ),
+        lambda: metric(by_id(cluster, p0_leader), "exactly_partition_last_stable_offset_lag", **labels) == 0,
         what="the LSO to catch up after the commit",
     )
 
     # --- 2. a follower paused: the leaders shrink and expand the ISR themselves -------------------
     others = [b for b in cluster if b is not victim]
     shrinks, expands = total(others, "exactly_isr_shrinks_total"), total(others, "exactly_isr_expands_total")
-    elections = metric(broker_named(cluster, controller), "exactly_leader_elections_total")
+    elections = metric(by_id(cluster, controller), "exactly_leader_elections_total")
     # A follower is out of sync once it has not reached the leader's log end for the lag time
     # (one that is at the end stays in sync, however long it is silent), so keep writing.
     writer = Producer({"bootstrap.servers": bootstrap(others), "acks": 1, "linger.ms": 0})
@@ -301,7 +287,7 @@ def test_status_and_metrics_through_a_pause_and_a_kill_9(cluster: list[Broker]) 
         return urp == len(status.under_replicated)
 
     wait_for(metrics_agree, what="UnderReplicatedPartitions on the leaders to match the status")
-    controller_broker = broker_named(cluster, controller)
+    controller_broker = by_id(cluster, controller)
     assert metric(controller_broker, "exactly_offline_partitions_count") == 1
     assert metric(controller_broker, "exactly_active_controller_count") == 1
     assert total(others, "exactly_offline_partitions_count") == 1  # only the controller counts
@@ -353,7 +339,7 @@ def test_the_controller_killed_9_moves_active_controller_count(cluster: list[Bro
     old = last[0].controller_id
     led = [p.partition for p in last[0].partitions if p.topic == REPLICATED and p.leader == old]
     assert led  # RF 3 over 3 brokers, 3 partitions: AdminUtils gives each broker one leadership
-    broker_named(cluster, old).kill()
+    by_id(cluster, old).kill()
     survivors = [b for b in cluster if b.running]
 
     def new_controller() -> bool:
@@ -368,7 +354,7 @@ def test_the_controller_killed_9_moves_active_controller_count(cluster: list[Bro
 
     wait_for(new_controller, timeout=SESSION_TIMEOUT_MS / 1000 + 30, what="a new controller")
     assert last[0] is not None
-    new = broker_named(cluster, last[0].controller_id)
+    new = by_id(cluster, last[0].controller_id)
     wait_for(
         lambda: (
             [metric(b, "exactly_active_controller_count") for b in survivors].count(1) == 1

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from exactly.client.broker_pool import BrokerPool
 from exactly.client.txn_admin import describe_one, describe_producers, describe_transactions
 from exactly.client.wire import WireError
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, by_id, running_cluster, wait_for
 from tests.support.broker import Broker, child_env
 from tests.support.txn_helpers import (
     INVALID_TXN_STATE,
@@ -38,10 +38,6 @@ TRANSACTIONAL_ID_NOT_FOUND = 105
 
 
 # ---------------------------------------------------------------------------- helpers
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
-
-
 def create_topic(brokers: list[Broker], partitions: int = 3) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == len(brokers), what="every broker")
@@ -58,15 +54,11 @@ def leader_of(brokers: list[Broker], topic: str, partition: int = 0) -> int:
     return partitions[partition].leader if partition in partitions else -1
 
 
-def broker_named(brokers: list[Broker], broker_id: int) -> Broker:
-    return next(b for b in brokers if b.name == f"broker-{broker_id}")
-
-
 def coordinator_of(brokers: list[Broker], tid: str) -> Broker:
     """The transaction coordinator of ``tid`` (FindCoordinator at a running broker)."""
     with BrokerPool.connect(bootstrap(brokers), timeout=30) as pool:
         broker_id = pool.retrying("FindCoordinator", lambda: pool.coordinator_id(tid))
-    return broker_named(brokers, broker_id)
+    return by_id(brokers, broker_id)
 
 
 def init_at_coordinator(brokers: list[Broker], tid: str, timeout_ms: int = 60_000) -> tuple[int, int]:
@@ -103,7 +95,7 @@ def settled(brokers: list[Broker], partition: int, expected: tuple[int, int]) ->
 
 def offsets_at_leader(brokers: list[Broker], partition: int) -> tuple[int, int]:
     """(high watermark, last stable offset) of ``orders-partition`` from its leader."""
-    with WireClient(broker_named(brokers, leader_of(brokers, TOPIC, partition)).bootstrap) as wc:
+    with WireClient(by_id(brokers, leader_of(brokers, TOPIC, partition)).bootstrap) as wc:
         return (
             _list_offset(wc, partition, isolation_level=0),
             _list_offset(wc, partition, isolation_level=1),
@@ -189,7 +181,7 @@ def test_txn_tools_find_and_abort_a_hanging_transaction_at_its_leader(
 
     # a hanging transaction: committed, then a late transactional write of the same producer
     partition = 1
-    leader = broker_named(cluster, leader_of(cluster, TOPIC, partition))
+    leader = by_id(cluster, leader_of(cluster, TOPIC, partition))
     other = next(b for b in cluster if b is not leader)  # every tool is asked through this one
     pid, epoch = init_at_coordinator(cluster, "late")
     with WireClient(coordinator_of(cluster, "late").bootstrap) as wc:
@@ -265,10 +257,8 @@ def test_non_coordinator_leader_verifies_transactional_writes_with_the_coordinat
     tid = "verified"
     pid, epoch = init_at_coordinator(cluster, tid)
     coordinator = coordinator_of(cluster, tid)
-    partition = next(
-        p for p in range(3) if broker_named(cluster, leader_of(cluster, TOPIC, p)) is not coordinator
-    )
-    leader = broker_named(cluster, leader_of(cluster, TOPIC, partition))
+    partition = next(p for p in range(3) if by_id(cluster, leader_of(cluster, TOPIC, p)) is not coordinator)
+    leader = by_id(cluster, leader_of(cluster, TOPIC, partition))
     with WireClient(leader.bootstrap) as at_leader, WireClient(coordinator.bootstrap) as at_coordinator:
         # not added to the transaction: refused, nothing written, no transaction started
         assert wire_produce(at_leader, TOPIC, partition, txn_batch([b"a"], pid, epoch, 0), tid) == (
@@ -325,7 +315,7 @@ def test_open_transactions_time_out_at_the_coordinator_also_after_a_failover(
 ) -> None:
     cluster = expiring_cluster
     create_topic(cluster, partitions=1)
-    leader = broker_named(cluster, leader_of(cluster, TOPIC, 0))
+    leader = by_id(cluster, leader_of(cluster, TOPIC, 0))
 
     def open_txn(tid: str, first_sequence: int = 0) -> tuple[int, int]:
         pid, epoch = init_at_coordinator(cluster, tid, timeout_ms=2_000)

@@ -30,8 +30,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.cluster.helpers import running_cluster, wait_for
-from tests.cluster.partition_view import by_id, view, wait_for_view
+from tests.cluster.helpers import by_id, running_cluster, wait_for
+from tests.cluster.partition_view import view, wait_for_view
 from tests.support.broker import Broker
 from tests.support.wire import (
     WireClient,

@@ -25,7 +25,7 @@ from exactly.cluster import znodes as zn
 from exactly.cluster.zk import ClusterZk
 from exactly.cluster.znodes import LeaderAndIsr
 from exactly.types import TopicPartition as Tp
-from tests.cluster.helpers import running_cluster, wait_for
+from tests.cluster.helpers import bootstrap, by_id, running_cluster, wait_for, watermarks
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
 
@@ -43,14 +43,6 @@ def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
         tmp_path,
         **{"replica.lag.time.max.ms": "10000", "controlled.shutdown.retry.backoff.ms": "5000"},
     )
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
-
-
-def by_id(brokers: list[Broker], broker_id: int) -> Broker:
-    return next(b for b in brokers if b.name == f"broker-{broker_id}")
 
 
 def create_rf3(brokers: list[Broker], min_isr: int = 2) -> AdminClient:
@@ -91,7 +83,7 @@ def read_exactly(brokers: list[Broker], expected: int) -> list[int]:
             assert msg is not None, f"only {len(seen)} of {expected} records came back"
             assert msg.error() is None, msg.error()
             seen.append(int(msg.value()))
-        _low, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)
+        _low, high = watermarks(consumer, TOPIC, 0)  # leaders move here: asked as a client would
         assert high == expected, f"the log holds {high} records, {expected} were produced"
         return seen
     finally:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from exactly.cluster.zk import ClusterZk
-from tests.cluster.fault_helpers import TOPIC, broker_named, create_topic, partition_states
+from tests.cluster.fault_helpers import TOPIC, by_id, create_topic, partition_states
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
@@ -41,7 +41,7 @@ def test_write_parked_on_a_frozen_follower_completes_after_the_controllers_isr_s
     state = partition_states(zk)[0]
     controller = zk.controller_id()
     follower_id = next(b for b in state.isr if b not in (state.leader, controller))
-    leader, follower = broker_named(cluster, state.leader), broker_named(cluster, follower_id)
+    leader, follower = by_id(cluster, state.leader), by_id(cluster, follower_id)
     assert follower.pid is not None
     os.kill(follower.pid, signal.SIGSTOP)
     try:

@@ -19,7 +19,7 @@ from kio.schema.types import BrokerId
 from exactly.client.replica_verification import DEBUG_REPLICA_ID, verify_replicas
 from exactly.records.batch import CRC_OFFSET, compute_crc, iter_batches
 from exactly.testing.broker import child_env
-from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
+from tests.cluster.helpers import await_replicas_identical, bootstrap, running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, fetch_request
 
@@ -29,10 +29,6 @@ TOPIC = "verified"
 @pytest.fixture
 def cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
     yield from running_cluster(zk_connect, tmp_path, **{"zookeeper.session.timeout.ms": "2500"})
-
-
-def bootstrap(brokers: list[Broker]) -> str:
-    return ",".join(b.bootstrap for b in brokers if b.running)
 
 
 def create_and_fill(brokers: list[Broker], count: int = 30) -> int:
