@@ -95,8 +95,9 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
             "",
             "| workload | session timeout s | to next successful commit s | broker znode gone s "
             "| new leader of __transaction_state in ZooKeeper s | new coordinator in FindCoordinator s "
-            "| transactions aborted | commit retries | victim was controller | rejoin (full ISR) s | runs ok |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+            "| transactions aborted | commit retries | victim was controller | rejoin (full ISR) s | load avg (1 min) "
+            "| runs ok |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
         ]
         for e in fo:
             s = e["samples"]
@@ -106,7 +107,7 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
                 f"| {e['workload']} | {num((timeout or 0) / 1000, 0)} | {_cell(s, 'failover_s', 2)} "
                 f"| {_cell(s, 'gone_s', 2)} | {_cell(s, 'elected_s', 2)} | {_cell(s, 'coordinator_s', 2)} "
                 f"| {_cell(s, 'aborted', 0)} | {_cell(s, 'retries', 0)} | {sum(ctrl)}/{len(ctrl)} "
-                f"| {_cell(s, 'rejoin_s', 1)} | {runs_ok(e)} |"
+                f"| {_cell(s, 'rejoin_s', 1)} | {_cell(s, 'load1', 1)} | {runs_ok(e)} |"
             )
         out += [""] + [f"- {e['workload']}: {_targets(e)}" for e in fo]
         out += [

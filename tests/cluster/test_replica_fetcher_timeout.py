@@ -16,7 +16,7 @@ import pytest
 
 from exactly.cluster.zk import ClusterZk
 from tests.cluster.fault_helpers import TOPIC, create_topic, isr_full, partition_states, produce_acked
-from tests.cluster.helpers import await_replicas_identical, cluster_overrides, wait_for
+from tests.cluster.helpers import await_registered, await_replicas_identical, cluster_overrides, wait_for
 from tests.support.broker import Broker
 from tests.support.proxy import FaultProxy
 
@@ -44,6 +44,7 @@ def proxied_cluster(zk_connect: str, tmp_path: Path) -> Iterator[tuple[list[Brok
         for broker, proxy in zip(brokers, proxies, strict=True):
             broker.start()
             proxy.set_upstream(broker.host, broker.port or 0)
+        await_registered(brokers)
         yield brokers, proxies
     finally:
         for broker in brokers:
