@@ -21,6 +21,8 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from benchlib import kafka, procstat
+from exactly.client.replica_verification import METADATA_MAX_VERSION
+from exactly.client.wire import ApiKey, WireClient, WireError
 from exactly.cluster.zookeeper import ZooKeeperServer
 from exactly.testing.broker import Broker
 
@@ -150,15 +152,24 @@ class Cluster:
         return kafka.admin(self.bootstrap)
 
     def wait_brokers(self, n: int, timeout: float = 60.0) -> None:
-        """Until Metadata lists ``n`` live brokers."""
+        """Until every running broker's own Metadata answer lists ``n`` live brokers: a broker prints its
+        listening line before it registers, and a topic created through a broker whose cache lacks a
+        peer is placed without it (INVALID_REPLICATION_FACTOR for RF 3)."""
         deadline = time.monotonic() + timeout
-        a = self.admin()
+        seen: dict[str, int] = {}
         for _ in range(100_000):
-            md = a.list_topics(timeout=5)
-            if len(md.brokers) >= n:
+            for b in self.running():
+                try:
+                    with WireClient.connect(b.bootstrap, timeout=5, client_id="bench-cluster") as c:
+                        version = c.version_for(ApiKey.METADATA, METADATA_MAX_VERSION)
+                        md = c.call(ApiKey.METADATA, version, topics=(), allow_auto_topic_creation=False)
+                    seen[b.name] = len(md.brokers)
+                except WireError:
+                    seen[b.name] = 0
+            if seen and all(count >= n for count in seen.values()):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster lists {len(md.brokers)} brokers, expected {n}")
+                raise RuntimeError(f"brokers list {seen} live brokers, expected {n} each")
             time.sleep(0.05)
 
     def partition(self, topic: str, partition: int = 0) -> tuple[int, list[int], list[int], int]:
