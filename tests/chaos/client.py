@@ -64,6 +64,13 @@ def run_idem(args: argparse.Namespace, h: HistoryWriter, rng: random.Random, dea
             "acks": "all",
             "linger.ms": 5,
             "message.timeout.ms": 20_000,
+            # The broker answers an acks=all Produce it could not complete with REQUEST_TIMED_OUT
+            # after request.timeout.ms; kept below socket.timeout.ms (as Kafka's defaults, 30 s <
+            # 60 s) so the client hears that answer and retries with the same sequence (dedup),
+            # instead of timing the request out itself: an unknown outcome makes librdkafka bump
+            # the epoch and resend appended records under new sequences (duplicates no broker
+            # can detect).
+            "request.timeout.ms": 4_000,
             "socket.timeout.ms": 5_000,
             **QUIET,
         }
@@ -72,7 +79,7 @@ def run_idem(args: argparse.Namespace, h: HistoryWriter, rng: random.Random, dea
     def on_delivery(err: KafkaError | None, msg: Any) -> None:
         v = msg.value().decode()
         if err is None:
-            h.write("ack", v=v, p=int(msg.partition()), o=int(msg.offset()))
+            h.write("ack", v=v, p=int(msg.partition()), o=msg.offset())  # None: acked, offset unknown
         else:
             h.write("nack", v=v, err=f"{err.name()}: {err.str()}")
 
@@ -119,6 +126,7 @@ class TxnWriter:
                 "transactional.id": self.args.tid,
                 "transaction.timeout.ms": 10_000,
                 "message.timeout.ms": 9_000,
+                "request.timeout.ms": 4_000,  # below socket.timeout.ms, see run_idem
                 "socket.timeout.ms": 5_000,
                 "linger.ms": 2,
                 **QUIET,
@@ -156,7 +164,7 @@ class TxnWriter:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             v = msg.value().decode()
             if err is None:
-                h.write("ack", v=v, p=int(msg.partition()), o=int(msg.offset()))
+                h.write("ack", v=v, p=int(msg.partition()), o=msg.offset())  # None: acked, offset unknown
             else:
                 failed.append(v)
                 h.write("nack", v=v, err=f"{err.name()}: {err.str()}")

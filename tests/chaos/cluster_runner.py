@@ -53,7 +53,7 @@ from exactly.cluster.zk import ClusterZk
 from exactly.types import TopicPartition
 from tests.chaos.history import HistoryWriter
 from tests.chaos.runner import FAULT_ENV, Chaos, ChaosConfig, Client, Reachable, RunResult, run_chaos
-from tests.cluster.helpers import cluster_overrides
+from tests.cluster.helpers import await_registered, cluster_overrides
 from tests.support.broker import Broker
 from tests.support.proxy import FaultProxy, ProxiedBroker
 
@@ -68,6 +68,10 @@ CLUSTER_BROKER_CONFIG = {
     "default.replication.factor": "3",
     # the crash_prepare fault relies on the preferred leader getting the coordinator back soon
     "leader.imbalance.check.interval.seconds": "2",
+    # A follower whose Fetch response the ``drop`` fault swallowed notices after this long and
+    # fetches again; at Kafka's 30 s default, acks=all on its partitions waits past the writers'
+    # message.timeout.ms (20 s), whose expiry makes librdkafka bump the epoch and resend.
+    "replica.socket.timeout.ms": "5000",
 }
 
 CLUSTER_FAULTS: dict[str, int] = {
@@ -131,8 +135,9 @@ class ClusterChaos(Chaos):
         for n in self.nodes:
             n.broker.start()
             n.proxy.set_upstream(n.broker.host, n.broker.port or 0)
+        # every broker's own Metadata lists them all (topics are placed from the receiving broker's view)
+        await_registered([n.broker for n in self.nodes])
         admin = AdminClient({"bootstrap.servers": self.boot.bootstrap, "log_level": 0})
-        self.wait(lambda: len(admin.list_topics(timeout=5).brokers) == len(self.nodes), 30, "brokers")
         topic = NewTopic(
             self.topic,
             num_partitions=self.cfg.partitions,
