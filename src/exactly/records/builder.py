@@ -50,9 +50,12 @@ def _bytes_field(data: bytes | None, out: bytearray) -> None:
         out += data
 
 
-def encode_records(records: Sequence[Record], base_timestamp: int) -> bytes:
+def encode_records(records: Sequence[Record], base_timestamp: int, base_offset: int | None = None) -> bytes:
+    """The records section of a batch. Offset deltas count from 0, or, with ``base_offset``, are
+    each record's ``offset - base_offset`` (a cleaned batch keeps its records' offsets)."""
     out = bytearray()
-    for delta, record in enumerate(records):
+    for index, record in enumerate(records):
+        delta = index if base_offset is None else record.offset - base_offset
         body = bytearray(b"\x00")  # record attributes (unused)
         ts = base_timestamp if record.timestamp is None else record.timestamp
         append_varlong(ts - base_timestamp, body)

@@ -22,6 +22,10 @@ _KAFKA_NAMES: dict[str, str] = {
     "flush.ms": "flush_ms",
     "max.message.bytes": "max_message_bytes",
     "cleanup.policy": "cleanup_policy",
+    "min.cleanable.dirty.ratio": "min_cleanable_dirty_ratio",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
+    "delete.retention.ms": "delete_retention_ms",
     "message.timestamp.type": "message_timestamp_type",
     "min.insync.replicas": "min_insync_replicas",
     "unclean.leader.election.enable": "unclean_leader_election_enable",
@@ -46,6 +50,11 @@ class LogConfig:
     flush_ms: int = LONG_MAX
     max_message_bytes: int = 1_048_588
     cleanup_policy: str = "delete"
+    # Log compaction (cleanup.policy containing "compact"): see storage.cleaner.
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+    delete_retention_ms: int = 86_400_000
     message_timestamp_type: str = "CreateTime"
     min_insync_replicas: int = 1
     # "true"/"false" (a string: the override parser treats bools as ints); read by the cluster's
@@ -62,7 +71,17 @@ class LogConfig:
             if attr is None:
                 raise InvalidConfigError(f"Unknown topic config name: {name}")
             current = getattr(self, attr)
-            if isinstance(current, int):
+            if isinstance(current, float):
+                try:
+                    ratio = float(raw)
+                except ValueError:
+                    raise InvalidConfigError(f"Invalid value {raw} for configuration {name}") from None
+                if not 0.0 <= ratio <= 1.0:
+                    raise InvalidConfigError(
+                        f"Invalid value {raw} for configuration {name}: must be in [0, 1]"
+                    )
+                changes[attr] = ratio
+            elif isinstance(current, int):
                 try:
                     changes[attr] = int(raw)
                 except ValueError:
@@ -84,7 +103,23 @@ class LogConfig:
                 changes[attr] = raw
         if changes.get("segment_bytes", self.segment_bytes) < 14:  # type: ignore[operator]
             raise InvalidConfigError("segment.bytes must be at least 14")
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        updated = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        if updated.min_compaction_lag_ms > updated.max_compaction_lag_ms:
+            raise InvalidConfigError(
+                f"conflict topic config setting: min.compaction.lag.ms {updated.min_compaction_lag_ms} > "
+                f"max.compaction.lag.ms {updated.max_compaction_lag_ms}"
+            )
+        return updated
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy contains compact: the log cleaner compacts this log."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy contains delete: retention.ms / retention.bytes apply."""
+        return "delete" in self.cleanup_policy.split(",")
 
     def as_kafka_configs(self) -> dict[str, str]:
         return {name: str(getattr(self, attr)) for name, attr in _KAFKA_NAMES.items()}

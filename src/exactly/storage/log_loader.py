@@ -5,8 +5,9 @@ Theory of operation
 The *recovery point* is an offset below which everything (log and indexes) was fsynced; the
 caller has it from the recovery-point checkpoint. Loading does, in order:
 
-1. Remove garbage of interrupted operations (``*.tmp``, ``*.deleted``, ``*.cleaned``, ``*.swap``)
-   and index files whose log is gone.
+1. Finish or roll back a swap of cleaned segments a crash interrupted (``cleaner.swap``: a
+   committed ``*.swap`` replaces the segments it covers, ``*.cleaned`` files are dropped), then
+   remove garbage of other interrupted operations (``*.tmp``) and index files whose log is gone.
 2. Open every segment without reading it. Segments wholly below the recovery point are trusted:
    only their index file sizes are checked (an index that fails is rebuilt from the log), so restart
    time does not grow with the size of the log.
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exactly.records.control import ControlType, read_control_marker
+from exactly.storage.cleaner.swap import recover_swaps
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.producer_state import ProducerStateManager
@@ -110,6 +112,7 @@ def load_log(
     log_start_offset: int = 0,
 ) -> LoadResult:
     """Open, validate and recover the segments of one partition; see the module docstring."""
+    recover_swaps(directory)
     bases = _segment_bases(directory)
     if not bases:
         segments = [new_segment(directory, 0, config, now_ms)]
@@ -194,7 +197,7 @@ def rebuild_producer_state(
                 continue
             control_type: ControlType | None = None
             coordinator_epoch = -1
-            if header.is_control:
+            if header.is_control and header.record_count > 0:
                 try:
                     marker = read_control_marker(
                         segment.read(position, header.size), dataclasses.replace(header, position=0)

@@ -10,6 +10,10 @@ responsibility only, the public API is ``PartitionLog``'s. The invariants kept a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+from exactly.storage.cleaner.swap import SwapHook, replace_segment_files
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import rebuild_producer_state
@@ -24,6 +28,7 @@ class LogMaintenance:
     """Flush, retention, log-start moves and truncation over the attributes ``PartitionLog`` owns."""
 
     tp: TopicPartition
+    directory: Path
     config: LogConfig
     producer_state: ProducerStateManager
     leader_epochs: LeaderEpochCache
@@ -128,6 +133,23 @@ class LogMaintenance:
         )
         self._first_unstable = self.producer_state.first_unstable_offset()
         return removed
+
+    def replace_segments(
+        self, cleaned: LogSegment, old: Sequence[LogSegment], hook: SwapHook | None = None
+    ) -> None:
+        """Swap a flushed ``.cleaned`` segment in for the consecutive non-active segments ``old``
+        (the log cleaner's last step; Kafka's replaceSegments): files first, crash-safely
+        (``cleaner.swap``), then the segment list. Offsets, the log start, the high watermark,
+        producer state and snapshots are unchanged: cleaning keeps every offset and each active
+        producer's last batch."""
+        first = self._segments.index(old[0])
+        if self._segments[first : first + len(old)] != list(old) or first + len(old) >= len(self._segments):
+            raise ValueError(f"{self.tp}: segments to replace are not consecutive non-active segments")
+        if cleaned.base_offset != old[0].base_offset:
+            raise ValueError(f"{self.tp}: a cleaned segment must start where the segments it replaces start")
+        replace_segment_files(self.directory, cleaned, old, hook)
+        self._segments[first : first + len(old)] = [cleaned]
+        self._bases[first : first + len(old)] = [cleaned.base_offset]
 
     def _move_log_start(self, start: int) -> None:
         """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader

@@ -80,6 +80,7 @@ class LogSegment:
         "base_offset",
         "created_ms",
         "directory",
+        "file_suffix",
         "index_interval_bytes",
         "log_path",
         "next_offset",
@@ -99,25 +100,29 @@ class LogSegment:
         index_max_bytes: int,
         now_ms: int,
         create: bool,
+        file_suffix: str = "",
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
-        self.log_path = segment_file(directory, base_offset, LOG_SUFFIX)
+        self.file_suffix = file_suffix
+        self.log_path = segment_file(directory, base_offset, LOG_SUFFIX + file_suffix)
         flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if create else 0)
         self._fd = os.open(self.log_path, flags, 0o644)
         self.size = os.fstat(self._fd).st_size
         self.offset_index = OffsetIndex(
-            segment_file(directory, base_offset, INDEX_SUFFIX),
+            segment_file(directory, base_offset, INDEX_SUFFIX + file_suffix),
             base_offset,
             index_max_bytes // OFFSET_ENTRY.size,
         )
         self.time_index = TimeIndex(
-            segment_file(directory, base_offset, TIME_INDEX_SUFFIX),
+            segment_file(directory, base_offset, TIME_INDEX_SUFFIX + file_suffix),
             base_offset,
             index_max_bytes // TIME_ENTRY.size,
         )
-        self.txn_index = TransactionIndex(segment_file(directory, base_offset, TXN_INDEX_SUFFIX), base_offset)
+        self.txn_index = TransactionIndex(
+            segment_file(directory, base_offset, TXN_INDEX_SUFFIX + file_suffix), base_offset
+        )
         self.created_ms = now_ms
         self.next_offset = base_offset
         self.unflushed = False
@@ -141,7 +146,10 @@ class LogSegment:
         index_interval_bytes: int,
         index_max_bytes: int,
         now_ms: int,
+        file_suffix: str = "",
     ) -> LogSegment:
+        """A new, empty segment; ``file_suffix`` (``.cleaned``) names the files of a segment the
+        log cleaner writes, which becomes part of the log only through a swap."""
         return cls(
             directory,
             base_offset,
@@ -149,6 +157,7 @@ class LogSegment:
             index_max_bytes=index_max_bytes,
             now_ms=now_ms,
             create=True,
+            file_suffix=file_suffix,
         )
 
     @classmethod
@@ -160,6 +169,7 @@ class LogSegment:
         index_interval_bytes: int,
         index_max_bytes: int,
         now_ms: int,
+        file_suffix: str = "",
     ) -> LogSegment:
         """Open an existing segment without reading it; ``indexes_look_sane`` says whether the
         indexes can be trusted or ``recover``/``rebuild_indexes`` must run."""
@@ -170,6 +180,7 @@ class LogSegment:
             index_max_bytes=index_max_bytes,
             now_ms=now_ms,
             create=False,
+            file_suffix=file_suffix,
         )
 
     # --- state ------------------------------------------------------------------------------
@@ -440,7 +451,44 @@ class LogSegment:
     def delete(self) -> None:
         self.close()
         for suffix in ALL_SUFFIXES:
-            segment_file(self.directory, self.base_offset, suffix).unlink(missing_ok=True)
+            segment_file(self.directory, self.base_offset, suffix + self.file_suffix).unlink(missing_ok=True)
+
+    def change_file_suffixes(self, old: str, new: str, *, log_last: bool) -> None:
+        """Rename the segment's files from ``<base>.<kind><old>`` to ``<base>.<kind><new>``
+        (Kafka's changeFileSuffixes, used by the cleaner's swap). Open descriptors stay valid
+        across a rename. ``log_last`` renames the indexes before the log file, otherwise after
+        it: crash recovery trusts the log file's name (see ``storage.cleaner.swap``), which picks
+        the order. Missing index files (an empty transaction index) are skipped."""
+        if old != self.file_suffix:
+            raise ValueError(f"{self} has suffix {self.file_suffix!r}, not {old!r}")
+
+        def renamed(path: Path) -> Path:
+            return path.with_name(path.name[: len(path.name) - len(old)] + new)
+
+        def rename_log() -> None:
+            target = renamed(self.log_path)
+            os.replace(self.log_path, target)
+            self.log_path = target
+
+        if not log_last:
+            rename_log()
+        for index in (self.offset_index, self.time_index, self.txn_index):
+            target = renamed(index.path)
+            if index.path.exists():
+                os.replace(index.path, target)
+            index.path = target
+        if log_last:
+            rename_log()
+        self.file_suffix = new
+
+    def set_last_modified(self, mtime_ns: int) -> None:
+        """Give the log file a modification time (a cleaned segment keeps its sources' age)."""
+        os.utime(self.log_path, ns=(mtime_ns, mtime_ns))
+
+    @property
+    def last_modified_ns(self) -> int:
+        return os.stat(self.log_path).st_mtime_ns
 
     def __repr__(self) -> str:
-        return f"LogSegment(base_offset={self.base_offset}, size={self.size}, next_offset={self.next_offset})"
+        suffix = f", suffix={self.file_suffix!r}" if self.file_suffix else ""
+        return f"LogSegment(base_offset={self.base_offset}, size={self.size}, next_offset={self.next_offset}{suffix})"

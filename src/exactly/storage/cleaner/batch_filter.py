@@ -1,0 +1,174 @@
+"""The per-batch and per-record decisions of a cleaning pass, and the batch written for each
+(Kafka's LogCleaner.cleanInto filter and MemoryRecords.filterTo).
+
+Theory of operation
+-------------------
+Each batch of the segments being rewritten gets one of three *batch retentions*, checked in order:
+
+1. ``RETAIN_EMPTY``: the batch holds the last data of a producer that is still active (its last
+   sequence, needed for duplicate detection after a restart), or, when that producer's last entry
+   is a marker, it is a control batch with the producer's current epoch (needed for fencing); or it
+   is the last batch of the cleaning round (its next offset is the round's upper bound), so the
+   last offset stays known. Such a batch is kept even when no record survives: as a header with no
+   record.
+2. ``DELETE``: aborted data, or a discardable marker (``txn_metadata``) whose delete horizon has
+   passed. The batch disappears.
+3. ``DELETE_EMPTY``: records are filtered; the batch goes when none is left.
+
+A record survives when (a) its batch is not being discarded (a discarded batch kept by rule 1
+keeps no record), and (b) it is a control record, or its offset is past the offset map's latest
+offset (the pass did not index it), or it has a key, its offset is the key's latest in the map
+(a key the map never saw counts as latest), and it has a value or is a tombstone whose batch
+has no delete horizon yet or one that has not passed. Keyless records in a compacted log are
+dropped (Kafka refuses them at produce time; old data may hold some).
+
+A batch whose records all survive is copied byte for byte, unless it holds a tombstone or is a
+discardable marker without a delete horizon: then it is rebuilt with horizon ``now +
+delete.retention.ms``, which starts the clock for removing them (KIP-534). Tombstones and markers
+therefore need two passes to go, and the horizon comes from the clean time, never from the record
+timestamps.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from exactly.records.batch import BatchHeader
+from exactly.records.builder import Record, decode_batch
+from exactly.records.control import ControlType, read_control_marker
+from exactly.records.rebuild import build_empty_batch, build_retained_batch, delete_horizon_of
+from exactly.storage.cleaner.offset_map import OffsetMap
+from exactly.storage.cleaner.txn_metadata import CleanedTransactionMetadata
+
+
+class BatchRetention(enum.Enum):
+    RETAIN_EMPTY = "retain_empty"
+    DELETE = "delete"
+    DELETE_EMPTY = "delete_empty"
+
+
+@dataclass(frozen=True, slots=True)
+class LastRecord:
+    """An active producer's last entry in the log: the last offset of its last data batch (-1
+    when its last entry is a marker) and its epoch (Kafka's LastRecord)."""
+
+    last_data_offset: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class FilterContext:
+    """What stays fixed for one cleaning pass."""
+
+    offset_map: OffsetMap
+    active_producers: Mapping[int, LastRecord]
+    upper_bound_offset: int  # the round's first uncleanable offset
+    now_ms: int
+    delete_retention_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FilteredBatch:
+    """The outcome for one batch: the bytes to write (None: nothing), records read and kept."""
+
+    data: bytes | memoryview | None
+    records_read: int
+    records_kept: int
+    rebuilt: bool
+
+
+class UncleanableBatchError(Exception):
+    """A batch the cleaner cannot read (an unsupported compression codec, garbled records): the
+    partition is marked uncleanable rather than compacted wrongly."""
+
+
+def control_type_of(buf: bytes | memoryview, header: BatchHeader) -> ControlType | None:
+    """The marker of a control batch, None when it is empty (cleaned before)."""
+    if header.record_count == 0:
+        return None
+    try:
+        return read_control_marker(buf, header).type
+    except (ValueError, IndexError) as exc:
+        raise UncleanableBatchError(
+            f"unreadable control batch at offset {header.base_offset}: {exc}"
+        ) from None
+
+
+def decode_records(buf: bytes | memoryview, header: BatchHeader) -> list[Record]:
+    try:
+        return decode_batch(buf, header.position)[1]
+    except (ValueError, IndexError, OSError, EOFError) as exc:
+        raise UncleanableBatchError(f"cannot read the batch at offset {header.base_offset}: {exc}") from None
+
+
+def _is_last_of_active_producer(header: BatchHeader, producers: Mapping[int, LastRecord]) -> bool:
+    last = producers.get(header.producer_id)
+    if last is None:
+        return False
+    if last.last_data_offset >= 0:
+        return header.last_offset == last.last_data_offset
+    return header.is_control and header.producer_epoch == last.producer_epoch
+
+
+def _retain_record(ctx: FilterContext, record: Record, horizon: int | None) -> bool:
+    if record.offset > ctx.offset_map.latest_offset:
+        return True
+    if record.key is None:
+        return False
+    if record.offset < ctx.offset_map.get(record.key):
+        return False
+    return record.value is not None or horizon is None or ctx.now_ms < horizon
+
+
+def filter_batch(
+    buf: bytes | memoryview, header: BatchHeader, ctx: FilterContext, txn: CleanedTransactionMetadata
+) -> FilteredBatch:
+    """Decide one batch (``header.position`` is its place in ``buf``) and build what to write."""
+    horizon = delete_horizon_of(header)
+    if header.is_control:
+        marker = control_type_of(buf, header)
+        can_discard = txn.on_control_batch_read(header, marker)
+        discard_records = can_discard and horizon is not None and horizon <= ctx.now_ms
+    else:
+        can_discard = txn.on_batch_read(header)
+        discard_records = can_discard
+    marker_for_empty_txn = can_discard and header.is_control
+
+    last_of_producer = header.producer_id >= 0 and _is_last_of_active_producer(header, ctx.active_producers)
+    # The last batch of the round stays too, so the last offset stays known.
+    if last_of_producer or header.next_offset == ctx.upper_bound_offset:
+        retention = BatchRetention.RETAIN_EMPTY
+    elif discard_records:
+        retention = BatchRetention.DELETE
+    else:
+        retention = BatchRetention.DELETE_EMPTY
+    if retention is BatchRetention.DELETE:
+        return FilteredBatch(None, header.record_count, 0, False)
+
+    if discard_records:
+        kept: list[Record] = []
+        read = header.record_count
+    elif header.is_control:
+        kept = decode_records(buf, header) if header.record_count else []
+        read = len(kept)
+    else:
+        records = decode_records(buf, header)
+        read = len(records)
+        kept = [r for r in records if _retain_record(ctx, r, horizon)]
+
+    if kept:
+        has_tombstone = any(r.value is None for r in kept) and not header.is_control
+        needs_horizon = (has_tombstone or marker_for_empty_txn) and horizon is None
+        if len(kept) == read and not needs_horizon:
+            with memoryview(buf) as view:
+                data = bytes(view[header.position : header.position + header.size])
+            return FilteredBatch(data, read, len(kept), False)
+        new_horizon = ctx.now_ms + ctx.delete_retention_ms if needs_horizon else horizon
+        return FilteredBatch(
+            build_retained_batch(header, kept, delete_horizon_ms=new_horizon), read, len(kept), True
+        )
+    if retention is BatchRetention.RETAIN_EMPTY:
+        return FilteredBatch(build_empty_batch(header), read, 0, True)
+    return FilteredBatch(None, read, 0, False)

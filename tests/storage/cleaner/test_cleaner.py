@@ -1,0 +1,200 @@
+"""One cleaning pass: key retention, tombstones, multi-pass, grouping (Kafka's LogCleanerTest)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from exactly.records.rebuild import delete_horizon_of
+from exactly.storage.cleaner.cleanable import group_segments_by_size
+from exactly.storage.config import LogConfig
+from tests.storage.cleaner.helpers import (
+    COMPACT,
+    NOW,
+    append_keyed,
+    batches,
+    key_values,
+    keys_in,
+    offsets_in,
+    open_compacted,
+    run_clean,
+    two_pass_clean,
+)
+
+
+def test_clean_keeps_the_newest_record_of_each_key_and_every_offset(tmp_path: Path) -> None:
+    log = open_compacted(tmp_path)
+    for i in range(60):
+        append_keyed(log, [(i % 5, i)])
+    assert len(log.segments) > 2
+    before = key_values(log)
+    log.roll(NOW)
+    end, stats = run_clean(log)
+    assert end == 60
+    assert key_values(log) == before
+    assert keys_in(log) == [0, 1, 2, 3, 4]
+    assert offsets_in(log) == [55, 56, 57, 58, 59]  # offsets never change
+    assert stats.records_read == 60 and stats.records_written == 5
+    assert log.log_end_offset == 60
+    # The next append continues after the log end, and reads still work across the gaps.
+    assert append_keyed(log, [1]).first_offset == 60
+    assert [h.base_offset for h, _ in batches(log)] == [55, 56, 57, 58, 59, 60]
+    log.close()
+
+
+def test_active_segment_is_never_cleaned(tmp_path: Path) -> None:
+    log = open_compacted(tmp_path)
+    for i in range(10):
+        append_keyed(log, [(1, i)])
+    assert len(log.segments) == 1
+    end, _stats = run_clean(log)
+    assert end == 0
+    assert offsets_in(log) == list(range(10))
+    log.close()
+
+
+def test_unkeyed_records_are_dropped(tmp_path: Path) -> None:
+    # Kafka's testCleaningWithUnkeyedMessages: old data may hold keyless records.
+    from exactly.records.builder import Record, build_batch
+    from exactly.records.batch import BatchHeader
+
+    log = open_compacted(tmp_path)
+    append_keyed(log, [1, 2])
+    raw = bytearray(build_batch([Record(value=b"x"), Record(value=b"y")], base_timestamp=NOW))
+    log.append(raw, BatchHeader.parse(raw), leader_epoch=0, now_ms=NOW)
+    log.update_high_watermark(log.log_end_offset)
+    append_keyed(log, [3])
+    log.roll(NOW)
+    run_clean(log)
+    assert keys_in(log) == [1, 2, 3]
+    assert offsets_in(log) == [0, 1, 4]
+    log.close()
+
+
+def test_tombstone_is_kept_until_its_horizon_then_removed(tmp_path: Path) -> None:
+    # Kafka's testCleaningWithDeletes / testCleanTombstone: the horizon comes from the clean time.
+    log = open_compacted(tmp_path)
+    append_keyed(log, [(1, 1), (2, 2)])
+    append_keyed(log, [(1, None)], timestamp=0)  # an old timestamp does not matter
+    log.roll(NOW)
+    run_clean(log, now_ms=NOW)
+    assert keys_in(log) == [2, 1]
+    tomb = [h for h, rs in batches(log) if any(r.value is None for r in rs)]
+    assert [delete_horizon_of(h) for h in tomb] == [NOW + COMPACT.delete_retention_ms]
+    # Still inside delete.retention.ms: kept.
+    run_clean(log, now_ms=NOW + COMPACT.delete_retention_ms - 1)
+    assert keys_in(log) == [2, 1]
+    # Past the horizon: gone; the record it deleted went in the first pass.
+    run_clean(log, now_ms=NOW + COMPACT.delete_retention_ms)
+    assert keys_in(log) == [2]
+    assert key_values(log) == {2: b"2"}
+    log.close()
+
+
+def test_two_pass_clean_removes_tombstones(tmp_path: Path) -> None:
+    log = open_compacted(tmp_path)
+    for i in range(20):
+        append_keyed(log, [(i % 4, i)])
+    for key in (0, 1):
+        append_keyed(log, [(key, None)])
+    log.roll(NOW)
+    two_pass_clean(log)
+    assert key_values(log) == {2: b"18", 3: b"19"}
+    log.close()
+
+
+def test_multi_pass_cleaning_with_a_small_offset_map(tmp_path: Path) -> None:
+    # Kafka's testPartialSegmentClean: with a one-key map the dirty offset advances key by key.
+    log = open_compacted(tmp_path)
+    append_keyed(log, [(0, 0)])
+    append_keyed(log, [(1, 1)])
+    append_keyed(log, [(0, 2)])
+    append_keyed(log, [(1, 3)])
+    append_keyed(log, [(0, 4)])
+    log.roll(NOW)
+    end, _ = run_clean(log, first_dirty=2, map_entries=1)
+    assert end == 3
+    end, _ = run_clean(log, first_dirty=end, map_entries=1)
+    assert end == 4
+    assert key_values(log) == {0: b"4", 1: b"3"}
+    # Passes until the whole dirty section is clean give the one-pass result.
+    end = 0
+    while end < 5:
+        end, _ = run_clean(log, first_dirty=end, map_entries=1)
+    assert keys_in(log) == [1, 0] and offsets_in(log) == [3, 4]
+    log.close()
+
+
+def test_many_keys_cleaned_in_several_passes_equal_one_pass(tmp_path: Path) -> None:
+    small, big = tmp_path / "small", tmp_path / "big"
+    logs = [open_compacted(small), open_compacted(big)]
+    for log in logs:
+        for i in range(200):
+            append_keyed(log, [(i % 37, i), ((i * 7) % 53, i)])
+        log.roll(NOW)
+    end, passes = 0, 0
+    while end < logs[0].log_end_offset - 0:
+        end, _ = run_clean(logs[0], first_dirty=end, map_entries=10)
+        passes += 1
+        if end >= logs[0].segments[-1].base_offset:
+            break
+    run_clean(logs[1])
+    assert passes > 3
+    assert key_values(logs[0]) == key_values(logs[1])
+    assert offsets_in(logs[0]) == offsets_in(logs[1])
+    for log in logs:
+        log.close()
+
+
+def test_segments_are_grouped_up_to_the_segment_size(tmp_path: Path) -> None:
+    # Kafka's testSegmentGrouping: small segments are merged into one per segment.bytes.
+    small = LogConfig(cleanup_policy="compact", segment_bytes=300, index_interval_bytes=64)
+    log = open_compacted(tmp_path, small)
+    for i in range(60):
+        append_keyed(log, [(i, i)])  # all keys distinct: nothing is removed
+    log.roll(NOW)
+    log.close()
+    log = open_compacted(tmp_path, dataclasses.replace(small, segment_bytes=1000))
+    sizes_before = [s.size for s in log.segments[:-1]]
+    run_clean(log)
+    sizes_after = [s.size for s in log.segments[:-1]]
+    assert sum(sizes_after) == sum(sizes_before)
+    assert len(sizes_after) < len(sizes_before)
+    assert all(size <= 1000 for size in sizes_after)
+    assert offsets_in(log) == list(range(60))
+    groups = group_segments_by_size(log.segments[:-1], 10_000, 10_000, log.segments[-1].base_offset)
+    assert [len(g) for g in groups] == [len(sizes_after)]
+    log.close()
+
+
+def test_grouping_respects_the_index_size(tmp_path: Path) -> None:
+    small = LogConfig(cleanup_policy="compact", segment_bytes=300, index_interval_bytes=1)
+    log = open_compacted(tmp_path, small)
+    for i in range(60):
+        append_keyed(log, [(i, i)])
+    log.roll(NOW)
+    segments = log.segments[:-1]
+    entries = [len(s.offset_index) for s in segments]
+    assert min(entries) > 0
+    per_group = 2
+    groups = group_segments_by_size(
+        segments, 1 << 30, per_group * max(entries) * 8, log.segments[-1].base_offset
+    )
+    assert all(sum(len(s.offset_index) * 8 for s in g) <= per_group * max(entries) * 8 for g in groups)
+    assert [s for g in groups for s in g] == list(segments)
+    assert len(groups) >= len(segments) // per_group
+    log.close()
+
+
+def test_cleaned_log_survives_a_clean_reopen(tmp_path: Path) -> None:
+    log = open_compacted(tmp_path)
+    for i in range(60):
+        append_keyed(log, [(i % 5, i)])
+    log.roll(NOW)
+    run_clean(log)
+    expected = (key_values(log), offsets_in(log))
+    log.close()
+    reopened = open_compacted(tmp_path)
+    assert (key_values(reopened), offsets_in(reopened)) == expected
+    assert reopened.log_end_offset == 60
+    reopened.close()
