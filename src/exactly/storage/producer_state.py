@@ -187,6 +187,14 @@ class ProducerStateManager:
                 # unreadable marker in the log is treated the same. Elsewhere it is a bug.
                 if origin is not AppendOrigin.REPLICATION:
                     raise ValueError("control batch without its control type (parse the marker first)")
+                if header.record_count == 0 and epoch > current_epoch:
+                    # Unlike Kafka, an empty control batch still carries its epoch: the cleaner
+                    # keeps it precisely because it is a producer's newest epoch (fencing), so a
+                    # rebuild from the log without snapshots must not lose that epoch.
+                    txn_first = None if entry is None else entry.current_txn_first_offset
+                    coordinator_epoch = NO_COORDINATOR_EPOCH if entry is None else entry.coordinator_epoch
+                    bumped = ProducerStateEntry(pid, epoch, (), coordinator_epoch, now_ms, txn_first)
+                    return ProducerAppendInfo(pid, bumped, None, None, header.next_offset)
                 return ProducerAppendInfo(-1, _NO_PRODUCER_ENTRY, None, None, header.next_offset)
             return self._prepare_data(header, entry, pid, epoch, current_epoch, origin, now_ms)
 

@@ -55,8 +55,8 @@ def test_active_segment_is_never_cleaned(tmp_path: Path) -> None:
 
 def test_unkeyed_records_are_dropped(tmp_path: Path) -> None:
     # Kafka's testCleaningWithUnkeyedMessages: old data may hold keyless records.
-    from exactly.records.builder import Record, build_batch
     from exactly.records.batch import BatchHeader
+    from exactly.records.builder import Record, build_batch
 
     log = open_compacted(tmp_path)
     append_keyed(log, [1, 2])
