@@ -140,6 +140,26 @@ def key_values(log: PartitionLog) -> dict[int, bytes | None]:
     return out
 
 
+def committed_key_values(log: PartitionLog) -> dict[int, bytes | None]:
+    """The last value of each key as a read_committed consumer reading from the start sees it:
+    records of aborted transactions (per the transaction indexes) are skipped."""
+    spans = [
+        (e.producer_id, e.first_offset, e.last_offset) for s in log.segments for e in s.txn_index.entries
+    ]
+    out: dict[int, bytes | None] = {}
+    for h, rs in batches(log):
+        if h.is_control:
+            continue
+        if h.is_transactional and any(
+            p == h.producer_id and f <= h.base_offset <= last for p, f, last in spans
+        ):
+            continue
+        for r in rs:
+            if r.key is not None:
+                out[int(r.key)] = r.value
+    return out
+
+
 def offsets_in(log: PartitionLog) -> list[int]:
     """Offsets of every record, control records included (Kafka's offsetsInLog)."""
     return [r.offset for _h, rs in batches(log) for r in rs]

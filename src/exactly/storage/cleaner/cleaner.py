@@ -254,7 +254,9 @@ class Cleaner:
             cleaned.flush()
             cleaned.set_last_modified(group[-1].last_modified_ns)
             plog.replace_segments(cleaned, group, self.hook)
-        except BaseException:
+        except Exception:
+            # An error before the commit: drop the uncommitted segment (recovery would too).
+            # Anything else (the process ending) leaves the files to recovery at the next load.
             if cleaned.file_suffix == CLEANED_SUFFIX:
                 cleaned.delete()
             raise
