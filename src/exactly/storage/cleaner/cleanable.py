@@ -120,7 +120,12 @@ class LogToClean:
     first_uncleanable_offset: int  # rounded down to a segment base
     clean_bytes: int
     cleanable_bytes: int
-    needs_compaction_now: bool  # max.compaction.lag.ms forces it
+    compaction_delay_ms: int  # how far past max.compaction.lag.ms the oldest dirty data is
+
+    @property
+    def needs_compaction_now(self) -> bool:
+        """max.compaction.lag.ms forces a pass whatever the dirty ratio."""
+        return self.compaction_delay_ms > 0
 
     @property
     def total_bytes(self) -> int:
@@ -145,7 +150,7 @@ def log_to_clean(
     start = _floor_index(segments, min(dirty, first_uncleanable))
     cleanable_bytes = sum(s.size for s in segments[start:] if s.base_offset < first_uncleanable)
     delay = max_compaction_delay(segments, dirty, config, now_ms)
-    return LogToClean(dirty, first_uncleanable, clean_bytes, cleanable_bytes, delay > 0)
+    return LogToClean(dirty, first_uncleanable, clean_bytes, cleanable_bytes, delay)
 
 
 def _index_bytes(segment: LogSegment) -> tuple[int, int]:
