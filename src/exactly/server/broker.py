@@ -15,8 +15,10 @@ in flight before the connections close.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,8 @@ from exactly.server.prometheus import METRICS_HOST, start_metrics
 from exactly.server.replica_manager import ReplicaManager
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.server.txn_verification import TxnVerifier
+from exactly.storage.cleaner.cleaner import CleaningAbortedError
+from exactly.storage.cleaner.runner import LogCleaner
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
@@ -107,6 +111,12 @@ class Broker:
         # KIP-890: transactional writes verified with the coordinator (remotely in cluster mode)
         self.txn_verification_enabled = config.get_bool("transaction.partition.verification.enable")
         self.txn_verifier = TxnVerifier(self)
+        cleaner_config = config.cleaner_config()
+        self.cleaner: LogCleaner | None = (
+            LogCleaner(cleaner_config, logs.cleaner_manager, logs.compacted_logs, clock_ms=now_ms)
+            if cleaner_config.enable and cleaner_config.num_threads > 0
+            else None
+        )
 
     @classmethod
     def open(cls, config: BrokerConfig, data_dir: Path) -> Broker:
@@ -190,6 +200,8 @@ class Broker:
             await self.replicas.start(self.advertised.host, self.advertised.port)
             await self._server.start_serving()
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
+        if self.cleaner is not None:
+            self.cleaner.start(run_on_loop(loop))
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))
         self._tasks.append(asyncio.create_task(self._idle_connections_loop(), name="idle-connections"))
         self._tasks.extend(self.groups.start_tasks())
@@ -265,6 +277,35 @@ class Broker:
                 await self.replicas.stop()
             except Exception:  # the session is going away anyway; the logs must still close
                 log.exception("leaving the cluster failed")
+        if self.cleaner is not None:
+            # From an executor: a cleaner thread may be waiting for this loop to run its swap.
+            await asyncio.get_running_loop().run_in_executor(None, self.cleaner.stop)
         self.logs.close()
         self.metrics.log_summary(force=True)
         log.info("shutdown complete")
+
+
+def run_on_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], None]:
+    """For the log cleaner's threads: run ``fn`` on the broker's event loop (which owns every
+    log) and wait for it; its exception is raised in the calling thread."""
+
+    def run(fn: Callable[[], None]) -> None:
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def call() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                fn()
+            except BaseException as exc:  # handed to the waiting thread
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        try:
+            loop.call_soon_threadsafe(call)
+        except RuntimeError:  # the loop is closed: the broker is stopping
+            raise CleaningAbortedError("the event loop is closed") from None
+        done.result()
+
+    return run

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exactly.storage.config import LogConfig
+from exactly.storage.cleaner.runner import CleanerConfig
+from exactly.storage.config import InvalidConfigError, LogConfig
 
 _DEFAULTS: dict[str, str] = {
     "node.id": "0",
@@ -52,6 +53,19 @@ _DEFAULTS: dict[str, str] = {
     "log.flush.interval.ms": "",
     "log.flush.scheduler.interval.ms": str(2**63 - 1),
     "log.message.timestamp.type": "CreateTime",
+    "log.cleanup.policy": "delete",
+    # The log cleaner (cleanup.policy=compact): Kafka's names and defaults.
+    "log.cleaner.enable": "true",
+    "log.cleaner.threads": "1",
+    "log.cleaner.dedupe.buffer.size": "134217728",
+    "log.cleaner.io.buffer.size": "524288",
+    "log.cleaner.io.buffer.load.factor": "0.9",
+    "log.cleaner.backoff.ms": "15000",
+    "log.cleaner.io.max.bytes.per.second": "1.7976931348623157E308",
+    "log.cleaner.min.cleanable.ratio": "0.5",
+    "log.cleaner.min.compaction.lag.ms": "0",
+    "log.cleaner.max.compaction.lag.ms": str(2**63 - 1),
+    "log.cleaner.delete.retention.ms": "86400000",
     "min.insync.replicas": "1",
     "producer.id.expiration.ms": "86400000",
     "producer.id.expiration.check.interval.ms": "600000",
@@ -120,6 +134,7 @@ class BrokerConfig:
         values.update(given)
         config = cls(values)
         config.log_config()  # validate numbers early
+        config.cleaner_config()
         config.validate_cluster()
         return config
 
@@ -132,6 +147,13 @@ class BrokerConfig:
             return int(raw)
         except ValueError:
             raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+    def get_float(self, name: str) -> float:
+        raw = self.values[name]
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
 
     def get_bool(self, name: str) -> bool:
         raw = self.values[name].lower()
@@ -207,7 +229,7 @@ class BrokerConfig:
             if self.values["log.roll.ms"]
             else self.get_int("log.roll.hours") * 3_600_000
         )
-        return LogConfig(
+        defaults = LogConfig(
             segment_bytes=self.get_int("log.segment.bytes"),
             segment_ms=roll_ms,
             segment_index_bytes=self.get_int("log.index.size.max.bytes"),
@@ -221,3 +243,39 @@ class BrokerConfig:
             min_insync_replicas=self.get_int("min.insync.replicas"),
             unclean_leader_election_enable=str(self.get_bool("unclean.leader.election.enable")).lower(),
         )
+        try:
+            return defaults.with_overrides(
+                {
+                    # Through the topic-config parser, so the broker-level forms are validated alike.
+                    "cleanup.policy": self.get("log.cleanup.policy"),
+                    "min.cleanable.dirty.ratio": self.get("log.cleaner.min.cleanable.ratio"),
+                    "min.compaction.lag.ms": self.get("log.cleaner.min.compaction.lag.ms"),
+                    "max.compaction.lag.ms": self.get("log.cleaner.max.compaction.lag.ms"),
+                    "delete.retention.ms": self.get("log.cleaner.delete.retention.ms"),
+                }
+            )
+        except InvalidConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def cleaner_config(self) -> CleanerConfig:
+        """The log cleaner's broker-level settings (``log.cleaner.*``)."""
+        config = CleanerConfig(
+            enable=self.get_bool("log.cleaner.enable"),
+            num_threads=self.get_int("log.cleaner.threads"),
+            dedupe_buffer_size=self.get_int("log.cleaner.dedupe.buffer.size"),
+            io_buffer_size=self.get_int("log.cleaner.io.buffer.size"),
+            io_buffer_load_factor=self.get_float("log.cleaner.io.buffer.load.factor"),
+            backoff_ms=self.get_int("log.cleaner.backoff.ms"),
+            max_io_bytes_per_second=self.get_float("log.cleaner.io.max.bytes.per.second"),
+        )
+        if config.num_threads < 0:
+            raise ConfigError("log.cleaner.threads must not be negative")
+        if config.map_memory_per_thread < 1024 * 1024:
+            raise ConfigError("log.cleaner.dedupe.buffer.size must give each cleaner thread at least 1 MiB")
+        if not 0 < config.io_buffer_load_factor <= 1:
+            raise ConfigError("log.cleaner.io.buffer.load.factor must be in (0, 1]")
+        if config.backoff_ms < 0 or config.io_buffer_size <= 0 or config.max_io_bytes_per_second <= 0:
+            raise ConfigError(
+                "log.cleaner.backoff.ms, io.buffer.size and io.max.bytes.per.second must be positive"
+            )
+        return config

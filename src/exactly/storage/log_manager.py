@@ -8,6 +8,7 @@ Layout of ``data_dir``::
     recovery-point-offset-checkpoint      per partition recovery point
     log-start-offset-checkpoint           log start offsets above the first segment's base
     replication-offset-checkpoint         high watermarks (cluster mode only)
+    cleaner-offset-checkpoint             first dirty offsets of compacted partitions (cleaner)
     .clean_shutdown                       present only after a clean close
     <topic>-<partition>/                  one PartitionLog each
 
@@ -66,6 +67,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
+from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.config import LogConfig
 from exactly.storage.durable import write_durably
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
@@ -192,6 +194,8 @@ class LogManager:
                     log_start_offset=log_starts.get(tp, 0),
                     high_watermark=None if high_watermarks is None else high_watermarks.get(tp, 0),
                 )
+        # The log cleaner's checkpoint; the cleaner threads themselves are the server's.
+        self.cleaner_manager = LogCleanerManager(data_dir)
         # From here on a crash is an unclean shutdown.
         marker.unlink(missing_ok=True)
         self._last_checkpoint_ms = now_ms
@@ -368,15 +372,22 @@ class LogManager:
             raise UnknownTopicError(f"Topic '{name}' does not exist.")
         self._write_topics()
         for partition in range(info.partitions):
-            partition_log = self._logs.pop(TopicPartition(name, partition), None)
+            tp = TopicPartition(name, partition)
+            partition_log = self._logs.pop(tp, None)
             if partition_log is not None:
                 partition_log.delete()
+            self.cleaner_manager.remove(tp)
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
         return info
 
     def get_partition(self, tp: TopicPartition) -> PartitionLog | None:
         return self._logs.get(tp)
+
+    def compacted_logs(self) -> list[PartitionLog]:
+        """The logs the cleaner considers (cleanup.policy containing compact). Callable from a
+        cleaner thread: it copies the partition map's values in one step."""
+        return [plog for plog in list(self._logs.values()) if plog.config.compact and not plog.closed]
 
     def partitions(self) -> Iterator[PartitionLog]:
         return iter(list(self._logs.values()))

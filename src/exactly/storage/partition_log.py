@@ -401,6 +401,11 @@ class PartitionLog(LogMaintenance):
         not bounded by the high watermark (see ``log_read``)."""
         return offset_for_timestamp(self._segments, self._log_start_offset, timestamp)
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` or ``delete`` ended the log's use."""
+        return self._closed
+
     def producers(self) -> dict[int, ProducerStateEntry]:
         return self.producer_state.active_producers()
 

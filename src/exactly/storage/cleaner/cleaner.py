@@ -27,8 +27,9 @@ uncompressed and gzip batches can be read here, so a log holding another codec r
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, iter_batches
@@ -51,6 +52,10 @@ from exactly.storage.txn_index import AbortedTxnEntry
 log = logging.getLogger(__name__)
 
 DEFAULT_IO_BUFFER_SIZE = 512 * 1024
+
+
+def _no_throttle(_nbytes: int) -> None:
+    return None
 
 
 @dataclass(slots=True)
@@ -78,24 +83,37 @@ def segment_batches(
     segment: LogSegment, position: int = 0, chunk: int = DEFAULT_IO_BUFFER_SIZE
 ) -> Iterator[tuple[bytes, BatchHeader]]:
     """(buffer, header) of each batch from ``position`` (``header.position`` is relative to the
-    buffer), read ``chunk`` bytes at a time; a batch larger than the chunk is read alone. Raises
-    UncleanableBatchError at bytes that are not a whole batch (the log was recovered, so this
-    means corruption)."""
-    end = segment.size
-    pos = position
-    while pos < end:
-        buf = segment.read(pos, min(chunk, end - pos))
-        consumed = 0
-        for header in iter_batches(buf):
-            yield buf, header
-            consumed = header.position + header.size
-        if consumed == 0:
-            big = BatchHeader.parse(buf) if len(buf) >= HEADER_SIZE else None
-            if big is None or big.magic != 2 or big.batch_length < MIN_BATCH_LENGTH or pos + big.size > end:
-                raise UncleanableBatchError(f"{segment}: no valid batch at position {pos}")
-            yield segment.read(pos, big.size), big
-            consumed = big.size
-        pos += consumed
+    buffer), read ``chunk`` bytes at a time; a batch larger than the chunk is read alone.
+
+    The file is read through a descriptor of its own, opened here: the cleaner runs on a thread
+    of its own, and the log's owner may close the segment's descriptor meanwhile (retention, topic
+    deletion), after which the number could even name another file. Raises FileNotFoundError when
+    the segment is already gone, UncleanableBatchError at bytes that are not a whole batch (the log
+    was recovered, so that means corruption)."""
+    fd = os.open(segment.log_path, os.O_RDONLY)
+    try:
+        end = min(segment.size, os.fstat(fd).st_size)
+        pos = position
+        while pos < end:
+            buf = os.pread(fd, min(chunk, end - pos), pos)
+            consumed = 0
+            for header in iter_batches(buf):
+                yield buf, header
+                consumed = header.position + header.size
+            if consumed == 0:
+                big = BatchHeader.parse(buf) if len(buf) >= HEADER_SIZE else None
+                if (
+                    big is None
+                    or big.magic != 2
+                    or big.batch_length < MIN_BATCH_LENGTH
+                    or pos + big.size > end
+                ):
+                    raise UncleanableBatchError(f"{segment}: no valid batch at position {pos}")
+                yield os.pread(fd, big.size, pos), big
+                consumed = big.size
+            pos += consumed
+    finally:
+        os.close(fd)
 
 
 def read_next_offset(segment: LogSegment) -> int:
@@ -104,7 +122,7 @@ def read_next_offset(segment: LogSegment) -> int:
     segment.ensure_indexes()
     entry_offset, position = segment.offset_index.last_entry()
     next_offset = max(entry_offset, segment.base_offset)
-    for _pos, header in segment.scan(position):
+    for _buf, header in segment_batches(segment, position):
         next_offset = header.next_offset
     return next_offset
 
@@ -132,10 +150,22 @@ def segments_between(segments: Sequence[LogSegment], start: int, end: int) -> li
     return out
 
 
+SwapFn = Callable[[PartitionLog, LogSegment, Sequence[LogSegment]], None]
+Throttle = Callable[[int], None]
+
+
+class CleaningAbortedError(Exception):
+    """The log changed under a pass (segments deleted or truncated): its work is dropped, the
+    partition stays cleanable."""
+
+
 class Cleaner:
     """Cleans one log at a time with its own offset map (one per cleaner thread).
 
-    ``hook`` (tests) is passed to every swap (``swap.SwapHook``)."""
+    ``swap`` performs the last step, ``PartitionLog.replace_segments``; by default directly, and
+    on the thread that owns the log when the cleaner runs on a thread of its own (``runner``).
+    ``throttle(n)`` is called for every ``n`` bytes read or written
+    (``log.cleaner.io.max.bytes.per.second``). ``hook`` (tests) is passed to every swap."""
 
     def __init__(
         self,
@@ -143,10 +173,17 @@ class Cleaner:
         *,
         io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
         hook: SwapHook | None = None,
+        swap: SwapFn | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self.offset_map = offset_map
         self.io_buffer_size = io_buffer_size
         self.hook = hook
+        self.swap: SwapFn = swap or self._swap_directly
+        self.throttle: Throttle = throttle or _no_throttle
+
+    def _swap_directly(self, plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment]) -> None:
+        plog.replace_segments(cleaned, group, self.hook)
 
     def clean(self, plog: PartitionLog, to_clean: LogToClean, now_ms: int) -> tuple[int, CleanerStats]:
         """One pass; returns the new first dirty offset and the pass's statistics."""
@@ -200,6 +237,7 @@ class Cleaner:
             if header.base_offset >= next_start:
                 break
             stats.map_bytes_read += header.size
+            self.throttle(header.size)
             if header.is_control:
                 txn.on_control_batch_read(header, control_type_of(buf, header))
             elif not txn.on_batch_read(header):
@@ -240,6 +278,7 @@ class Cleaner:
                 txn.add_aborted_transactions(collect_aborted(plog.segments, segment.base_offset, upper))
                 for buf, header in segment_batches(segment, 0, self.io_buffer_size):
                     stats.bytes_read += header.size
+                    self.throttle(header.size)
                     result = filter_batch(buf, header, ctx, txn)
                     stats.records_read += result.records_read
                     if result.data is None:
@@ -253,7 +292,7 @@ class Cleaner:
             cleaned.unflushed = True
             cleaned.flush()
             cleaned.set_last_modified(group[-1].last_modified_ns)
-            plog.replace_segments(cleaned, group, self.hook)
+            self.swap(plog, cleaned, group)
         except Exception:
             # An error before the commit: drop the uncommitted segment (recovery would too).
             # Anything else (the process ending) leaves the files to recovery at the next load.

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.cleaner.cleanable import LogToClean, cleanable_offsets, log_to_clean
-from exactly.storage.cleaner.cleaner import Cleaner, CleanerStats
+from exactly.storage.cleaner.cleaner import Cleaner, CleanerStats, CleaningAbortedError
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 
@@ -171,22 +171,34 @@ class LogCleanerManager:
 
 
 def clean_filthiest(
-    manager: LogCleanerManager, cleaner: Cleaner, logs: Iterable[PartitionLog], now_ms: int
+    manager: LogCleanerManager,
+    cleaner: Cleaner,
+    logs: Iterable[PartitionLog],
+    now_ms: int,
+    *,
+    retention: bool = True,
 ) -> PassResult | None:
     """One pass over the filthiest eligible log (Kafka's cleanFilthiestLog); None when no log is
-    eligible. A failure marks the partition uncleanable and is logged, never raised."""
+    eligible. A failure marks the partition uncleanable and is logged, never raised; a pass the
+    log's owner overtook (segments deleted or truncated meanwhile) is dropped, the partition stays
+    cleanable. With ``retention`` a compact,delete log then gets its retention (a cleaner thread
+    leaves that to the owner's periodic maintenance, which applies it anyway)."""
     candidate = manager.grab_filthiest(logs, now_ms)
     if candidate is None:
         return None
     tp = candidate.tp
     try:
         end_offset, stats = cleaner.clean(candidate.log, candidate.to_clean, now_ms)
+    except (CleaningAbortedError, FileNotFoundError) as exc:
+        log.info("cleaning %s aborted: %s", tp, exc)
+        manager.abort_cleaning(tp)
+        return None
     except Exception as exc:  # one partition's failure must not stop the cleaner
         log.exception("cleaning %s failed; marking it uncleanable", tp)
         manager.mark_uncleanable(tp, f"{type(exc).__name__}: {exc}")
         return None
     manager.done_cleaning(tp, end_offset)
-    if candidate.log.config.delete:
+    if retention and candidate.log.config.delete:
         candidate.log.apply_retention(now_ms)
     log.info(
         "cleaned %s up to %d: %d -> %d bytes, %d -> %d records in %.3f s",

@@ -1,0 +1,201 @@
+"""The log cleaner's threads (Kafka's LogCleaner and CleanerThread) and its broker-level settings
+(Kafka's CleanerConfig).
+
+Theory of operation
+-------------------
+Cleaning reads and rewrites whole segments, decodes records and fsyncs: far too slow for the
+broker's single event loop. So each cleaner thread (``log.cleaner.threads``) runs passes on its
+own, with its own offset map (``log.cleaner.dedupe.buffer.size`` split between the threads), its
+own file descriptors (``cleaner.segment_batches``) and a shared I/O throttle
+(``log.cleaner.io.max.bytes.per.second``). When no log is eligible a thread sleeps
+``log.cleaner.backoff.ms``.
+
+Sharing a log with its owner (the event loop): the owner appends to the active segment, which the
+cleaner never touches, and may delete or truncate segments (retention, DeleteRecords, a follower's
+truncation, topic deletion) at any time. The cleaner thread only *reads* segments until its
+``.cleaned`` segment is complete and flushed; the swap (``PartitionLog.replace_segments``: the
+renames and the segment-list update) is the one step that changes the log, and it runs on the
+owner's thread through ``run_on_owner``, so the owner never sees a half-updated segment list. The
+owner first checks that the segments the pass rewrote are still the log's; if not (they were
+deleted or truncated meanwhile), the pass is dropped (``CleaningAbortedError``) and the partition
+simply stays dirty. The owner's part costs a few renames and two directory fsyncs per group.
+
+``run_on_owner(fn)`` must run ``fn`` on the owning thread and return its result (or raise its
+exception) to the calling cleaner thread; the server builds it on the event loop. Its stop must
+not block that thread while a cleaner waits on it (the server stops the runner from an executor).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from exactly.storage.cleaner.cleaner import Cleaner, CleaningAbortedError
+from exactly.storage.cleaner.manager import LogCleanerManager, PassResult, clean_filthiest
+from exactly.storage.cleaner.offset_map import OffsetMap
+from exactly.storage.cleaner.swap import SwapHook
+from exactly.storage.partition_log import PartitionLog
+from exactly.storage.segment import LogSegment
+
+log = logging.getLogger(__name__)
+
+RunOnOwner = Callable[[Callable[[], None]], None]
+
+MAX_MAP_MEMORY_PER_THREAD = 2**31 - 1  # as Kafka: a thread's map is at most 2 GiB
+
+
+@dataclass(frozen=True, slots=True)
+class CleanerConfig:
+    """Broker-level cleaner settings under Kafka's names (``log.cleaner.*``) and defaults."""
+
+    enable: bool = True
+    num_threads: int = 1
+    dedupe_buffer_size: int = 134_217_728
+    io_buffer_size: int = 524_288
+    io_buffer_load_factor: float = 0.9
+    backoff_ms: int = 15_000
+    max_io_bytes_per_second: float = 1.7976931348623157e308  # Double.MaxValue: no limit
+
+    @property
+    def map_memory_per_thread(self) -> int:
+        return min(self.dedupe_buffer_size // max(self.num_threads, 1), MAX_MAP_MEMORY_PER_THREAD)
+
+
+class Throttler:
+    """Keeps the bytes read and written at or under a rate, by sleeping the calling thread
+    (Kafka's Throttler). Shared by the cleaner threads, hence the lock."""
+
+    def __init__(self, bytes_per_second: float, *, window_s: float = 0.3) -> None:
+        self.rate = bytes_per_second
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self._bytes = 0
+
+    def __call__(self, nbytes: int) -> None:
+        if self.rate >= 1e300:
+            return
+        with self._lock:
+            self._bytes += nbytes
+            now = time.monotonic()
+            elapsed = now - self._start
+            wanted = self._bytes / self.rate
+            pause = wanted - elapsed
+            if pause <= 0 and elapsed >= self.window_s:
+                self._start, self._bytes = now, 0
+        if pause > 0:
+            time.sleep(pause)
+
+
+@dataclass(slots=True)
+class CleanerMetrics:
+    """What ``/metrics`` shows (Kafka's cleaner metrics); updated by the threads, read by the
+    owner (plain int/float assignments: a reader sees a whole value)."""
+
+    passes: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_written: int = 0
+    last_pass_s: float = 0.0
+    last_ratio: float = 0.0
+    max_pass_s: float = 0.0
+
+    def record(self, result: PassResult) -> None:
+        stats = result.stats
+        self.passes += 1
+        self.bytes_read += stats.bytes_read
+        self.bytes_written += stats.bytes_written
+        self.records_read += stats.records_read
+        self.records_written += stats.records_written
+        self.last_pass_s = stats.elapsed_s
+        self.max_pass_s = max(self.max_pass_s, stats.elapsed_s)
+        self.last_ratio = result.ratio
+
+
+def replace_on_owner(
+    plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment], hook: SwapHook | None
+) -> None:
+    """The swap as the owner runs it: only if the rewritten segments are still the log's."""
+    if plog.closed:
+        raise CleaningAbortedError(f"{plog.tp} was closed during cleaning")
+    try:
+        plog.replace_segments(cleaned, group, hook)
+    except ValueError as exc:
+        raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
+
+
+class LogCleaner:
+    """The cleaner threads of one data directory.
+
+    Owns the threads, their offset maps and the throttle. Lifecycle: ``start`` (after the logs are
+    loaded), ``stop`` (before they are closed; waits for the threads, whose current pass may need
+    the owner to run its swap). ``logs`` returns the logs to consider, called on each thread."""
+
+    def __init__(
+        self,
+        config: CleanerConfig,
+        manager: LogCleanerManager,
+        logs: Callable[[], Iterable[PartitionLog]],
+        *,
+        clock_ms: Callable[[], int],
+        hook: SwapHook | None = None,
+    ) -> None:
+        self.config = config
+        self.manager = manager
+        self._logs = logs
+        self._clock_ms = clock_ms
+        self._hook = hook
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.throttler = Throttler(config.max_io_bytes_per_second)
+        self.metrics = CleanerMetrics()
+
+    def start(self, run_on_owner: RunOnOwner) -> None:
+        for i in range(max(self.config.num_threads, 1)):
+            cleaner = self._new_cleaner(run_on_owner)
+            thread = threading.Thread(target=self._run, args=(cleaner,), name=f"log-cleaner-{i}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        log.info("started %d log cleaner thread(s)", len(self._threads))
+
+    def _new_cleaner(self, run_on_owner: RunOnOwner) -> Cleaner:
+        hook = self._hook
+
+        def swap(plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment]) -> None:
+            run_on_owner(lambda: replace_on_owner(plog, cleaned, group, hook))
+
+        offset_map = OffsetMap(self.config.map_memory_per_thread, self.config.io_buffer_load_factor)
+        return Cleaner(
+            offset_map, io_buffer_size=self.config.io_buffer_size, swap=swap, throttle=self.throttler
+        )
+
+    def _run(self, cleaner: Cleaner) -> None:
+        backoff_s = self.config.backoff_ms / 1000
+        while not self._stop.is_set():
+            result: PassResult | None = None
+            try:
+                result = clean_filthiest(
+                    self.manager, cleaner, list(self._logs()), self._clock_ms(), retention=False
+                )
+            except Exception:  # the thread must live on
+                log.exception("log cleaner pass failed")
+            if result is None:
+                self._stop.wait(backoff_s)
+            else:
+                self.metrics.record(result)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("%s did not stop within %.0f s", thread.name, timeout_s)
+        self._threads.clear()
+
+    @property
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)

@@ -1,0 +1,111 @@
+"""Log compaction through real clients: a compacted topic written by an idempotent producer and
+a transactional one (commits, aborts, tombstones); the broker's cleaner thread compacts it; a
+consumer from offset 0 then sees the latest value of every key and never an aborted record, and
+so does one after a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exactly.testing.wait import wait_until
+from tests.support.broker import Broker
+from tests.support.clients import consume, create_topic, producer, watermarks
+from tests.support.txn_helpers import txn_producer
+
+pytestmark = pytest.mark.timeout(120)
+
+KEYS = 20
+ROUNDS = 12
+
+
+def log_bytes(b: Broker, topic: str) -> int:
+    return sum(p.stat().st_size for p in Path(b.partition_dir(topic)).glob("*.log"))
+
+
+def read_all(b: Broker, topic: str, *, isolation: str) -> list[Any]:
+    _low, high = watermarks(b.bootstrap, topic)
+    got = consume(b.bootstrap, topic, high, idle=1.0, **{"isolation.level": isolation})
+    return got
+
+
+def latest(records: list[Any]) -> dict[bytes, bytes | None]:
+    out: dict[bytes, bytes | None] = {}
+    for r in records:
+        out[r.key] = r.value
+    return out
+
+
+def test_compacted_topic_keeps_latest_value_of_every_key_and_no_aborted_record(
+    fresh_broker: Callable[..., Broker], unique_name: Callable[[str], str]
+) -> None:
+    b = fresh_broker(**{"log.cleaner.backoff.ms": "100"})
+    topic = unique_name("compacted")
+    create_topic(
+        b.bootstrap,
+        topic,
+        config={
+            "cleanup.policy": "compact",
+            "segment.bytes": "4096",
+            "min.cleanable.dirty.ratio": "0.01",
+            "delete.retention.ms": "0",  # tombstones go at the pass after the one that marks them
+        },
+    )
+    expected: dict[bytes, bytes | None] = {}
+    tx = txn_producer(b.bootstrap, unique_name("tid"))
+    tx.init_transactions(15)
+    for round_ in range(3):  # committed and aborted transactions early in the log
+        tx.begin_transaction()
+        for k in range(KEYS):
+            tx.produce(topic, key=b"k%02d" % k, value=b"aborted-%d" % round_)
+        tx.abort_transaction(15)
+        tx.begin_transaction()
+        for k in range(0, KEYS, 2):
+            value = b"txn-%d-%d" % (round_, k)
+            tx.produce(topic, key=b"k%02d" % k, value=value)
+            expected[b"k%02d" % k] = value
+        tx.commit_transaction(15)
+    p = producer(b.bootstrap, linger_ms=0)
+    for round_ in range(ROUNDS):
+        for k in range(KEYS):
+            value = b"v-%d-%d-" % (round_, k) + b"." * 60
+            p.produce(topic, key=b"k%02d" % k, value=value)
+            expected[b"k%02d" % k] = value
+        p.flush(10)
+    for k in range(0, KEYS, 5):  # tombstones
+        p.produce(topic, key=b"k%02d" % k, value=None)
+        expected[b"k%02d" % k] = None
+    p.flush(10)
+    for k in range(KEYS):  # one more round, so the tombstones are in a closed segment
+        if expected[b"k%02d" % k] is not None:
+            value = b"last-%d" % k + b"." * 60
+            p.produce(topic, key=b"k%02d" % k, value=value)
+            expected[b"k%02d" % k] = value
+    p.flush(10)
+    _low, high = watermarks(b.bootstrap, topic)
+    # The cleaner thread compacts the closed segments: the log shrinks to a fraction.
+    wait_until(
+        lambda: len(read_all(b, topic, isolation="read_uncommitted")) < high / 3,
+        60,
+        "the cleaner compacted the topic",
+        interval=0.3,
+        describe=lambda: f"{log_bytes(b, topic)} bytes in the log",
+    )
+    assert f"cleaned {topic}-0" in b.log_text()
+    for broker_state in ("compacted", "restarted"):
+        seen = read_all(b, topic, isolation="read_uncommitted")
+        values = [r.value for r in seen]
+        assert not [v for v in values if v is not None and v.startswith(b"aborted")], broker_state
+        offsets = [r.offset for r in seen]
+        assert offsets == sorted(offsets) and offsets[-1] == high - 1  # order kept, nothing renumbered
+        view = {k: v for k, v in latest(seen).items()}
+        live = {k: v for k, v in expected.items() if v is not None}
+        assert {k: v for k, v in view.items() if v is not None} == live, broker_state
+        assert len(seen) < high / 3, broker_state
+        committed = read_all(b, topic, isolation="read_committed")
+        assert {k: v for k, v in latest(committed).items() if v is not None} == live
+        b.restart()
+    assert watermarks(b.bootstrap, topic)[1] == high
