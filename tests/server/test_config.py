@@ -94,3 +94,59 @@ def test_unclean_leader_election_is_a_topic_config_defaulting_to_the_brokers() -
     assert override.unclean_leader_election_enable == "false"
     with pytest.raises(InvalidConfigError, match="Invalid value"):
         log.with_overrides({"unclean.leader.election.enable": "sometimes"})
+
+
+def test_log_cleaner_settings_and_broker_level_compaction_defaults() -> None:
+    cfg = BrokerConfig.load(None, {})
+    cleaner = cfg.cleaner_config()
+    assert cleaner.enable and cleaner.num_threads == 1
+    assert cleaner.dedupe_buffer_size == 128 * 1024 * 1024 and cleaner.backoff_ms == 15_000
+    assert cleaner.io_buffer_load_factor == 0.9
+    log = cfg.log_config()
+    assert (log.cleanup_policy, log.min_cleanable_dirty_ratio, log.delete_retention_ms) == (
+        "delete",
+        0.5,
+        86_400_000,
+    )
+    assert (log.min_compaction_lag_ms, log.max_compaction_lag_ms) == (0, 2**63 - 1)
+    cfg = BrokerConfig.load(
+        None,
+        {
+            "log.cleaner.threads": "2",
+            "log.cleaner.dedupe.buffer.size": str(4 * 1024 * 1024),
+            "log.cleaner.io.max.bytes.per.second": "1048576",
+            "log.cleaner.min.cleanable.ratio": "0.25",
+            "log.cleaner.delete.retention.ms": "1000",
+            "log.cleaner.min.compaction.lag.ms": "5",
+            "log.cleaner.max.compaction.lag.ms": "60000",
+            "log.cleanup.policy": "compact,delete",
+        },
+    )
+    assert cfg.cleaner_config().map_memory_per_thread == 2 * 1024 * 1024
+    assert cfg.cleaner_config().max_io_bytes_per_second == 1048576.0
+    log = cfg.log_config()
+    assert (log.min_cleanable_dirty_ratio, log.delete_retention_ms, log.min_compaction_lag_ms) == (
+        0.25,
+        1000,
+        5,
+    )
+    assert log.max_compaction_lag_ms == 60_000 and log.compact and log.delete
+    # A topic override wins over the broker-level form, under Kafka's topic name.
+    assert log.with_overrides({"min.cleanable.dirty.ratio": "0.9"}).min_cleanable_dirty_ratio == 0.9
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"log.cleaner.min.cleanable.ratio": "1.5"},
+        {"log.cleaner.min.cleanable.ratio": "half"},
+        {"log.cleaner.dedupe.buffer.size": "1000"},
+        {"log.cleaner.threads": "2", "log.cleaner.dedupe.buffer.size": str(1024 * 1024)},
+        {"log.cleaner.min.compaction.lag.ms": "10", "log.cleaner.max.compaction.lag.ms": "5"},
+        {"log.cleanup.policy": "shred"},
+        {"log.cleaner.enable": "maybe"},
+    ],
+)
+def test_bad_log_cleaner_settings_are_refused(overrides: dict[str, str]) -> None:
+    with pytest.raises(ConfigError):
+        BrokerConfig.load(None, overrides)

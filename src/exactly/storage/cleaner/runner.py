@@ -68,11 +68,20 @@ class Throttler:
     """Keeps the bytes read and written at or under a rate, by sleeping the calling thread
     (Kafka's Throttler). Shared by the cleaner threads, hence the lock."""
 
-    def __init__(self, bytes_per_second: float, *, window_s: float = 0.3) -> None:
+    def __init__(
+        self,
+        bytes_per_second: float,
+        *,
+        window_s: float = 0.3,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.rate = bytes_per_second
         self.window_s = window_s
+        self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
-        self._start = time.monotonic()
+        self._start = clock()
         self._bytes = 0
 
     def __call__(self, nbytes: int) -> None:
@@ -80,14 +89,13 @@ class Throttler:
             return
         with self._lock:
             self._bytes += nbytes
-            now = time.monotonic()
+            now = self._clock()
             elapsed = now - self._start
-            wanted = self._bytes / self.rate
-            pause = wanted - elapsed
+            pause = self._bytes / self.rate - elapsed
             if pause <= 0 and elapsed >= self.window_s:
                 self._start, self._bytes = now, 0
         if pause > 0:
-            time.sleep(pause)
+            self._sleep(pause)
 
 
 @dataclass(slots=True)

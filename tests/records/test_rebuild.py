@@ -1,0 +1,90 @@
+"""Rebuilt batches (what the log cleaner writes): offsets, producer fields, CRC, delete horizon."""
+
+from __future__ import annotations
+
+from exactly.records.batch import (
+    DELETE_HORIZON_FLAG,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+    compute_crc,
+    iter_batches,
+)
+from exactly.records.builder import COMPRESSION_GZIP, Record, build_batch, decode_batch
+from exactly.records.rebuild import build_empty_batch, build_retained_batch, delete_horizon_of
+
+T0 = 1_700_000_000_000
+
+
+def original(compression: int = 0) -> bytes:
+    records = [Record(key=b"k%d" % i, value=b"v%d" % i, timestamp=T0 + i) for i in range(5)]
+    batch = bytearray(
+        build_batch(
+            records,
+            base_offset=100,
+            producer_id=7,
+            producer_epoch=3,
+            base_sequence=40,
+            transactional=True,
+            base_timestamp=T0,
+            partition_leader_epoch=9,
+            compression=compression,
+        )
+    )
+    return bytes(batch)
+
+
+def test_retained_batch_keeps_offsets_producer_fields_and_last_offset() -> None:
+    for compression in (0, COMPRESSION_GZIP):
+        data = original(compression)
+        header, records = decode_batch(data)
+        kept = [records[1], records[3]]
+        rebuilt = build_retained_batch(header, kept, delete_horizon_ms=None)
+        new = BatchHeader.parse(rebuilt)
+        assert compute_crc(rebuilt, 0, len(rebuilt)) == new.crc
+        assert list(iter_batches(rebuilt, verify_crc=True)) == [new]
+        assert (new.base_offset, new.last_offset, new.record_count) == (100, 104, 2)
+        assert (new.producer_id, new.producer_epoch, new.base_sequence, new.partition_leader_epoch) == (
+            7,
+            3,
+            40,
+            9,
+        )
+        assert new.last_sequence == 44  # the producer's last sequence survives its record
+        assert new.is_transactional and new.compression == compression
+        _h, decoded = decode_batch(rebuilt)
+        assert [(r.offset, r.key, r.value, r.timestamp) for r in decoded] == [
+            (r.offset, r.key, r.value, r.timestamp) for r in kept
+        ]
+        assert delete_horizon_of(new) is None
+
+
+def test_delete_horizon_is_the_base_timestamp_and_record_timestamps_survive() -> None:
+    header, records = decode_batch(original())
+    horizon = T0 + 86_400_000
+    rebuilt = build_retained_batch(header, records[2:], delete_horizon_ms=horizon)
+    new = BatchHeader.parse(rebuilt)
+    assert new.attributes & DELETE_HORIZON_FLAG and delete_horizon_of(new) == horizon
+    assert new.base_timestamp == horizon and new.max_timestamp == T0 + 4
+    _h, decoded = decode_batch(rebuilt)
+    assert [r.timestamp for r in decoded] == [T0 + 2, T0 + 3, T0 + 4]
+
+
+def test_log_append_time_batch_keeps_its_max_timestamp() -> None:
+    data = bytearray(original())
+    from exactly.records.batch import stamp_log_append_time
+
+    header = stamp_log_append_time(data, BatchHeader.parse(data), T0 + 999)
+    _h, records = decode_batch(bytes(data))
+    new = BatchHeader.parse(build_retained_batch(header, records[:1], delete_horizon_ms=None))
+    assert new.attributes & TIMESTAMP_TYPE_MASK and new.max_timestamp == T0 + 999
+
+
+def test_empty_batch_is_a_header_with_the_last_offset() -> None:
+    header = BatchHeader.parse(original(COMPRESSION_GZIP))
+    empty = build_empty_batch(header)
+    new = BatchHeader.parse(empty)
+    assert len(empty) == 61 and new.record_count == 0 and new.compression == 0
+    assert (new.base_offset, new.last_offset, new.base_sequence, new.producer_epoch) == (100, 104, 40, 3)
+    assert new.base_timestamp == new.max_timestamp == header.max_timestamp
+    assert list(iter_batches(empty, verify_crc=True)) == [new]
+    assert decode_batch(empty)[1] == []
