@@ -11,7 +11,6 @@ from pathlib import Path
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner, Throttler
 from exactly.storage.cleaner.swap import SwapStep
-from exactly.testing.wait import wait_until
 from tests.storage.cleaner.helpers import NOW, append_keyed, key_values, offsets_in, open_compacted
 
 CONFIG = CleanerConfig(backoff_ms=10, dedupe_buffer_size=1 << 20)
