@@ -5,15 +5,18 @@ so does one after a restart."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.clients import consume, create_topic, producer, watermarks
+from tests.support.metrics import metrics_url
 from tests.support.txn_helpers import txn_producer
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,6 +35,16 @@ def read_all(b: Broker, topic: str, *, isolation: str) -> list[Any]:
     return got
 
 
+def scrape(b: Broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(metrics_url(b), timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def latest(records: list[Any]) -> dict[bytes, bytes | None]:
     out: dict[bytes, bytes | None] = {}
     for r in records:
@@ -42,7 +55,7 @@ def latest(records: list[Any]) -> dict[bytes, bytes | None]:
 def test_compacted_topic_keeps_latest_value_of_every_key_and_no_aborted_record(
     fresh_broker: Callable[..., Broker], unique_name: Callable[[str], str]
 ) -> None:
-    b = fresh_broker(**{"log.cleaner.backoff.ms": "100"})
+    b = fresh_broker(**{"log.cleaner.backoff.ms": "100", "metrics.port": "0"})
     topic = unique_name("compacted")
     create_topic(
         b.bootstrap,
@@ -95,6 +108,14 @@ def test_compacted_topic_keeps_latest_value_of_every_key_and_no_aborted_record(
         describe=lambda: f"{log_bytes(b, topic)} bytes in the log",
     )
     assert f"cleaned {topic}-0" in b.log_text()
+    series = scrape(b)
+    assert series[("exactly_log_cleaner_passes_total", ())] >= 1
+    assert (
+        series[("exactly_log_cleaner_bytes_read_total", ())]
+        > series[("exactly_log_cleaner_bytes_written_total", ())]
+    )
+    assert series[("exactly_log_cleaner_uncleanable_partitions_count", ())] == 0
+    assert ("exactly_partition_dirty_ratio", (("partition", "0"), ("topic", topic))) in series
     for broker_state in ("compacted", "restarted"):
         seen = read_all(b, topic, isolation="read_uncommitted")
         values = [r.value for r in seen]

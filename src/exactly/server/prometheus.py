@@ -47,6 +47,16 @@ Series:
   The counters are bumped by the shell where a decision's write committed (the replica
   manager's ISR writer, the controller's worker); the gauges are computed here at scrape time, so
   the produce and fetch paths pay nothing for them;
+* the log cleaner's (Kafka's ``kafka.log:type=LogCleaner`` / ``LogCleanerManager`` metrics, same
+  snake-case rule), read from the cleaner's counters at scrape time:
+  ``exactly_log_cleaner_passes_total``, ``exactly_log_cleaner_bytes_read_total`` /
+  ``..._bytes_written_total`` (bytes cleaned), ``exactly_log_cleaner_recopy_percent`` (written / read
+  of the last pass), ``exactly_log_cleaner_max_clean_time_seconds``,
+  ``exactly_log_cleaner_max_dirty_percent`` (the dirtiest compacted log's ratio at the last
+  check), ``exactly_log_cleaner_max_compaction_delay_seconds``,
+  ``exactly_log_cleaner_uncleanable_partitions_count`` and ``exactly_log_cleaner_dead_thread_count``;
+  ``exactly_partition_dirty_ratio{topic,partition}`` per compacted partition (cleanable / total
+  bytes, as the cleaner computes it);
 * the standard ``process_*`` series.
 """
 
@@ -136,6 +146,7 @@ class BrokerCollector(Collector):
             under.add_metric(key, int(short))
         yield from (leo, hw, lso_lag, ongoing, under)
         yield from _cluster_health(broker, under_replicated)
+        yield from _log_cleaner(broker)
 
         open_txns = GaugeMetricFamily(
             "exactly_open_transactions",
@@ -173,6 +184,66 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily(
             "exactly_groups_removed", "Empty groups removed by offset retention.", value=m.groups_removed
         )
+
+
+def _log_cleaner(broker: Broker) -> Iterator[Metric]:
+    """The log cleaner's series (see the module docstring); zeros when the cleaner is off."""
+    cleaner = broker.cleaner
+    manager = broker.logs.cleaner_manager
+    stats = cleaner.metrics if cleaner is not None else None
+    yield CounterMetricFamily(
+        "exactly_log_cleaner_passes", "Cleaning passes completed.", value=stats.passes if stats else 0
+    )
+    yield CounterMetricFamily(
+        "exactly_log_cleaner_bytes_read",
+        "Bytes of segments the cleaner rewrote (read).",
+        value=stats.bytes_read if stats else 0,
+    )
+    yield CounterMetricFamily(
+        "exactly_log_cleaner_bytes_written",
+        "Bytes the cleaner wrote back.",
+        value=stats.bytes_written if stats else 0,
+    )
+    yield GaugeMetricFamily(
+        "exactly_log_cleaner_recopy_percent",
+        "Bytes written / bytes read of the last pass, in percent (Kafka's cleaner-recopy-percent).",
+        value=100.0 * stats.last_recopy_ratio if stats else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "exactly_log_cleaner_max_clean_time_seconds",
+        "The longest pass so far (Kafka's max-clean-time-secs).",
+        value=stats.max_pass_s if stats else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "exactly_log_cleaner_max_dirty_percent",
+        "Dirty ratio of the dirtiest compacted log at the last check, in percent.",
+        value=100.0 * manager.dirtiest_ratio,
+    )
+    yield GaugeMetricFamily(
+        "exactly_log_cleaner_max_compaction_delay_seconds",
+        "How far past max.compaction.lag.ms the most overdue log is.",
+        value=manager.max_compaction_delay_ms / 1000,
+    )
+    yield GaugeMetricFamily(
+        "exactly_log_cleaner_uncleanable_partitions_count",
+        "Partitions the cleaner gave up on after an error.",
+        value=len(manager.uncleanable()),
+    )
+    yield GaugeMetricFamily(
+        "exactly_log_cleaner_dead_thread_count",
+        "Cleaner threads that died.",
+        value=cleaner.dead_threads if cleaner is not None else 0,
+    )
+    ratio = GaugeMetricFamily(
+        "exactly_partition_dirty_ratio",
+        "Cleanable / total bytes of a compacted partition.",
+        labels=["topic", "partition"],
+    )
+    for tp, value in sorted(
+        manager.dirty_ratios().items(), key=lambda item: (item[0].topic, item[0].partition)
+    ):
+        ratio.add_metric([tp.topic, str(tp.partition)], value)
+    yield ratio
 
 
 def _cluster_health(broker: Broker, under_replicated: int) -> Iterator[Metric]:

@@ -72,6 +72,7 @@ class LogCleanerManager:
         self._uncleanable: dict[TopicPartition, str] = {}
         self.dirtiest_ratio = 0.0
         self.max_compaction_delay_ms = 0
+        self._ratios: dict[TopicPartition, float] = {}
 
     # --- checkpoint ---------------------------------------------------------------------------
     def checkpoints(self) -> dict[TopicPartition, int]:
@@ -102,6 +103,7 @@ class LogCleanerManager:
     def remove(self, tp: TopicPartition) -> None:
         with self._lock:
             self._uncleanable.pop(tp, None)
+            self._ratios.pop(tp, None)
         self.update_checkpoint(tp, None)
 
     # --- state --------------------------------------------------------------------------------
@@ -113,6 +115,11 @@ class LogCleanerManager:
         with self._lock:
             self._uncleanable[tp] = reason
             self._in_progress.discard(tp)
+
+    def dirty_ratios(self) -> dict[TopicPartition, float]:
+        """Each compacted log's dirty ratio at the last check (metrics, ``topics describe``)."""
+        with self._lock:
+            return dict(self._ratios)
 
     def in_progress(self) -> set[TopicPartition]:
         with self._lock:
@@ -147,6 +154,8 @@ class LogCleanerManager:
             if not plog.config.compact or plog.tp in skip:
                 continue
             to_clean = self.dirty_state(plog, now_ms)
+            with self._lock:
+                self._ratios[plog.tp] = to_clean.cleanable_ratio
             max_delay = max(max_delay, to_clean.compaction_delay_ms)
             if to_clean.total_bytes > 0:
                 candidates.append(Candidate(plog.tp, plog, to_clean))

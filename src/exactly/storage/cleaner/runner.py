@@ -110,6 +110,7 @@ class CleanerMetrics:
     records_written: int = 0
     last_pass_s: float = 0.0
     last_ratio: float = 0.0
+    last_recopy_ratio: float = 0.0
     max_pass_s: float = 0.0
 
     def record(self, result: PassResult) -> None:
@@ -122,6 +123,7 @@ class CleanerMetrics:
         self.last_pass_s = stats.elapsed_s
         self.max_pass_s = max(self.max_pass_s, stats.elapsed_s)
         self.last_ratio = result.ratio
+        self.last_recopy_ratio = stats.bytes_written / stats.bytes_read if stats.bytes_read else 0.0
 
 
 def replace_on_owner(
@@ -207,3 +209,10 @@ class LogCleaner:
     @property
     def running(self) -> bool:
         return any(t.is_alive() for t in self._threads)
+
+    @property
+    def dead_threads(self) -> int:
+        """Threads that ended without being stopped (Kafka's dead-thread-count)."""
+        if self._stop.is_set():
+            return 0
+        return sum(not t.is_alive() for t in self._threads)
