@@ -130,3 +130,83 @@ def test_compacted_topic_keeps_latest_value_of_every_key_and_no_aborted_record(
         assert {k: v for k, v in latest(committed).items() if v is not None} == live
         b.restart()
     assert watermarks(b.bootstrap, topic)[1] == high
+
+
+def test_internal_topics_are_compacted_and_coordinators_reload_from_them(
+    fresh_broker: Callable[..., Broker], unique_name: Callable[[str], str]
+) -> None:
+    """Many offset commits and transactions over a few keys: the cleaner compacts
+    ``__consumer_offsets`` and ``__transaction_state``; after a restart the group's offsets and the
+    transactional id's state are what they were."""
+    from confluent_kafka import TopicPartition as TP
+
+    from tests.support.clients import consumer
+
+    b = fresh_broker(
+        **{
+            "log.cleaner.backoff.ms": "100",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.num.partitions": "1",
+            "offsets.topic.segment.bytes": "4096",
+            "transaction.state.log.segment.bytes": "4096",
+            "log.cleaner.min.cleanable.ratio": "0.1",
+        }
+    )
+    topic, group, tid = unique_name("data"), unique_name("g"), unique_name("tid")
+    create_topic(b.bootstrap, topic)
+    c = consumer(b.bootstrap, **{"group.id": group})
+    for i in range(300):
+        c.commit(offsets=[TP(topic, 0, i)], asynchronous=False)
+    c.close()
+    tx = txn_producer(b.bootstrap, tid)
+    tx.init_transactions(15)
+    txn_group = unique_name("tg")
+    txn_consumer = consumer(b.bootstrap, **{"group.id": txn_group})
+    metadata = txn_consumer.consumer_group_metadata()
+    for i in range(40):
+        tx.begin_transaction()
+        tx.produce(topic, key=b"k", value=b"t%d" % i)
+        # Transactional offset commits: transactional batches and markers in __consumer_offsets.
+        tx.send_offsets_to_transaction([TP(topic, 0, 1000 + i)], metadata, 15)
+        if i % 4 == 3:
+            tx.abort_transaction(15)
+        else:
+            tx.commit_transaction(15)
+    tx.flush(10)
+    txn_consumer.close()
+    for internal in ("__consumer_offsets", "__transaction_state"):
+        wait_until(
+            lambda internal=internal: f"cleaned {internal}-0" in b.log_text(),
+            60,
+            f"the cleaner compacted {internal}",
+            interval=0.3,
+        )
+    wait_until(
+        lambda: log_bytes(b, "__consumer_offsets") < 4 * 4096,
+        60,
+        "__consumer_offsets shrank",
+        interval=0.3,
+        describe=lambda: f"{log_bytes(b, '__consumer_offsets')} bytes",
+    )
+    b.restart()
+    c = consumer(b.bootstrap, **{"group.id": group})
+    try:
+        (committed,) = c.committed([TP(topic, 0)], timeout=15)
+        assert committed.offset == 299
+    finally:
+        c.close()
+    c = consumer(b.bootstrap, **{"group.id": txn_group})
+    try:
+        (committed,) = c.committed([TP(topic, 0)], timeout=15)
+        assert committed.offset == 1038  # the last committed transaction's; 1039 was aborted
+    finally:
+        c.close()
+    # The transactional id's state survived compaction: a new producer fences the old one and goes on.
+    tx2 = txn_producer(b.bootstrap, tid)
+    tx2.init_transactions(15)
+    tx2.begin_transaction()
+    tx2.produce(topic, key=b"k", value=b"after")
+    tx2.commit_transaction(15)
+    values = [r.value for r in read_all(b, topic, isolation="read_committed")]
+    assert values[-1] == b"after"
+    assert not [v for v in values if v in {b"t%d" % i for i in range(3, 40, 4)}]

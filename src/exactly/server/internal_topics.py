@@ -285,6 +285,11 @@ class InternalTopics:
                 for header in iter_batches(data):
                     if header.next_offset <= offset:
                         continue
+                    if header.is_control and header.record_count == 0:
+                        # A marker the log cleaner emptied (kept for its producer's epoch): no
+                        # transaction to decide, as Kafka's loaders skip it.
+                        offset = header.next_offset
+                        continue
                     control = None
                     entries: tuple[tuple[int, bytes | None, bytes | None], ...] = ()
                     if header.is_control:

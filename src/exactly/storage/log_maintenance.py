@@ -139,9 +139,9 @@ class LogMaintenance:
     ) -> None:
         """Swap a flushed ``.cleaned`` segment in for the consecutive non-active segments ``old``
         (the log cleaner's last step; Kafka's replaceSegments): files first, crash-safely
-        (``cleaner.swap``), then the segment list. Offsets, the log start, the high watermark,
-        producer state and snapshots are unchanged: cleaning keeps every offset and each active
-        producer's last batch."""
+        (``cleaner.swap``), then the segment list. Offsets, the log start, the high watermark and
+        producer state are unchanged: cleaning keeps every offset and each active producer's last
+        batch, so a replay of the cleaned log from any remaining snapshot gives the same state."""
         first = self._segments.index(old[0])
         if self._segments[first : first + len(old)] != list(old) or first + len(old) >= len(self._segments):
             raise ValueError(f"{self.tp}: segments to replace are not consecutive non-active segments")
@@ -150,6 +150,10 @@ class LogMaintenance:
         replace_segment_files(self.directory, cleaned, old, hook)
         self._segments[first : first + len(old)] = [cleaned]
         self._bases[first : first + len(old)] = [cleaned.base_offset]
+        # As Kafka: the snapshots taken at the bases of segments merged away go (recovery then
+        # replays from an older one), so a compacted log does not gather one per roll forever.
+        for segment in old[1:]:
+            self.producer_state.delete_snapshot(segment.base_offset)
 
     def _move_log_start(self, start: int) -> None:
         """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader

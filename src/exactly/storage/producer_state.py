@@ -426,6 +426,10 @@ class ProducerStateManager:
         for snap_offset in [o for o in self._snapshots if o < offset]:
             self._delete_snapshot(snap_offset)
 
+    def delete_snapshot(self, offset: int) -> None:
+        """Drop the snapshot at ``offset`` (a segment base the log cleaner merged away)."""
+        self._delete_snapshot(offset)
+
     def latest_snapshot_offset(self) -> int | None:
         return max(self._snapshots, default=None)
 

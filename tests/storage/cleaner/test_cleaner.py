@@ -8,6 +8,7 @@ from pathlib import Path
 from exactly.records.rebuild import delete_horizon_of
 from exactly.storage.cleaner.cleanable import group_segments_by_size
 from exactly.storage.config import LogConfig
+from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import (
     COMPACT,
     NOW,
@@ -20,6 +21,7 @@ from tests.storage.cleaner.helpers import (
     run_clean,
     two_pass_clean,
 )
+from tests.storage.helpers import TP
 
 
 def test_clean_keeps_the_newest_record_of_each_key_and_every_offset(tmp_path: Path) -> None:
@@ -197,4 +199,29 @@ def test_cleaned_log_survives_a_clean_reopen(tmp_path: Path) -> None:
     reopened = open_compacted(tmp_path)
     assert (key_values(reopened), offsets_in(reopened)) == expected
     assert reopened.log_end_offset == 60
+    reopened.close()
+
+
+def test_snapshots_of_merged_segments_are_deleted_and_state_survives(tmp_path: Path) -> None:
+    small = LogConfig(cleanup_policy="compact", segment_bytes=300, index_interval_bytes=64)
+    log = open_compacted(tmp_path, small)
+    for i in range(60):
+        append_keyed(log, [(i % 3, i)])
+    log.roll(NOW)
+    log.close()
+    # A clean restart (recovery point at the log end) keeps the snapshots of every roll.
+    log = PartitionLog.open(
+        tmp_path, TP, dataclasses.replace(small, segment_bytes=100_000), recovery_point=60, now_ms=NOW
+    )
+    snapshots_before = sorted(int(p.name[:20]) for p in tmp_path.glob("*.snapshot"))
+    assert len(snapshots_before) > 3
+    run_clean(log)
+    snapshots_after = sorted(int(p.name[:20]) for p in tmp_path.glob("*.snapshot"))
+    bases = {s.base_offset for s in log.segments}
+    assert set(snapshots_after) <= bases | {log.log_end_offset}
+    assert len(snapshots_after) < len(snapshots_before)
+    expected = key_values(log)
+    log.close()
+    reopened = open_compacted(tmp_path)
+    assert key_values(reopened) == expected and reopened.log_end_offset == 60
     reopened.close()
