@@ -210,3 +210,54 @@ def test_internal_topics_are_compacted_and_coordinators_reload_from_them(
     values = [r.value for r in read_all(b, topic, isolation="read_committed")]
     assert values[-1] == b"after"
     assert not [v for v in values if v in {b"t%d" % i for i in range(3, 40, 4)}]
+
+
+@pytest.mark.parametrize(
+    "step",
+    ["cleaned_flushed", "swap_indexes_renamed", "swap_committed", "old_segment_renamed", "new_log_renamed"],
+)
+def test_kill_9_at_each_swap_step_loses_nothing(
+    fresh_broker: Callable[..., Broker], unique_name: Callable[[str], str], step: str
+) -> None:
+    b = fresh_broker(
+        env={"EXACTLY_FAULT": f"cleaner-crash-at-{step}"},
+        **{"log.cleaner.backoff.ms": "100", "log.cleaner.min.cleanable.ratio": "0.01"},
+    )
+    topic = unique_name("crash")
+    create_topic(b.bootstrap, topic, config={"cleanup.policy": "compact", "segment.bytes": "2048"})
+    expected: dict[bytes, bytes] = {}
+    p = producer(b.bootstrap, linger_ms=0, **{"message.timeout.ms": 5000})
+    acked = 0
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        nonlocal acked
+        if err is None:
+            acked += 1
+
+    sent = 0
+    for round_ in range(30):
+        if b.returncode is not None:
+            break
+        batch = {b"k%02d" % k: b"v-%d-%d" % (round_, k) for k in range(10)}
+        for key, value in batch.items():
+            p.produce(topic, key=key, value=value, on_delivery=on_delivery)
+        sent += len(batch)
+        if p.flush(10) == 0 and acked == sent:
+            expected.update(batch)  # everything acknowledged so far
+    wait_until(lambda: b.returncode is not None, 60, f"the broker killed itself at {step}", interval=0.2)
+    p.flush(1)
+    b.env.pop("EXACTLY_FAULT")
+    b.restart()
+    assert f"EXACTLY_FAULT=cleaner-crash-at-{step}" in b.log_text()
+    seen = read_all(b, topic, isolation="read_committed")
+    offsets = [r.offset for r in seen]
+    assert offsets == sorted(set(offsets))
+    view = latest(seen)
+    for key, value in expected.items():  # every acknowledged key has its newest acknowledged value
+        assert view[key] is not None
+        assert int(view[key].split(b"-")[1]) >= int(value.split(b"-")[1]), key
+    assert not [
+        p
+        for p in Path(b.partition_dir(topic)).iterdir()
+        if p.name.endswith((".cleaned", ".swap", ".deleted"))
+    ]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from exactly.server.txn_runtime import TxnRuntime
 from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.cleaner.cleaner import CleaningAbortedError
 from exactly.storage.cleaner.runner import LogCleaner
+from exactly.storage.cleaner.swap import SwapHook, SwapStep
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
@@ -113,7 +116,13 @@ class Broker:
         self.txn_verifier = TxnVerifier(self)
         cleaner_config = config.cleaner_config()
         self.cleaner: LogCleaner | None = (
-            LogCleaner(cleaner_config, logs.cleaner_manager, logs.compacted_logs, clock_ms=now_ms)
+            LogCleaner(
+                cleaner_config,
+                logs.cleaner_manager,
+                logs.compacted_logs,
+                clock_ms=now_ms,
+                hook=_swap_fault_hook(os.environ.get("EXACTLY_FAULT", "")),
+            )
             if cleaner_config.enable and cleaner_config.num_threads > 0
             else None
         )
@@ -309,3 +318,19 @@ def run_on_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]
         done.result()
 
     return run
+
+
+def _swap_fault_hook(fault: str) -> SwapHook | None:
+    """``EXACTLY_FAULT=cleaner-crash-at-<step>`` (tests only): SIGKILL the broker when a cleaner
+    swap reaches ``<step>`` (a ``SwapStep`` value), to show a kill -9 there loses nothing."""
+    prefix = "cleaner-crash-at-"
+    if not fault.startswith(prefix):
+        return None
+    target = SwapStep(fault[len(prefix) :])
+
+    def hook(step: SwapStep) -> None:
+        if step is target:
+            log.error("EXACTLY_FAULT=%s: killing the broker in a cleaner swap", fault)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
