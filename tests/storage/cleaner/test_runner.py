@@ -99,7 +99,8 @@ def test_pass_is_dropped_when_the_owner_deleted_its_segments(tmp_path: Path) -> 
     cleaner = LogCleaner(CONFIG, manager, lambda: [log], clock_ms=lambda: NOW)
     cleaner.start(owner.run_on_owner)
     try:
-        # The first swap request waits: meanwhile DeleteRecords removes the first segments.
+        _run_job(owner)  # the pass's first request: load the segments' metadata
+        # The swap request waits: meanwhile DeleteRecords removes the first segments.
         fn, reply = owner.jobs.get(timeout=30)
         log.increment_log_start_offset(log.segments[2].base_offset)
         try:
@@ -110,6 +111,7 @@ def test_pass_is_dropped_when_the_owner_deleted_its_segments(tmp_path: Path) -> 
         else:
             raise AssertionError("the swap of deleted segments must be refused")
         # The pass was dropped, not failed: the thread comes back for a new one.
+        _run_job(owner)
         _run_job(owner)
         assert log.tp not in manager.uncleanable()
     finally:

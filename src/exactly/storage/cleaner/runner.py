@@ -27,6 +27,7 @@ not block that thread while a cleaner waits on it (the server stops the runner f
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -126,6 +127,18 @@ class CleanerMetrics:
         self.last_recopy_ratio = stats.bytes_written / stats.bytes_read if stats.bytes_read else 0.0
 
 
+def load_segment_metadata(logs: Iterable[PartitionLog]) -> None:
+    """On the owner: load what segments read lazily (indexes, the first batch's timestamp) for
+    every non-active segment, so the cleaner thread only ever finds them loaded. A lazy load on the
+    thread could race one on the owner, or rebuild the indexes of a segment being deleted."""
+    for plog in logs:
+        if plog.closed:
+            continue
+        for segment in plog.segments[:-1]:
+            segment.ensure_indexes()
+            _ = segment.first_batch_timestamp
+
+
 def replace_on_owner(
     plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment], hook: SwapHook | None
 ) -> None:
@@ -167,7 +180,9 @@ class LogCleaner:
     def start(self, run_on_owner: RunOnOwner) -> None:
         for i in range(max(self.config.num_threads, 1)):
             cleaner = self._new_cleaner(run_on_owner)
-            thread = threading.Thread(target=self._run, args=(cleaner,), name=f"log-cleaner-{i}", daemon=True)
+            thread = threading.Thread(
+                target=self._run, args=(cleaner, run_on_owner), name=f"log-cleaner-{i}", daemon=True
+            )
             self._threads.append(thread)
             thread.start()
         log.info("started %d log cleaner thread(s)", len(self._threads))
@@ -183,14 +198,14 @@ class LogCleaner:
             offset_map, io_buffer_size=self.config.io_buffer_size, swap=swap, throttle=self.throttler
         )
 
-    def _run(self, cleaner: Cleaner) -> None:
+    def _run(self, cleaner: Cleaner, run_on_owner: RunOnOwner) -> None:
         backoff_s = self.config.backoff_ms / 1000
         while not self._stop.is_set():
             result: PassResult | None = None
             try:
-                result = clean_filthiest(
-                    self.manager, cleaner, list(self._logs()), self._clock_ms(), retention=False
-                )
+                logs = list(self._logs())
+                run_on_owner(functools.partial(load_segment_metadata, logs))
+                result = clean_filthiest(self.manager, cleaner, logs, self._clock_ms(), retention=False)
             except Exception:  # the thread must live on
                 log.exception("log cleaner pass failed")
             if result is None:
