@@ -105,7 +105,9 @@ def run_clean(
         now_ms=now_ms,
     )
     to_clean = log_to_clean(log.segments, offsets, log.config, now_ms)
-    cleaner = Cleaner(OffsetMap(map_entries * BYTES_PER_ENTRY, load_factor=1.0), hook=hook)
+    offset_map = OffsetMap(4 * map_entries * BYTES_PER_ENTRY)
+    offset_map.capacity = map_entries  # exactly this many keys (Kafka's tests size maps by keys too)
+    cleaner = Cleaner(offset_map, hook=hook)
     return cleaner.clean(log, to_clean, now_ms)
 
 

@@ -4,70 +4,127 @@ Theory of operation
 -------------------
 A cleaning pass first reads the dirty section and records, for each key, the offset of its newest
 record; the recopy then keeps a keyed record only if its offset is that newest one. Keys are not
-stored: the map holds a 16-byte MD5 digest of each key (as Kafka does; a collision between two
-keys is possible in principle and, as in Kafka, accepted: it would make the older of the two look
-superseded). Kafka sizes the map by memory: ``log.cleaner.dedupe.buffer.size`` bytes shared by the
-cleaner threads, 24 bytes a slot (digest + offset), filled to ``log.cleaner.io.buffer.load.factor``.
-This map has the same *capacity in entries* (``slots * load_factor``); a Python dict spends more
-than 24 bytes an entry, so the real memory is a small multiple of the configured size. What matters
-for behaviour is kept: once the map holds ``capacity`` distinct keys the pass stops there and the
-rest of the dirty section is cleaned by the next pass (``is_full``).
+stored: each slot holds a 16-byte MD5 digest of a key and an 8-byte offset, 24 bytes, in one
+``bytearray`` of ``log.cleaner.dedupe.buffer.size`` (divided between the cleaner threads) - as
+Kafka's map, so the configured memory is the memory used. A collision between two keys' digests is
+possible in principle and, as in Kafka, accepted (it would make the older of the two look
+superseded).
+
+The table is open-addressed with double hashing: the first slot and the step come from two
+different parts of the digest, and the slot count is a prime, so a probe sequence visits every
+slot. It is filled to at most ``log.cleaner.io.buffer.load.factor`` of its slots (``capacity``);
+once full the pass stops there and the rest of the dirty section is cleaned by the next pass
+(``is_full``). An all-zero digest marks an empty slot (MD5 giving sixteen zero bytes is accepted
+as impossible, as in Kafka).
 
 Invariants
 ----------
 * ``latest_offset`` only grows within one build and is the last offset the map covers: every record
   at or below it that has a key was offered to the map (or belongs to aborted or control data).
-* ``len(self) <= capacity``.
+* ``len(self) <= capacity <= slots``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 
 HASH_SIZE = 16  # MD5
 BYTES_PER_ENTRY = HASH_SIZE + 8
+_EMPTY = bytes(HASH_SIZE)
+_OFFSET = struct.Struct(">q")
+_HALVES = struct.Struct(">QQ")
 
 
 def _digest(key: bytes) -> bytes:
     return hashlib.md5(key, usedforsecurity=False).digest()
 
 
-class OffsetMap:
-    """Key digest -> latest offset, with Kafka's capacity for a given memory budget.
+def _is_prime(n: int) -> bool:
+    if n < 4:
+        return n >= 2
+    if n % 2 == 0:
+        return False
+    factor = 3
+    while factor * factor <= n:
+        if n % factor == 0:
+            return False
+        factor += 2
+    return True
 
-    Owns only its dict. Lifecycle: one per cleaner thread, ``clear``-ed at the start of each pass.
+
+def _prime_at_most(n: int) -> int:
+    while n > 2 and not _is_prime(n):
+        n -= 1
+    return max(n, 2)
+
+
+class OffsetMap:
+    """Key digest -> latest offset in a fixed ``bytearray`` (Kafka's SkimpyOffsetMap).
+
+    Owns only its buffer. Lifecycle: one per cleaner thread, ``clear``-ed at the start of each pass.
     """
 
-    __slots__ = ("_entries", "capacity", "latest_offset", "slots")
+    __slots__ = ("_buf", "_entries", "capacity", "latest_offset", "slots")
 
     def __init__(self, memory_bytes: int, load_factor: float = 0.9) -> None:
-        if memory_bytes < BYTES_PER_ENTRY:
-            raise ValueError(f"an offset map needs at least {BYTES_PER_ENTRY} bytes, got {memory_bytes}")
-        self.slots = memory_bytes // BYTES_PER_ENTRY
-        self.capacity = max(1, int(self.slots * load_factor))
-        self._entries: dict[bytes, int] = {}
+        if memory_bytes < 2 * BYTES_PER_ENTRY:
+            raise ValueError(f"an offset map needs at least {2 * BYTES_PER_ENTRY} bytes, got {memory_bytes}")
+        self.slots = _prime_at_most(memory_bytes // BYTES_PER_ENTRY)
+        self.capacity = max(1, min(self.slots, int(self.slots * load_factor)))
+        self._buf = bytearray(self.slots * BYTES_PER_ENTRY)
+        self._entries = 0
         self.latest_offset = -1
 
     def clear(self) -> None:
-        self._entries.clear()
+        if self._entries:
+            self._buf = bytearray(len(self._buf))  # zeroed pages from the allocator
+        self._entries = 0
         self.latest_offset = -1
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._entries
 
     @property
     def is_full(self) -> bool:
         """No room for another distinct key (Kafka checks ``size < maxDesiredMapSize`` before each put)."""
-        return len(self._entries) >= self.capacity
+        return self._entries >= self.capacity
+
+    def _find(self, digest: bytes) -> int:
+        """Byte position of ``digest``'s slot, or of the empty slot where it would go; -1 when the
+        table is full and does not hold it."""
+        first, second = _HALVES.unpack(digest)
+        slots = self.slots
+        slot = int(first) % slots
+        step = 1 + int(second) % (slots - 1)
+        buf = self._buf
+        for _ in range(slots):
+            pos = slot * BYTES_PER_ENTRY
+            stored = buf[pos : pos + HASH_SIZE]
+            if stored in (digest, _EMPTY):
+                return pos
+            slot = (slot + step) % slots
+        return -1
 
     def put(self, key: bytes, offset: int) -> None:
-        self._entries[_digest(key)] = offset
+        digest = _digest(key)
+        pos = self._find(digest)
+        if pos < 0:
+            raise OverflowError("the offset map is full")
+        if self._buf[pos : pos + HASH_SIZE] == _EMPTY:
+            self._entries += 1
+            self._buf[pos : pos + HASH_SIZE] = digest
+        _OFFSET.pack_into(self._buf, pos + HASH_SIZE, offset)
         if offset > self.latest_offset:
             self.latest_offset = offset
 
     def get(self, key: bytes) -> int:
         """The latest offset of ``key``, or -1 when the map has not seen it."""
-        return self._entries.get(_digest(key), -1)
+        digest = _digest(key)
+        pos = self._find(digest)
+        if pos < 0 or self._buf[pos : pos + HASH_SIZE] != digest:
+            return -1
+        return int(_OFFSET.unpack_from(self._buf, pos + HASH_SIZE)[0])
 
     def update_latest_offset(self, offset: int) -> None:
         """Cover an offset that holds no key (a gap, aborted or control data, the end of a fully
@@ -77,4 +134,4 @@ class OffsetMap:
 
     @property
     def utilization(self) -> float:
-        return len(self._entries) / self.slots
+        return self._entries / self.slots
