@@ -88,3 +88,15 @@ def test_empty_batch_is_a_header_with_the_last_offset() -> None:
     assert new.base_timestamp == new.max_timestamp == header.max_timestamp
     assert list(iter_batches(empty, verify_crc=True)) == [new]
     assert decode_batch(empty)[1] == []
+
+
+def test_record_keys_reads_offsets_and_keys_only() -> None:
+    from exactly.records.rebuild import record_keys
+
+    for compression in (0, COMPRESSION_GZIP):
+        data = original(compression)
+        header, records = decode_batch(data)
+        assert list(record_keys(data, header)) == [(r.offset, r.key) for r in records]
+    header, records = decode_batch(original())
+    rebuilt = build_retained_batch(header, [records[4]], delete_horizon_ms=None)
+    assert list(record_keys(rebuilt, BatchHeader.parse(rebuilt))) == [(104, b"k4")]

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import gzip
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import crc32c
 
+from exactly.protocol.primitives import read_varint, read_varlong
 from exactly.records.batch import (
     COMPRESSION_MASK,
     CONTROL_FLAG,
@@ -106,3 +107,26 @@ def build_empty_batch(header: BatchHeader) -> bytes:
     original max timestamp; no delete horizon."""
     attributes = header.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG | CONTROL_FLAG)
     return _assemble(header, attributes, header.max_timestamp, header.max_timestamp, 0, b"")
+
+
+def record_keys(buf: bytes | memoryview, header: BatchHeader) -> Iterator[tuple[int, bytes | None]]:
+    """(offset, key) of each record of the batch at ``header.position``, skipping values and
+    headers: what building the cleaner's offset map needs, at about half the cost of a full decode.
+    Uncompressed and gzip batches; raises ValueError for another codec."""
+    start = header.position + HEADER_SIZE
+    payload: bytes | memoryview = memoryview(buf)[start : header.position + header.size]
+    compression = header.attributes & COMPRESSION_MASK
+    if compression == COMPRESSION_GZIP:
+        payload = gzip.decompress(payload)
+    elif compression != 0:
+        raise ValueError(f"cannot read compression codec {compression}")
+    pos = 0
+    for _ in range(header.record_count):
+        length, pos = read_varint(payload, pos)
+        end = pos + length
+        _ts, cursor = read_varlong(payload, pos + 1)  # after the record attributes
+        delta, cursor = read_varint(payload, cursor)
+        key_len, cursor = read_varint(payload, cursor)
+        key = None if key_len < 0 else bytes(payload[cursor : cursor + key_len])
+        yield header.base_offset + delta, key
+        pos = end

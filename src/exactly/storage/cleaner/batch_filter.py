@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, decode_batch
 from exactly.records.control import ControlType, read_control_marker
-from exactly.records.rebuild import build_empty_batch, build_retained_batch, delete_horizon_of
+from exactly.records.rebuild import build_empty_batch, build_retained_batch, delete_horizon_of, record_keys
 from exactly.storage.cleaner.offset_map import OffsetMap
 from exactly.storage.cleaner.txn_metadata import CleanedTransactionMetadata
 
@@ -99,6 +99,14 @@ def control_type_of(buf: bytes | memoryview, header: BatchHeader) -> ControlType
 def decode_records(buf: bytes | memoryview, header: BatchHeader) -> list[Record]:
     try:
         return decode_batch(buf, header.position)[1]
+    except (ValueError, IndexError, OSError, EOFError) as exc:
+        raise UncleanableBatchError(f"cannot read the batch at offset {header.base_offset}: {exc}") from None
+
+
+def map_keys(buf: bytes | memoryview, header: BatchHeader) -> list[tuple[int, bytes | None]]:
+    """(offset, key) of each record, for the offset map (values are not read)."""
+    try:
+        return list(record_keys(buf, header))
     except (ValueError, IndexError, OSError, EOFError) as exc:
         raise UncleanableBatchError(f"cannot read the batch at offset {header.base_offset}: {exc}") from None
 

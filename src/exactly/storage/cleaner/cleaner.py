@@ -38,8 +38,8 @@ from exactly.storage.cleaner.batch_filter import (
     LastRecord,
     UncleanableBatchError,
     control_type_of,
-    decode_records,
     filter_batch,
+    map_keys,
 )
 from exactly.storage.cleaner.cleanable import LogToClean, group_segments_by_size
 from exactly.storage.cleaner.offset_map import OffsetMap
@@ -241,11 +241,11 @@ class Cleaner:
             if header.is_control:
                 txn.on_control_batch_read(header, control_type_of(buf, header))
             elif not txn.on_batch_read(header):
-                for record in decode_records(buf, header):
-                    if record.key is not None and record.offset >= start:
+                for offset, key in map_keys(buf, header):
+                    if key is not None and offset >= start:
                         if offset_map.is_full:
                             return True  # as Kafka: even a key already mapped ends the pass here
-                        offset_map.put(record.key, record.offset)
+                        offset_map.put(key, offset)
                     stats.map_records_read += 1
             if header.last_offset >= start:
                 offset_map.update_latest_offset(header.last_offset)
