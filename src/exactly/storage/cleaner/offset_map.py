@@ -72,13 +72,15 @@ class OffsetMap:
             raise ValueError(f"an offset map needs at least {2 * BYTES_PER_ENTRY} bytes, got {memory_bytes}")
         self.slots = _prime_at_most(memory_bytes // BYTES_PER_ENTRY)
         self.capacity = max(1, min(self.slots, int(self.slots * load_factor)))
-        self._buf = bytearray(self.slots * BYTES_PER_ENTRY)
+        # Allocated by the first ``clear`` (the start of a pass): a broker whose logs never need
+        # cleaning does not hold the dedupe buffer.
+        self._buf = bytearray()
         self._entries = 0
         self.latest_offset = -1
 
     def clear(self) -> None:
-        if self._entries:
-            self._buf = bytearray(len(self._buf))  # zeroed pages from the allocator
+        if self._entries or not self._buf:
+            self._buf = bytearray(self.slots * BYTES_PER_ENTRY)
         self._entries = 0
         self.latest_offset = -1
 
@@ -93,6 +95,8 @@ class OffsetMap:
     def _find(self, digest: bytes) -> int:
         """Byte position of ``digest``'s slot, or of the empty slot where it would go; -1 when the
         table is full and does not hold it."""
+        if not self._buf:
+            self.clear()
         first, second = _HALVES.unpack(digest)
         slots = self.slots
         slot = int(first) % slots
