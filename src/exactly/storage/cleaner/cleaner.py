@@ -19,7 +19,8 @@ Theory of operation
 
 The pass returns the end offset, the caller's next first dirty offset (the cleaner checkpoint).
 
-Decoding: the cleaner reads records (keys, values, timestamps) of the batches it rewrites; only
+Decoding: the offset map needs only each record's offset and key (``records.rebuild.record_keys``);
+the recopy decodes the batches it rewrites (keys, values, timestamps, headers). Only
 uncompressed and gzip batches can be read here, so a log holding another codec raises
 ``UncleanableBatchError`` and is left alone rather than cleaned wrongly.
 """
