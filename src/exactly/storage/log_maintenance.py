@@ -10,6 +10,7 @@ responsibility only, the public API is ``PartitionLog``'s. The invariants kept a
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class LogMaintenance:
     _first_unstable: int | None
     _unflushed_messages: int
     _last_flush_ms: int
+    _truncation_lock: threading.Lock
+    _truncated_to: int | None
 
     @property
     def log_end_offset(self) -> int:
@@ -113,6 +116,8 @@ class LogMaintenance:
         self.leader_epochs.truncate_from_end(offset)
         if offset >= self.log_end_offset:
             return 0
+        with self._truncation_lock:  # for the log cleaner's checkpoint (``take_truncation``)
+            self._truncated_to = offset if self._truncated_to is None else min(self._truncated_to, offset)
         removed = 0
         while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
             doomed = self._segments.pop()

@@ -46,6 +46,7 @@ maybeIncrementFirstUnstableOffset). Persisting it is the log manager's job
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,10 @@ class PartitionLog(LogMaintenance):
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
         self._closed = False
+        # The lowest offset a truncation cut the log to since the cleaner last asked
+        # (``take_truncation``); the cleaner runs on its own thread, hence the lock.
+        self._truncation_lock = threading.Lock()
+        self._truncated_to: int | None = None
 
     @classmethod
     def open(
@@ -400,6 +405,13 @@ class PartitionLog(LogMaintenance):
         """(base offset, max timestamp) of the first batch with max timestamp >= ``timestamp``,
         not bounded by the high watermark (see ``log_read``)."""
         return offset_for_timestamp(self._segments, self._log_start_offset, timestamp)
+
+    def take_truncation(self) -> int | None:
+        """The lowest offset the log was truncated to since the last call (None: no truncation),
+        for the cleaner: its checkpoint must not stay above data that was replaced."""
+        with self._truncation_lock:
+            offset, self._truncated_to = self._truncated_to, None
+        return offset
 
     @property
     def closed(self) -> bool:

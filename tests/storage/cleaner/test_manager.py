@@ -229,3 +229,25 @@ def offsets_in_raw(log: PartitionLog) -> list[int]:
     from exactly.storage.cleaner.cleaner import segment_batches
 
     return [h.base_offset for s in log.segments for _b, h in segment_batches(s)]
+
+
+def test_truncation_lowers_the_checkpoint_so_new_data_is_dirty(tmp_path: Path) -> None:
+    # A follower truncates below the checkpoint, then fetches new data past it: the new data must
+    # be cleaned (its tombstones shadow older values), not taken for clean.
+    log = open_compacted(tmp_path)
+    for i in range(40):
+        append_keyed(log, [(i % 4, i)])
+    log.roll(NOW)
+    manager = LogCleanerManager(tmp_path)
+    cleaner = Cleaner(OffsetMap(1 << 20))
+    first = clean_filthiest(manager, cleaner, [log], NOW)
+    assert first is not None and manager.checkpoints()[log.tp] == 40
+    log.truncate_to(38)
+    for i in range(20):
+        append_keyed(log, [(1, None)] if i == 0 else [(9, i)])
+    log.roll(NOW)
+    assert log.log_end_offset > 40
+    state = manager.dirty_state(log, NOW)
+    assert state.first_dirty_offset == 38 and manager.checkpoints()[log.tp] == 38
+    assert manager.dirty_state(log, NOW).first_dirty_offset == 38  # taken once, kept in the file
+    log.close()

@@ -127,7 +127,12 @@ class LogCleanerManager:
 
     # --- choosing -----------------------------------------------------------------------------
     def dirty_state(self, plog: PartitionLog, now_ms: int) -> LogToClean:
-        """The log's cleanable range and ratio (resetting an out-of-range checkpoint)."""
+        """The log's cleanable range and ratio (resetting an out-of-range checkpoint, and
+        lowering one above an offset the log was truncated to since the last look: the data
+        appended after a truncation is dirty even where the old checkpoint says clean)."""
+        truncated_to = plog.take_truncation()
+        if truncated_to is not None:
+            self.maybe_truncate_checkpoint(plog.tp, truncated_to)
         with self._lock:
             checkpoint = self._checkpoints.get(plog.tp)
         offsets = cleanable_offsets(
