@@ -75,7 +75,11 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
     transport = _Transport()
 
     async def fake_dispatch(
-        broker: Any, payload: bytearray, peer: str, before_park: Callable[[], None] = lambda: None
+        broker: Any,
+        payload: bytearray,
+        peer: str,
+        before_park: Callable[[], None] = lambda: None,
+        may_defer: bool = False,
     ) -> list[bytes] | None:
         key, _version, tag = struct.unpack_from(">hhi", payload)
         started.append((tag, len(transport.writes)))
@@ -214,7 +218,11 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
     kept: list[memoryview] = []
 
     async def keeping_dispatch(
-        broker: Any, payload: bytearray, peer: str, before_park: Callable[[], None] = lambda: None
+        broker: Any,
+        payload: bytearray,
+        peer: str,
+        before_park: Callable[[], None] = lambda: None,
+        may_defer: bool = False,
     ) -> list[bytes] | None:
         kept.append(memoryview(payload))
         return [b"ok"]

@@ -12,12 +12,16 @@ reason and closes): an unparseable header, an unknown API key, a non-ApiVersions
 version we do not speak, a body the schema cannot parse. An ApiVersions request of an unknown
 version is answered with a v0 response carrying UNSUPPORTED_VERSION and the supported ranges.
 Everything else gets an error code inside a response, chosen by the handler.
+
+A caller that passes ``may_defer=True`` (the connection) may get a ``Deferred`` instead of chunks:
+the request's effects are done and its framed answer comes when ``Deferred.answer`` finishes (an
+acks=all produce waiting for the ISR; ``exactly.server.deferred_response``).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +45,7 @@ from exactly.protocol.header import (
     response_header,
     skip_tagged_fields,
 )
+from exactly.server.deferred_response import Deferred
 from exactly.server.handlers import HANDLERS, PARSERS
 
 if TYPE_CHECKING:
@@ -63,12 +68,15 @@ class RequestContext:
     """What a handler knows about its request besides the body: the parsed header, the schema of
     the request's (api, version), the peer address (for log lines), and ``before_park``: what a
     handler that is about to wait (an acks=all produce parked for the ISR) calls first, so the
-    connection can send the responses it holds back for a combined write (no-op by default)."""
+    connection can send the responses it holds back for a combined write (no-op by default);
+    ``may_defer``: the caller takes a ``Deferred`` answer (the connection does, other callers
+    such as the fuzz harness get the awaited one)."""
 
     header: RequestHeader
     api: ApiSchema
     peer: str
     before_park: Callable[[], None] = _nothing
+    may_defer: bool = False
 
     @property
     def version(self) -> int:
@@ -106,10 +114,15 @@ def _read_kio(api: Any, payload: bytearray, pos: int) -> Any:
 
 
 async def dispatch(
-    broker: Broker, payload: bytearray, peer: str, before_park: Callable[[], None] = _nothing
-) -> list[Any] | None:
+    broker: Broker,
+    payload: bytearray,
+    peer: str,
+    before_park: Callable[[], None] = _nothing,
+    may_defer: bool = False,
+) -> list[Any] | Deferred[list[Any] | None] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
-    response). Raises CloseConnection where Kafka closes the connection."""
+    response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
+    closes the connection."""
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:
@@ -144,8 +157,21 @@ async def dispatch(
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
         ) from None
-    ctx = RequestContext(header, api, peer, before_park)
+    ctx = RequestContext(header, api, peer, before_park, may_defer)
     response = await handler(broker, ctx, request)
+    if isinstance(response, Deferred):
+        return Deferred(_frame_when_answered(broker, api, header, response.answer))
+    return _frame_response(broker, api, header, response)
+
+
+async def _frame_when_answered(
+    broker: Broker, api: ApiSchema, header: RequestHeader, answer: Coroutine[Any, Any, Any]
+) -> list[Any] | None:
+    return _frame_response(broker, api, header, await answer)
+
+
+def _frame_response(broker: Broker, api: ApiSchema, header: RequestHeader, response: Any) -> list[Any] | None:
+    key = header.api_key
     if response is None:  # acks=0 produce
         return None
     flexible = api.response_flexible and key != ApiKey.API_VERSIONS

@@ -10,6 +10,15 @@ Errors per partition as Kafka returns them; one partition's failure does not aff
 acks must be 0, 1 or -1 (INVALID_REQUIRED_ACKS otherwise); acks=0 gets no response at all. With a
 single broker the high watermark moves with the log end offset, so acks=1 and acks=all are
 answered the same way (everything in the ISR has it).
+
+In a cluster an acks=all append waits for the ISR (Kafka's DelayedProduce). When the connection
+can take it (``ctx.may_defer``) the handler returns a ``Deferred`` right after the appends, and
+the connection handles the client's next pipelined Produce while this one waits (answers still in
+request order). Kafka instead mutes the connection until the answer is sent; here that made a
+client's acks=all produces queue behind each other's replication round trip (one Produce per
+~1 ms round trip at 1,000 requests/s). The appends themselves still happen one request at a time
+in arrival order, so what is written, and where, is what Kafka writes for the same requests; only
+the moment a later request's append happens moves earlier.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from exactly.protocol.fast import (
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
 from exactly.replication.leader import AckOutcome
 from exactly.server.clock import now_ms
+from exactly.server.deferred_response import Deferred
 from exactly.server.txn_verification import NOT_IN_TXN_MESSAGE, VerificationGuard, produce_error
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import AppendResult, PartitionLog
@@ -50,10 +60,11 @@ parse_request = parse_produce_request  # records stay memoryviews into the frame
 log = logging.getLogger("exactly.produce")
 
 
-async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestData) -> bytes | None:
+async def handle(
+    broker: Broker, ctx: RequestContext, request: ProduceRequestData
+) -> bytes | Deferred[bytes] | None:
     acks = request.acks
     now = now_ms()
-    metrics = broker.metrics
     topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
     delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]] = []
     remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]] = []
@@ -79,15 +90,32 @@ async def handle(broker: Broker, ctx: RequestContext, request: ProduceRequestDat
         await _verify_and_append(broker, request, remote, delayed)
     if delayed:
         # acks=all in a cluster: answered once the ISR has the records (Kafka's DelayedProduce).
+        answer = _answer_when_replicated(broker, ctx.version, topics_out, delayed)
+        if ctx.may_defer:
+            return Deferred(answer)
         ctx.before_park()  # answers the connection holds back must not wait for the ISR too
-        codes = await asyncio.gather(*(wait for _parts, _i, wait in delayed))
-        for (parts, i, _wait), code in zip(delayed, codes, strict=True):
-            if code != ErrorCode.none:
-                metrics.error(ApiKey.PRODUCE, code)
-                parts[i] = ProducePartitionResult(parts[i].index, int(code), -1, -1, -1, None)
+        return await answer
     if acks == 0:
         return None
     return encode_produce_response(ctx.version, topics_out)
+
+
+async def _answer_when_replicated(
+    broker: Broker,
+    version: int,
+    topics_out: list[tuple[str, list[ProducePartitionResult]]],
+    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]],
+) -> bytes:
+    """The acks=all answer once every delayed partition is done (acks is -1 here, never 0)."""
+    if len(delayed) == 1:  # the usual case: no gather (a task per partition)
+        codes = [await delayed[0][2]]
+    else:
+        codes = await asyncio.gather(*(wait for _parts, _i, wait in delayed))
+    for (parts, i, _wait), code in zip(delayed, codes, strict=True):
+        if code != ErrorCode.none:
+            broker.metrics.error(ApiKey.PRODUCE, code)
+            parts[i] = ProducePartitionResult(parts[i].index, int(code), -1, -1, -1, None)
+    return encode_produce_response(version, topics_out)
 
 
 _Outcome = tuple[ErrorCode, str | None, AppendResult | None]
