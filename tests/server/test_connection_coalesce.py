@@ -17,6 +17,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME, frame
 from exactly.server import connection as conn_mod
 from exactly.server.connection import KafkaConnection
+from exactly.server.deferred_response import Deferred
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Transport:
 
 
 PARKING_PRODUCE = 100  # fake produce tags from here on park like an acks=all produce in a cluster
+DEFERRING_PRODUCE = 200  # from here on: a Deferred answer (appended, waiting for the ISR)
 
 
 def _request(key: int, tag: int, size: int = 16) -> bytearray:
@@ -85,6 +87,14 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
         started.append((tag, len(transport.writes)))
         if key == ApiKey.FETCH and park is not None:
             await park
+        if key == ApiKey.PRODUCE and tag >= DEFERRING_PRODUCE and park is not None and may_defer:
+            waiting = park
+
+            async def answer() -> list[bytes]:
+                await waiting
+                return [b"r%d" % tag]
+
+            return Deferred(answer())  # type: ignore[return-value]
         if key == ApiKey.PRODUCE and tag >= PARKING_PRODUCE and park is not None:
             before_park()  # as an acks=all produce does before it waits for the ISR
             await park
@@ -263,6 +273,104 @@ def test_drain_answers_the_request_in_hand_then_closes(monkeypatch: pytest.Monke
         assert [c for w in transport.writes for c in w] == [b"r1", b"r2"]
         assert [tag for tag, _ in started] == [1, 2] and transport.closed
         assert not draining.done()  # until the transport reports the connection lost
+        conn.connection_lost(None)
+        await asyncio.wait_for(draining, 1)
+        await task
+
+    asyncio.run(main())
+
+
+async def _settle() -> None:
+    """Let every ready callback and task run (no clock involved)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def test_produces_are_handled_while_earlier_ones_wait_for_the_isr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deferred acks=all produce lets the next Produce in; any other API waits until the
+    deferred answers are out; every answer goes out in request order."""
+
+    async def main() -> None:
+        park: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn, transport, started = _make(monkeypatch, park)
+        conn._frames.extend(
+            [
+                _request(ApiKey.PRODUCE, 1),
+                _request(ApiKey.PRODUCE, DEFERRING_PRODUCE),
+                _request(ApiKey.PRODUCE, DEFERRING_PRODUCE + 1),
+                _request(ApiKey.PRODUCE, 3),
+                _request(ApiKey.METADATA, 4),
+                _request(ApiKey.PRODUCE, 5),
+            ]
+        )
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await _settle()
+        assert [tag for tag, _ in started] == [1, DEFERRING_PRODUCE, DEFERRING_PRODUCE + 1, 3]
+        assert transport.writes == [[b"r1"]]  # r3 is done but owed after the deferred two
+        assert conn.idle_for(1e12) == 0.0  # answers still owed: not idle
+        park.set_result(None)
+        await _settle()
+        assert [tag for tag, _ in started] == [1, DEFERRING_PRODUCE, DEFERRING_PRODUCE + 1, 3, 4, 5]
+        flat = [c for w in transport.writes for c in w]
+        assert flat == [b"r1", b"r200", b"r201", b"r3", b"r4", b"r5"]
+        assert not conn._deferred
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_no_more_than_max_deferred_produces_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        park: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn, transport, started = _make(monkeypatch, park)
+        monkeypatch.setattr(conn_mod, "MAX_DEFERRED", 2)
+        conn._frames.extend([_request(ApiKey.PRODUCE, DEFERRING_PRODUCE + i) for i in range(3)])
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await _settle()
+        assert [tag for tag, _ in started] == [DEFERRING_PRODUCE, DEFERRING_PRODUCE + 1]
+        park.set_result(None)
+        await _settle()
+        assert [c for w in transport.writes for c in w] == [b"r200", b"r201", b"r202"]
+        conn.abort()
+        await task
+
+    asyncio.run(main())
+
+
+def test_a_closed_connection_cancels_its_deferred_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        park: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        conn, transport, _ = _make(monkeypatch, park)
+        conn._frames.append(_request(ApiKey.PRODUCE, DEFERRING_PRODUCE))
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await _settle()
+        waiting = list(conn._deferred)
+        assert len(waiting) == 1 and not waiting[0].done()
+        conn.connection_lost(None)
+        await task
+        await _settle()
+        assert waiting[0].cancelled() and not conn._deferred
+        assert transport.writes == []
+
+    asyncio.run(main())
+
+
+def test_drain_waits_for_the_deferred_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        park: asyncio.Future[None] = loop.create_future()
+        conn, transport, _ = _make(monkeypatch, park)
+        conn._lost = loop.create_future()
+        conn._frames.extend([_request(ApiKey.PRODUCE, DEFERRING_PRODUCE), _request(ApiKey.PRODUCE, 1)])
+        task = conn._task = loop.create_task(conn._process())
+        await _settle()
+        draining = loop.create_task(conn.drain())
+        await _settle()
+        assert not transport.closed and transport.writes == []
+        park.set_result(None)
+        await _settle()
+        assert [c for w in transport.writes for c in w] == [b"r200", b"r1"] and transport.closed
         conn.connection_lost(None)
         await asyncio.wait_for(draining, 1)
         await task

@@ -67,3 +67,30 @@ def test_cancelled_fetch_leaves_nothing_behind() -> None:
         )
 
     asyncio.run(main())
+
+
+def test_an_append_wakes_follower_fetches_and_a_high_watermark_move_consumer_fetches() -> None:
+    """On a cluster leader each event wakes only the fetches it can complete (Kafka's
+    DelayedFetch bounds: the log end for a follower, the high watermark for a consumer)."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        consumer = asyncio.create_task(w.wait([A], 30.0))
+        follower = asyncio.create_task(w.wait([A], 30.0, up_to_log_end=True))
+        await asyncio.sleep(0)  # both parked
+        assert set(w._waiters) == {A} and set(w._log_end) == {A}
+        w.notify_appended(A)
+        await asyncio.wait_for(follower, 5.0)
+        assert not consumer.done()
+        assert w._log_end == {}
+        again = asyncio.create_task(w.wait([A], 30.0, up_to_log_end=True))
+        await asyncio.sleep(0)
+        w.notify_high_watermark(A)
+        await asyncio.wait_for(consumer, 5.0)
+        assert not again.done()
+        assert w._waiters == {}
+        w.notify(A)  # a role change wakes both kinds
+        await asyncio.wait_for(again, 5.0)
+        assert w._waiters == {} and w._log_end == {}
+
+    asyncio.run(main())

@@ -293,6 +293,7 @@ class ReplicaManager:
         action = decision.action
         if action is RoleAction.BECOME_LEADER:
             self._become_leader(tp, decision)
+            self.broker.waiters.notify(tp)  # parked reads re-check the new epoch
         elif action is RoleAction.BECOME_FOLLOWER:
             self.topics.local_log(tp)
             self.leaders.pop(tp, None)
@@ -358,10 +359,12 @@ class ReplicaManager:
         return broker in self.cache.brokers and broker not in self.shutting_down
 
     def _publish_high_watermark(self, tp: TopicPartition, leader: LeaderPartition) -> None:
+        """The leader's HW moved: the delayed produces and consumers' parked fetches (bound by
+        the HW) re-check; the followers' parked fetches (bound by the log end) stay parked."""
         plog = self.broker.logs.get_partition(tp)
         if plog is not None:
             plog.update_high_watermark(leader.high_watermark)
-            self.broker.waiters.notify(tp)
+            self.broker.waiters.notify_high_watermark(tp)
         self._wake_acks(tp)
 
     # --- followers -------------------------------------------------------------------------------
@@ -437,10 +440,12 @@ class ReplicaManager:
         leader = self.leaders.get(plog.tp)
         if leader is None:
             return
-        if leader.on_leader_append(plog.log_end_offset, now_ms()):
+        if leader.on_leader_append(plog.log_end_offset, now_ms()):  # an ISR of one
             plog.update_high_watermark(leader.high_watermark)
             self._wake_acks(plog.tp)
-        self.broker.waiters.notify(plog.tp)  # consumers and parked follower fetches
+            self.broker.waiters.notify(plog.tp)  # consumers and parked follower fetches
+        else:
+            self.broker.waiters.notify_appended(plog.tp)  # parked follower fetches only
 
     def leader_for_write(self, tp: TopicPartition) -> tuple[ErrorCode, LeaderPartition | None]:
         cached = self.cache.topic(tp.topic)

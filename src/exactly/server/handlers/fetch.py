@@ -55,6 +55,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     max_wait_s = max(request.max_wait.total_seconds(), 0.0)
     deadline = time.monotonic() + max_wait_s
     tps: list[TopicPartition] | None = None  # built only when the fetch has to park
+    # a follower's read is bound by the log end, a consumer's by the high watermark: each parks
+    # for the event that can complete it
+    from_follower = int(getattr(request, "replica_id", -1)) >= 0 and broker.replicas is not None
     while True:
         responses, total, errors = _read_all(broker, request)
         remaining = deadline - time.monotonic()
@@ -64,7 +67,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             tps = [TopicPartition(t.topic, p.partition) for t in request.topics for p in t.partitions]
         if not tps:
             break
-        await broker.waiters.wait(tps, remaining)
+        await broker.waiters.wait(tps, remaining, up_to_log_end=from_follower)
         if time.monotonic() >= deadline:
             responses, total, errors = _read_all(broker, request)
             break
