@@ -82,6 +82,7 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
         peer: str,
         before_park: Callable[[], None] = lambda: None,
         may_defer: bool = False,
+        file_slices: bool = False,
     ) -> list[bytes] | None:
         key, _version, tag = struct.unpack_from(">hhi", payload)
         started.append((tag, len(transport.writes)))
@@ -233,6 +234,7 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
         peer: str,
         before_park: Callable[[], None] = lambda: None,
         may_defer: bool = False,
+        file_slices: bool = False,
     ) -> list[bytes] | None:
         kept.append(memoryview(payload))
         return [b"ok"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exactly.records.batch import iter_batches
+from exactly.storage.file_slice import FileSlice
 from exactly.storage.log_read import (
     AbortedTxn,
     collect_aborted_transactions,
@@ -73,3 +74,39 @@ def test_offset_for_timestamp_is_at_least_the_log_start(tmp_path: Path) -> None:
     assert offset_for_timestamp(segments, 10, NOW + 3) == (10, NOW + 3)
     assert offset_for_timestamp(segments, 0, NOW + 101) == (18, NOW + 101)
     assert offset_for_timestamp(segments, 0, NOW + 105) is None
+
+
+def test_a_read_of_at_least_slice_from_bytes_is_a_slice_of_the_segment_file(tmp_path: Path) -> None:
+    segments, bases, end = two_segments(tmp_path)
+    copied, upper = read_batches(segments, bases, end, 15, bound=end, max_bytes=1 << 20, min_one=True)
+    assert isinstance(copied, bytes)
+    sliced, sliced_upper = read_batches(
+        segments, bases, end, 15, bound=end, max_bytes=1 << 20, min_one=True, slice_from=len(copied)
+    )
+    assert isinstance(sliced, FileSlice) and sliced_upper == upper
+    assert len(sliced) == len(copied) and sliced.read() == copied and sliced.read(10) == copied[10:]
+    small, _ = read_batches(
+        segments, bases, end, 15, bound=end, max_bytes=1 << 20, min_one=True, slice_from=len(copied) + 1
+    )
+    assert isinstance(small, bytes)  # below the threshold: copied
+    sliced.close()
+
+
+def test_a_slice_outlives_its_segment_and_sees_a_truncation(tmp_path: Path) -> None:
+    """The slice holds its own descriptor: a closed (or deleted) segment still reads; a file cut
+    under it reads short, which the writer must treat as a broken answer."""
+    segments, bases, end = two_segments(tmp_path)
+    sliced, _ = read_batches(segments, bases, end, 0, bound=15, max_bytes=1 << 20, min_one=True, slice_from=1)
+    assert isinstance(sliced, FileSlice)
+    whole = sliced.read()
+    segments[0].close()
+    segments[0].log_path.unlink()
+    assert sliced.read() == whole
+    again, _ = read_batches(
+        segments[1:], bases[1:], end, 15, bound=end, max_bytes=1 << 20, min_one=True, slice_from=1
+    )
+    assert isinstance(again, FileSlice)
+    segments[1].truncate_to(18)
+    assert len(again.read()) < len(again)
+    sliced.close()
+    again.close()

@@ -18,7 +18,7 @@ tests/protocol/test_fast.py for every version we advertise.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 
 from exactly.protocol.primitives import (
@@ -203,7 +203,9 @@ class FetchPartitionResult:
     last_stable_offset: int
     log_start_offset: int
     aborted: Sequence[tuple[int, int]] | None  # (producer id, first offset); None = null array
-    records: bytes | memoryview  # never null: Kafka writes MemoryRecords.EMPTY on error partitions
+    # never null: Kafka writes MemoryRecords.EMPTY on error partitions. Any sized chunk the
+    # writer of the response knows (the connection sends a storage FileSlice with sendfile).
+    records: bytes | memoryview | Sized
     # v12+ tagged field 0 (KIP-595 truncation-on-fetch): (epoch, end offset) where the follower's
     # last fetched epoch ends at the leader, when its log diverged; None = absent.
     diverging_epoch: tuple[int, int] | None = None
@@ -214,7 +216,7 @@ def encode_fetch_response(
     error_code: int,
     session_id: int,
     topics: Sequence[tuple[str, Sequence[FetchPartitionResult]]],
-) -> list[bytes | memoryview]:
+) -> list[bytes | memoryview | Sized]:
     """Chunks of the response body; record bytes are passed through as their own chunks.
 
     Records are never written as null: Kafka's brokers put an empty record set on partitions that
@@ -224,7 +226,7 @@ def encode_fetch_response(
     """
     flexible = version >= 12
     w = _Writer(flexible)
-    chunks: list[bytes | memoryview] = []
+    chunks: list[bytes | memoryview | Sized] = []
     w.out += _I32.pack(0)  # throttle_time_ms
     if version >= 7:
         w.out += _I16.pack(error_code)

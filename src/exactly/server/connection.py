@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 import typing
@@ -51,6 +52,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME, FrameError, Framer
 from exactly.server.deferred_response import Deferred
 from exactly.server.dispatch import CloseConnection, dispatch
+from exactly.storage.file_slice import FileSlice
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -186,7 +188,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             """A handler is about to park (an acks=all produce waiting for the ISR)."""
             nonlocal pending, pending_bytes
             if pending:
-                transport.writelines(pending)
+                _write(transport, pending)
                 pending, pending_bytes = [], 0
 
         try:
@@ -201,12 +203,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
                             pending_bytes += len(c)
                 if self._draining and not deferred:
                     if pending:
-                        transport.writelines(pending)
+                        _write(transport, pending)
                     self._close("broker shutting down", logging.DEBUG)
                     return
                 if not frames or self._draining or self._blocked():
                     if pending:
-                        transport.writelines(pending)
+                        _write(transport, pending)
                         pending, pending_bytes = [], 0
                         if self._writable is not None and not self._writable.done():
                             await self._writable
@@ -220,15 +222,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self._paused_reading = False
                 if pending and _api_key(payload) not in NEVER_WAIT:
                     # this request may park
-                    transport.writelines(pending)
+                    _write(transport, pending)
                     pending, pending_bytes = [], 0
                 broker.metrics.bytes_in += len(payload) + 4
                 self.in_request = True
                 try:
-                    result = await dispatch(broker, payload, self.peer, flush_held, True)
+                    result = await dispatch(broker, payload, self.peer, flush_held, True, True)
                 except CloseConnection as exc:
                     if pending and not self._closing:
-                        transport.writelines(pending)  # answers owed to earlier requests
+                        _write(transport, pending)  # answers owed to earlier requests
                     self._close(str(exc))
                     return
                 self.in_request = False
@@ -258,7 +260,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if frames and pending_bytes < PENDING_MAX_BYTES and len(frames[0]) < LARGE_FRAME:
                     continue  # a small request is queued: answer it together with this one
                 if pending:
-                    transport.writelines(pending)
+                    _write(transport, pending)
                     pending, pending_bytes = [], 0
                 if self._writable is not None and not self._writable.done():
                     await self._writable
@@ -300,6 +302,52 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._task.cancel()
         if self.transport is not None:
             self.transport.abort()
+
+
+def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
+    """``writelines``, except that a ``FileSlice`` chunk (a Fetch answer's records) is sent from
+    its segment file (``_send_slice``)."""
+    start = 0
+    for i, chunk in enumerate(chunks):
+        if type(chunk) is FileSlice:
+            if i > start:
+                transport.writelines(chunks[start:i])
+            _send_slice(transport, chunk)
+            start = i + 1
+    if start == 0:
+        transport.writelines(chunks)
+    elif start < len(chunks):
+        transport.writelines(chunks[start:])
+
+
+def _send_slice(transport: asyncio.Transport, piece: FileSlice) -> None:
+    """As much of ``piece`` as the socket takes now goes with ``os.sendfile`` (page cache to
+    socket, no copy in user space), the rest as a copy through the transport. Only when the
+    transport holds nothing unsent, or the bytes would overtake it; then all of it is copied.
+    Raises ConnectionError when the file shrank under the slice (the answer's size is framed
+    already, so the connection cannot go on)."""
+    sent = 0
+    try:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and transport.get_write_buffer_size() == 0 and not transport.is_closing():
+            out, src = sock.fileno(), piece.fileno()
+            try:
+                while sent < piece.size:
+                    n = os.sendfile(out, src, piece.offset + sent, piece.size - sent)
+                    if n == 0:  # end of file: the copy below finds out how short
+                        break
+                    sent += n
+            except (BlockingIOError, InterruptedError):
+                pass  # the socket is full: the transport queues the rest
+            except OSError:
+                pass  # a broken connection: the transport's own write reports it
+        rest = piece.read(sent)
+        if len(rest) != piece.size - sent:
+            raise ConnectionError("a segment file was truncated under a Fetch answer being sent")
+        if rest:
+            transport.write(rest)
+    finally:
+        piece.close()
 
 
 def _api_key(payload: bytearray) -> int:

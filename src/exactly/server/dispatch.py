@@ -70,13 +70,15 @@ class RequestContext:
     handler that is about to wait (an acks=all produce parked for the ISR) calls first, so the
     connection can send the responses it holds back for a combined write (no-op by default);
     ``may_defer``: the caller takes a ``Deferred`` answer (the connection does, other callers
-    such as the fuzz harness get the awaited one)."""
+    such as the fuzz harness get the awaited one); ``file_slices``: the caller writes a storage
+    ``FileSlice`` chunk itself (the connection, with sendfile), so a Fetch may answer with one."""
 
     header: RequestHeader
     api: ApiSchema
     peer: str
     before_park: Callable[[], None] = _nothing
     may_defer: bool = False
+    file_slices: bool = False
 
     @property
     def version(self) -> int:
@@ -119,6 +121,7 @@ async def dispatch(
     peer: str,
     before_park: Callable[[], None] = _nothing,
     may_defer: bool = False,
+    file_slices: bool = False,
 ) -> list[Any] | Deferred[list[Any] | None] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
@@ -157,7 +160,7 @@ async def dispatch(
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
         ) from None
-    ctx = RequestContext(header, api, peer, before_park, may_defer)
+    ctx = RequestContext(header, api, peer, before_park, may_defer, file_slices)
     response = await handler(broker, ctx, request)
     if isinstance(response, Deferred):
         return Deferred(_frame_when_answered(broker, api, header, response.answer))

@@ -280,6 +280,7 @@ class InternalTopics:
                 data = plog.read(
                     offset, REPLAY_CHUNK, read_committed=False, min_one_batch=True, up_to_log_end=True
                 ).records
+                assert isinstance(data, bytes)  # no slice_from: a copy, never a FileSlice
                 if not data:
                     break
                 for header in iter_batches(data):

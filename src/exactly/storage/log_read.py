@@ -7,7 +7,9 @@ decides the bounds (log start, high watermark, LSO, log end) and calls in here.
 
 *Read* finds the segment by base offset, the batch containing the fetch offset via the sparse
 index, and returns whole batches with one ``pread`` up to the bound and ``max_bytes``, or at least
-one batch. Data comes from one segment per call, as in Kafka.
+one batch. Data comes from one segment per call, as in Kafka. With ``slice_from`` a read of at least
+that many bytes that needs no cut comes back as a ``FileSlice`` of the segment file instead of a
+copy (the connection sends it with ``os.sendfile``).
 
 Invariant of the arguments: ``bases[i] == segments[i].base_offset``, ascending, and ``log_end``
 is the last segment's next offset.
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exactly.records.batch import iter_batches
+from exactly.storage.file_slice import FileSlice
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
 
@@ -37,7 +40,7 @@ class AbortedTxn:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    records: bytes  # whole batches, possibly empty
+    records: bytes | FileSlice  # whole batches, possibly empty; a FileSlice only when asked for
     high_watermark: int
     last_stable_offset: int
     log_start_offset: int
@@ -52,10 +55,12 @@ def read_batches(
     bound: int,
     max_bytes: int,
     min_one: bool,
-) -> tuple[bytes, int]:
+    slice_from: int | None = None,
+) -> tuple[bytes | FileSlice, int]:
     """(whole batches from the one containing ``fetch_offset``, below ``bound`` and within
     ``max_bytes`` unless ``min_one`` lets a single larger batch through; the offset after the
-    returned data). Empty bytes and ``fetch_offset`` when nothing may be returned."""
+    returned data). Empty bytes and ``fetch_offset`` when nothing may be returned. A range of at
+    least ``slice_from`` bytes (None: never) that ends on a batch boundary is a ``FileSlice``."""
     i = bisect_right(bases, fetch_offset) - 1
     while fetch_offset < bound and i < len(segments):
         segment = segments[i]
@@ -74,10 +79,10 @@ def read_batches(
             end_position, upper = (limit[0], limit[1].base_offset) if limit else (segment.size, segment_end)
         available = end_position - position
         if available <= max_bytes:
-            return segment.read(position, available), upper
+            return _take(segment, position, available, slice_from), upper
         if first.size > max_bytes:
             if min_one:
-                return segment.read(position, first.size), first.next_offset
+                return _take(segment, position, first.size, slice_from), first.next_offset
             break
         # Several batches, not all of which fit: cut after the last whole one.
         data = segment.read(position, max_bytes)
@@ -87,6 +92,12 @@ def read_batches(
             upper = header.next_offset
         return (data if cut == len(data) else data[:cut]), upper
     return b"", fetch_offset
+
+
+def _take(segment: LogSegment, position: int, size: int, slice_from: int | None) -> bytes | FileSlice:
+    if slice_from is not None and size >= slice_from:
+        return segment.slice(position, size)
+    return segment.read(position, size)
 
 
 def collect_aborted_transactions(

@@ -375,12 +375,14 @@ class PartitionLog(LogMaintenance):
         read_committed: bool,
         min_one_batch: bool = True,
         up_to_log_end: bool = False,
+        slice_from: int | None = None,
     ) -> ReadResult:
         """Whole batches starting at the batch containing ``fetch_offset``, bounded by the high
         watermark (or the LSO when read_committed; the log end offset with ``up_to_log_end``, for
         a follower replica's fetch, Kafka's FetchIsolation.LOG_END), up to max_bytes (but at least
         one batch when min_one_batch). Data comes from one segment per call, as in Kafka. Raises
-        OffsetOutOfRangeError outside [log_start_offset, LEO]."""
+        OffsetOutOfRangeError outside [log_start_offset, LEO]. ``slice_from``: a read of at least
+        that many bytes may come back as a ``FileSlice`` (see ``log_read``)."""
         log_start, log_end = self.log_start_offset, self.log_end_offset
         if fetch_offset < log_start or fetch_offset > log_end:
             raise OffsetOutOfRangeError(
@@ -390,7 +392,7 @@ class PartitionLog(LogMaintenance):
         lso = self.last_stable_offset
         bound = log_end if up_to_log_end else lso if read_committed else hw
         records, upper = read_batches(
-            self._segments, self._bases, log_end, fetch_offset, bound, max_bytes, min_one_batch
+            self._segments, self._bases, log_end, fetch_offset, bound, max_bytes, min_one_batch, slice_from
         )
         aborted: tuple[AbortedTxn, ...] | None = None
         if read_committed:

@@ -143,6 +143,7 @@ def _lookup(plog: PartitionLog, timestamp: int, committed: bool) -> tuple[int, i
     epoch = -1
     try:
         data = plog.read(offset, 1, read_committed=False, min_one_batch=True).records
+        assert isinstance(data, bytes)  # no slice_from: a copy, never a FileSlice
         if data:
             epoch = BatchHeader.parse(data, 0).partition_leader_epoch
             _header, records = decode_batch(data)
