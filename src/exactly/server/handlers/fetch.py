@@ -6,7 +6,12 @@ min(partition_max_bytes, what is left of max_bytes); the first batch of the firs
 partition is returned even when it exceeds the limits, so a consumer can always make progress.
 
 Long poll: when fewer than min_bytes are available, the request waits (up to max_wait) for an
-append to any of its partitions, then reads again.
+event that can complete it on any of its partitions, then reads again: a follower's fetch for an
+append (it reads up to the log end), a consumer's for a high-watermark move (see
+``delayed_fetch``).
+
+Records of SLICE_FROM bytes or more are answered, when the caller is a connection, as a slice of
+the segment file that the connection sends with sendfile (``storage.file_slice``), not a copy.
 
 Replica fetches (cluster mode) read up to the log end and move the leader's HW and ISR; from v12
 they carry the follower's last fetched epoch, and a follower whose log diverged gets a
