@@ -40,6 +40,7 @@ FIGURES = {
     "rf3_ack_p50_ms": True,
     "rf3_ack_p99_ms": True,
     "rf3_ack_p999_ms": True,
+    "rf3_latency_broker_cpu_us_per_record": True,
     "rf3_mb_s": False,
     "rf1_mb_s": False,
     "rf3_over_rf1": False,
@@ -99,6 +100,8 @@ def one(ctx: Context, cluster: Cluster, warmup: str, skip: list[str]) -> dict[st
             raise RuntimeError(f"latency: {lat['error']}")
         for q in ("p50", "p99", "p999"):
             out[f"rf3_ack_{q}_ms"] = lat[f"ack_{q}_ms"]
+        # CPU of the three brokers per acknowledged record: what the load cannot inflate much
+        out["rf3_latency_broker_cpu_us_per_record"] = lat["broker_cpu_s"] / lat["records"] * 1e6
     if "throughput" not in skip:
         rf3 = _produce(ctx, cluster, 3, warmup)
         rf1 = _produce(ctx, cluster, 1, warmup)
