@@ -240,6 +240,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if len(payload) >= LARGE_FRAME and sys.getrefcount(payload) == 2:
                     release(payload)
                 if self._closing:
+                    if isinstance(result, Deferred):
+                        result.answer.close()  # nobody is left to answer
                     continue
                 if isinstance(result, Deferred):
                     task = loop.create_task(result.answer)

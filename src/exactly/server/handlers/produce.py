@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
@@ -66,7 +67,7 @@ async def handle(
     acks = request.acks
     now = now_ms()
     topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
-    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]] = []
+    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]] = []
     remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]] = []
     for topic in request.topics:
         name = topic.name
@@ -104,13 +105,13 @@ async def _answer_when_replicated(
     broker: Broker,
     version: int,
     topics_out: list[tuple[str, list[ProducePartitionResult]]],
-    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]],
+    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]],
 ) -> bytes:
     """The acks=all answer once every delayed partition is done (acks is -1 here, never 0)."""
     if len(delayed) == 1:  # the usual case: no gather (a task per partition)
-        codes = [await delayed[0][2]]
+        codes = [await delayed[0][2]()]
     else:
-        codes = await asyncio.gather(*(wait for _parts, _i, wait in delayed))
+        codes = await asyncio.gather(*(wait() for _parts, _i, wait in delayed))
     for (parts, i, _wait), code in zip(delayed, codes, strict=True):
         if code != ErrorCode.none:
             broker.metrics.error(ApiKey.PRODUCE, code)
@@ -128,7 +129,7 @@ def _record(
     index: int,
     outcome: _Outcome,
     parts_out: list[ProducePartitionResult],
-    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]],
+    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]],
     slot: int | None = None,
 ) -> None:
     """Put one partition's answer in ``parts_out`` (appended, or at ``slot``); an acks=all
@@ -164,7 +165,9 @@ def _record(
             (
                 parts_out,
                 slot,
-                replicas.wait_for_acks(tp, leader, required, min_isr, request.timeout_ms / 1000),
+                # started only when the answer is awaited: a deferred answer dropped with its
+                # connection leaves no coroutine behind
+                partial(replicas.wait_for_acks, tp, leader, required, min_isr, request.timeout_ms / 1000),
             )
         )
     elif acks is AckOutcome.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
@@ -177,7 +180,7 @@ async def _verify_and_append(
     broker: Broker,
     request: ProduceRequestData,
     remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]],
-    delayed: list[tuple[list[ProducePartitionResult], int, Awaitable[ErrorCode]]],
+    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]],
 ) -> None:
     """One AddPartitionsToTxn v4 (verify_only) per producer epoch to the coordinator, then the
     second pass of the verified partitions' appends, each under its guard."""
