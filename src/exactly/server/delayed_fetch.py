@@ -24,10 +24,10 @@ class AppendWaiters:
     A consumer's fetch reads up to the high watermark (or the last stable offset, which only
     moves with it); a follower's reads up to the log end. Kafka's DelayedFetch completes once the
     bytes below that bound reach MinBytes, so on a cluster leader an append alone cannot complete
-    a consumer's fetch and a high-watermark move alone cannot complete a follower's: ``notify_
-    appended`` and ``notify_high_watermark`` wake only the kind the event can complete. Waking the
-    other kind would cost a re-read and a re-park on the leader's loop per produce for nothing
-    (two followers and a consumer: three spurious wake-ups per acks=all produce at RF 3).
+    a consumer's fetch and a high-watermark move alone cannot complete a follower's:
+    ``notify_appended`` and ``notify_high_watermark`` wake only the kind the event can complete.
+    Waking the other kind would cost a re-read and a re-park on the leader's loop per produce for
+    nothing (two followers and a consumer: three spurious wake-ups per acks=all produce at RF 3).
     ``notify`` wakes both (a single broker's append moves both bounds; a role change answers
     every parked fetch NOT_LEADER_OR_FOLLOWER).
 
