@@ -368,3 +368,31 @@ def test_reload_answers_parked_requests_not_coordinator() -> None:
         assert await parked == "not_coordinator"
 
     asyncio.run(scenario())
+
+
+def test_reload_follows_a_partition_lost_and_led_again_between_two_reloads() -> None:
+    """Leadership changes are handed over as partition -> leadership (the replica manager's
+    ``LeaderPartition``). A partition lost and led again before the runtime got to the first
+    change keeps the same partition set, but not the same leadership: what was loaded misses
+    the writes of the leader in between, so it must be replayed again. An epoch bump of the same
+    leadership (the same object) changes nothing."""
+
+    class Leadership:
+        def __init__(self, epoch: int) -> None:
+            self.leader_epoch = epoch
+
+    async def scenario() -> None:
+        rt, shard, topic = runtime(replicated=True)
+        topic.batches = [partition_batch(0, b"first")]
+        first = Leadership(3)
+        await rt.reload(lambda: {0: first})
+        first.leader_epoch = 4  # same leader, bumped epoch (an ISR change)
+        assert await rt.reload(lambda: {0: first}) is None
+        # another broker led partition 0 meanwhile and wrote; this broker follows, then leads
+        # again -- both changes seen by one reload
+        topic.batches = [partition_batch(0, b"first"), partition_batch(0, b"by the other leader")]
+        shard.replayed.clear()
+        assert await rt.reload(lambda: {0: Leadership(6)}) == LoadStats(2, 2)
+        assert [r[1] for r in shard.replayed if r[0] == "record"] == [b"first", b"by the other leader"]
+
+    asyncio.run(scenario())

@@ -54,7 +54,7 @@ import asyncio
 import inspect
 import itertools
 import logging
-from collections.abc import Callable, Collection, Coroutine, Generator
+from collections.abc import Callable, Collection, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -148,6 +148,7 @@ class CoordinatorRuntime:
         # Cluster mode: the partitions this broker leads (None: all), one operation at a time.
         self.replicated = internal.replicated
         self.owned: frozenset[int] | None = frozenset() if self.replicated else None
+        self._terms: dict[int, object] = {}  # the leadership of each owned partition at its load
         self._lock = asyncio.Lock()
         self._calls: set[asyncio.Task[Any]] = set()
 
@@ -169,22 +170,32 @@ class CoordinatorRuntime:
 
     async def reload(
         self,
-        target: Callable[[], Collection[int]],
+        target: Callable[[], Collection[int] | Mapping[int, object]],
         on_change: Callable[[frozenset[int]], None] | None = None,
     ) -> LoadStats | None:
         """Cluster mode: follow the led partitions. Under the operation lock (after the
         operation in flight) ``target()`` says which partitions are led now -- read then, so
-        reloads queued behind each other all converge on the newest set. When that differs from
-        ``owned``: unload, call ``on_change(new set)``, replay the new set (if any) and drive
+        reloads queued behind each other all converge on the newest set. It may map each one to
+        its *leadership* (any object whose identity stands for one continuous leadership: the
+        replica manager's ``LeaderPartition``). The state is reloaded when the set differs from
+        ``owned`` or when a partition's leadership is another one than at the last load: this
+        broker lost the partition and led it again between two reloads (the reload that would
+        have unloaded it ran after it came back), so what it holds in memory misses whatever the
+        leader in between wrote, and its coordinator epoch is stale. An epoch bump of the same
+        leadership does not reload (Kafka's ``onElection`` is not called for it). On a change:
+        unload, call ``on_change(new set)``, replay the new set (if any) and drive
         ``load_complete``. Returns what was replayed, or None when nothing changed."""
         async with self._lock:
-            owned = frozenset(target())
-            if owned == self.owned:
+            led = target()
+            terms: dict[int, object] = dict(led) if isinstance(led, Mapping) else dict.fromkeys(led)
+            owned = frozenset(terms)
+            if owned == self.owned and all(terms[p] is self._terms.get(p) for p in owned):
                 return None
             if self.loaded:
                 self.loaded = False
                 await self._drive_replicated(self.shard.unload(now_ms()))
             self.owned = owned
+            self._terms = terms
             if on_change is not None:
                 on_change(owned)
             if not owned:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -125,9 +125,10 @@ class GroupRuntime:
     def start_tasks(self) -> list[asyncio.Task[None]]:
         return self.runtime.start_tasks()
 
-    async def on_leadership(self, led: Callable[[], frozenset[int]]) -> None:
+    async def on_leadership(self, led: Callable[[], Mapping[int, object]]) -> None:
         """Cluster mode: the offsets partitions this broker leads may have changed; ``led()``
-        says which it leads now (read under the runtime's lock, see ``CoordinatorRuntime.reload``)."""
+        maps each one it leads now to its leadership (read under the runtime's lock, see
+        ``CoordinatorRuntime.reload``: a partition lost and led again is reloaded too)."""
         stats = await self.runtime.reload(led)
         if stats is None:
             return

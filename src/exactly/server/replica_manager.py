@@ -276,18 +276,20 @@ class ReplicaManager:
             self._coordinators_follow(tp.topic)
 
     def _coordinators_follow(self, topic: str) -> None:
-        """Kafka's ``onLeadershipChange`` for the coordinators: hand the set of partitions of
-        ``topic`` this broker now leads (with their leader epochs) to its coordinator, which
-        loads what it gained and drops what it lost (nothing when the set is unchanged: an epoch
-        bump with the same leader, as the decisions' ``coordinator_election`` flag says)."""
+        """Kafka's ``onLeadershipChange`` for the coordinators: hand the partitions of ``topic``
+        this broker now leads, each with its ``LeaderPartition`` (one object per continuous
+        leadership: its identity tells a lost-and-regained partition from an epoch bump, and its
+        leader epoch is the coordinator epoch), to its coordinator, which loads what it gained
+        and drops what it lost (nothing when nothing changed: an epoch bump with the same
+        leader, as the decisions' ``coordinator_election`` flag says)."""
 
-        def led() -> dict[int, int]:  # read when the coordinator gets to it, not now
-            return {tp.partition: lp.leader_epoch for tp, lp in self.leaders.items() if tp.topic == topic}
+        def led() -> dict[int, LeaderPartition]:  # read when the coordinator gets to it, not now
+            return {tp.partition: lp for tp, lp in self.leaders.items() if tp.topic == topic}
 
         if topic == TRANSACTION_STATE_TOPIC:
             self._spawn(self.broker.txn.on_leadership(led), f"coordinator-{topic}")
         else:
-            self._spawn(self.broker.groups.on_leadership(lambda: frozenset(led())), f"coordinator-{topic}")
+            self._spawn(self.broker.groups.on_leadership(led), f"coordinator-{topic}")
 
     def _apply(self, tp: TopicPartition, decision: RoleDecision) -> None:
         action = decision.action

@@ -47,9 +47,9 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from kio.schema.errors import ErrorCode
 
@@ -72,6 +72,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("exactly.txn")
 
 R = TypeVar("R")
+
+
+class Leadership(Protocol):
+    """One continuous leadership of a ``__transaction_state`` partition by this broker (the
+    replica manager's ``LeaderPartition``): its identity, and its current leader epoch."""
+
+    @property
+    def leader_epoch(self) -> int: ...
 
 MARKER_RETRY_S = 1.0
 _COMPLETING = (TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
@@ -162,17 +170,19 @@ class TxnRuntime:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.marker_sender.close()
 
-    async def on_leadership(self, led: Callable[[], dict[int, int]]) -> None:
+    async def on_leadership(self, led: Callable[[], Mapping[int, Leadership]]) -> None:
         """Cluster mode: the ``__transaction_state`` partitions this broker leads may have
-        changed; ``led()`` maps each one it leads now to its leader epoch (read under the
-        runtime's lock). Reload when the set changed (an epoch bump with the same leader does
+        changed; ``led()`` maps each one it leads now to its leadership (read under the
+        runtime's lock), whose leader epoch then is the coordinator epoch of its markers.
+        Reload when the set or a leadership changed (an epoch bump of the same leadership does
         not reload, as Kafka's ``onElection`` is not called then)."""
         epochs: dict[int, int] = {}
 
-        def target() -> frozenset[int]:
+        def target() -> Mapping[int, Leadership]:
+            leaderships = led()
             epochs.clear()
-            epochs.update(led())
-            return frozenset(epochs)
+            epochs.update({p: lp.leader_epoch for p, lp in leaderships.items()})
+            return leaderships
 
         def changed(_owned: frozenset[int]) -> None:
             for task in list(self._marker_tasks):
