@@ -59,17 +59,30 @@ def bootstrap_of(brokers: list[Broker]) -> Callable[[], str]:
 
 
 def create_topics(brokers: list[Broker], partitions_in: int, partitions_out: int) -> None:
+    """INPUT and OUTPUT, RF 3 with min.insync.replicas 2. Asked again while the controller
+    answers INVALID_REPLICATION_FACTOR: the broker that answered the metadata request may
+    already list three brokers while the controller has not seen the third one register."""
     admin = AdminClient({"bootstrap.servers": bootstrap_of(brokers)()})
     wait_for(lambda: len(admin.list_topics(timeout=5).brokers) == 3, what="three brokers")
     config = {"min.insync.replicas": "2"}
-    futures = admin.create_topics(
-        [
-            NewTopic(INPUT, num_partitions=partitions_in, replication_factor=3, config=config),
-            NewTopic(OUTPUT, num_partitions=partitions_out, replication_factor=3, config=config),
-        ]
-    )
-    for future in futures.values():
-        future.result(timeout=30)
+    wanted = {
+        INPUT: NewTopic(INPUT, num_partitions=partitions_in, replication_factor=3, config=config),
+        OUTPUT: NewTopic(OUTPUT, num_partitions=partitions_out, replication_factor=3, config=config),
+    }
+
+    def created() -> bool:
+        futures = admin.create_topics([wanted[name] for name in sorted(wanted)])
+        for name, future in futures.items():
+            try:
+                future.result(timeout=30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.INVALID_REPLICATION_FACTOR:
+                    raise
+                continue
+            del wanted[name]
+        return not wanted
+
+    wait_for(created, timeout=30, what="the topics created with three replicas")
 
 
 def seed(brokers: list[Broker], count: int, partitions: int) -> dict[int, int]:

@@ -49,8 +49,13 @@ def _debug_config(name: str) -> dict[str, Any]:
     if not debug:
         return {}
     logger = logging.getLogger(f"rdkafka.{name}")
+    for old in list(logger.handlers):  # one file per copier name, not one handler per test
+        logger.removeHandler(old)
+        old.close()
     handler = logging.FileHandler(Path(os.environ.get("TXN_BOUNCE_RDKAFKA_LOG_DIR", ".")) / f"{name}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logger.addHandler(handler)
+    logger.propagate = False  # the debug log goes to its file, not into pytest's captured output
     logger.setLevel(logging.DEBUG)
     return {"debug": debug, "log_level": 7, "logger": logger}
 
@@ -60,6 +65,7 @@ class CopierStats:
     committed: int = 0  # transactions committed
     aborted: int = 0  # on purpose
     failed: int = 0  # aborted after an abortable error
+    recreated: int = 0  # producers replaced after librdkafka's fatal abort (see ``_abort``)
     copied: int = 0  # records of committed transactions
     errors: list[str] = field(default_factory=list)
 
@@ -102,17 +108,16 @@ class TxnCopier(threading.Thread):
                 "log_level": 0,
             }
         )
-        self.producer = Producer(
-            {
-                **common,
-                "transactional.id": f"{group}-{name}",
-                "transaction.timeout.ms": txn_timeout_ms,
-                "message.timeout.ms": txn_timeout_ms,
-                "linger.ms": 5,
-                "log_level": 0,
-                **_debug_config(name),
-            }
-        )
+        self._bootstrap = bootstrap
+        self._producer_config: dict[str, Any] = {
+            "transactional.id": f"{group}-{name}",
+            "transaction.timeout.ms": txn_timeout_ms,
+            "message.timeout.ms": txn_timeout_ms,
+            "linger.ms": 5,
+            "log_level": 0,
+            **_debug_config(name),
+        }
+        self.producer = self._new_producer()
         self.txns = 0
         self.positions_committed: dict[int, int] = {}
 
@@ -193,8 +198,34 @@ class TxnCopier(threading.Thread):
             positions[m.partition()] = m.offset() + 1
         return positions
 
+    def _new_producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self._bootstrap(), **self._producer_config})
+
     def _abort(self) -> None:
-        self._retry(lambda: self.producer.abort_transaction(API_TIMEOUT_S))
+        """abort_transaction, and a new producer instance when librdkafka's abort fails fatally
+        with INVALID_TXN_STATE (librdkafka issue 4849, also seen against Kafka): an
+        AddPartitionsToTxn/AddOffsetsToTxn that failed with a transport error (the coordinator
+        was killed while answering it) counts for librdkafka as possibly registered, so its
+        abort sends EndTxn(ABORT) although the transaction never started at the coordinator,
+        which is still in CompleteCommit/PrepareCommit of the previous one; Kafka's coordinator
+        answers INVALID_TXN_STATE there, and so does ours. What librdkafka asks of an
+        application after a fatal error is a new instance: its init_transactions fences the old
+        epoch and completes or aborts whatever the old one left, and the copier rewinds to the
+        committed offsets as after any abort, so exactly-once is still what the test checks."""
+        try:
+            self._retry(lambda: self.producer.abort_transaction(API_TIMEOUT_S))
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (
+                isinstance(err, KafkaError) and err.fatal() and err.code() == KafkaError.INVALID_TXN_STATE
+            ):
+                raise
+            self.stats.errors.append(err.str())
+            self.stats.recreated += 1
+            old, self.producer = self.producer, self._new_producer()
+            old.purge()
+            old.flush(0)
+            self._retry(lambda: self.producer.init_transactions(API_TIMEOUT_S))
 
     def _rewind(self) -> None:
         """Seek every input partition back to the group's committed offset, as Kafka's copier

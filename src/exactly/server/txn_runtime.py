@@ -81,6 +81,7 @@ class Leadership(Protocol):
     @property
     def leader_epoch(self) -> int: ...
 
+
 MARKER_RETRY_S = 1.0
 _COMPLETING = (TransactionState.COMPLETE_COMMIT, TransactionState.COMPLETE_ABORT)
 # Marker errors after which retrying cannot help: the partition moved on past this transaction.
