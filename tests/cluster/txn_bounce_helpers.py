@@ -108,7 +108,7 @@ class TxnCopier(threading.Thread):
                 "log_level": 0,
             }
         )
-        self._bootstrap = bootstrap
+        self._servers = bootstrap  # not _bootstrap: threading.Thread has a method of that name
         self._producer_config: dict[str, Any] = {
             "transactional.id": f"{group}-{name}",
             "transaction.timeout.ms": txn_timeout_ms,
@@ -199,7 +199,7 @@ class TxnCopier(threading.Thread):
         return positions
 
     def _new_producer(self) -> Producer:
-        return Producer({"bootstrap.servers": self._bootstrap(), **self._producer_config})
+        return Producer({"bootstrap.servers": self._servers(), **self._producer_config})
 
     def _abort(self) -> None:
         """abort_transaction, and a new producer instance when librdkafka's abort fails fatally
