@@ -114,6 +114,13 @@ class TxnCopier(threading.Thread):
             "transaction.timeout.ms": txn_timeout_ms,
             "message.timeout.ms": txn_timeout_ms,
             "linger.ms": 5,
+            # librdkafka issues 5511/5456: send_offsets_to_transaction waits, past its timeout,
+            # for a state change of the cached group coordinator's broker handle; a broker killed
+            # with -9 drops out of the metadata and its handle is decommissioned, so no state
+            # change comes until some broker connection changes (the test's teardown). A
+            # metadata refresh every second brings the restarted broker back as a new handle,
+            # whose connection states re-run the coordinator lookup.
+            "topic.metadata.refresh.interval.ms": 1000,
             "log_level": 0,
             **_debug_config(name),
         }
