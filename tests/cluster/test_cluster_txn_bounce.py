@@ -14,6 +14,8 @@ each output partition is its input partition in order. At the end every replica 
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -216,9 +218,15 @@ def run_copy_with_bounces(
         )
         for t in threads:
             t.join(180)
+    except BaseException:
+        # where each copier waits (which client call) is what a stalled run needs explained
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        raise
     finally:
         for t in threads:
             t.stop_requested.set()
+    if any(t.is_alive() for t in threads):
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     for t in threads:
         assert not t.is_alive(), f"{t.name} still copying: {t.stats}"
         assert t.failure is None, f"{t.name} failed: {t.failure!r} ({t.stats})"

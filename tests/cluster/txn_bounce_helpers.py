@@ -119,8 +119,10 @@ class TxnCopier(threading.Thread):
             # with -9 drops out of the metadata and its handle is decommissioned, so no state
             # change comes until some broker connection changes (the test's teardown). A
             # metadata refresh every second brings the restarted broker back as a new handle,
-            # whose connection states re-run the coordinator lookup.
+            # whose connection states re-run the coordinator lookup; idle connections closed
+            # after two seconds make such state changes too.
             "topic.metadata.refresh.interval.ms": 1000,
+            "connections.max.idle.ms": 2000,
             "log_level": 0,
             **_debug_config(name),
         }
