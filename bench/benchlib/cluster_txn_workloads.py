@@ -26,13 +26,18 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Produc
 from benchlib import drivers, kafka
 from benchlib.brokers import BrokerProcess
 from benchlib.cluster import Cluster
-from benchlib.cluster_workloads import LEADER, _leader_process, _load1, _place, _start_cluster
+from benchlib.cluster_workloads import (
+    LEADER,
+    _leader_process,
+    _place,
+    _start_cluster,
+    run_alternating,
+)
 from benchlib.workloads import (
     Context,
     Meter,
     Target,
     Workload,
-    _prefixed,
     percentile,
     register,
     throughput_sample,
@@ -227,25 +232,21 @@ class ClusterTxnVsIdempotent(Workload):
     def run_once(
         self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
     ) -> dict[str, Any]:
-        order = ["idem", "txn"] if rep % 2 == 0 else ["txn", "idem"]
-        parts = {mode: self._one(ctx, state, mode, rep) for mode in order}
+        parts: dict[str, dict[str, Any]] = {}
+
+        def one(mode: str) -> dict[str, Any]:
+            parts[mode] = self._one(ctx, state, mode, rep)
+            return parts[mode]
+
+        out = run_alternating(["idem", "txn"], rep, one)
         a, b = parts["txn"], parts["idem"]
-        errors = [f"{m}: {parts[m]['error']}" for m in order if not parts[m]["ok"]]
-        out: dict[str, Any] = {
-            "ok": not errors,
-            "error": "; ".join(errors)[:1000],
-            "order": "/".join(order),
-            "ratio": a["mb_s"] / b["mb_s"] if b["mb_s"] else None,
-            "cpu_ratio": (
-                a["broker_cpu_s_per_gb"] / b["broker_cpu_s_per_gb"]
-                if a.get("broker_cpu_s_per_gb") and b.get("broker_cpu_s_per_gb")
-                else None
-            ),
-            "coordinator_is_leader": a.get("coordinator") == LEADER,
-            "load1": _load1(),
-        }
-        out.update(_prefixed("txn", a))
-        out.update(_prefixed("idem", b))
+        out["ratio"] = a["mb_s"] / b["mb_s"] if b["mb_s"] else None
+        out["cpu_ratio"] = (
+            a["broker_cpu_s_per_gb"] / b["broker_cpu_s_per_gb"]
+            if a.get("broker_cpu_s_per_gb") and b.get("broker_cpu_s_per_gb")
+            else None
+        )
+        out["coordinator_is_leader"] = a.get("coordinator") == LEADER
         return out
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
@@ -370,23 +371,14 @@ class ClusterTxnCommitLatency(Workload):
     def run_once(
         self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
     ) -> dict[str, Any]:
-        order = ["rf1", "rf3"] if rep % 2 == 0 else ["rf3", "rf1"]
-        parts: dict[str, dict[str, Any]] = {}
-        for v in order:
+        def one(v: str) -> dict[str, Any]:
             cluster: Cluster = state[v]
             topic = _place(cluster, self.name, 3 if v == "rf3" else 1)
-            parts[v] = commit_latency(ctx, cluster, topic, self.interval_s, self.per_txn)
+            part = commit_latency(ctx, cluster, topic, self.interval_s, self.per_txn)
             cluster.delete_topic(topic)
-        errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
-        out: dict[str, Any] = {
-            "ok": not errors,
-            "error": "; ".join(errors)[:1000],
-            "order": "/".join(order),
-            "load1": _load1(),
-        }
-        for v in order:
-            out.update(_prefixed(v, parts[v]))
-        return out
+            return part
+
+        return run_alternating(["rf1", "rf3"], rep, one)
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
         state["rf1"].stop()

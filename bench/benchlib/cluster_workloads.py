@@ -22,6 +22,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -280,16 +281,13 @@ class ClusterProduce(Workload):
     def run_once(
         self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
     ) -> dict[str, Any]:
-        n = len(self.variants)
-        order = [self.variants[(rep + k) % n] for k in range(n)]
-        parts = {v: self._one(ctx, state, v, rep) for v in order}
-        errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
-        out: dict[str, Any] = {
-            "ok": not errors,
-            "error": "; ".join(errors)[:1000],
-            "order": "/".join(order),
-            "load1": _load1(),
-        }
+        parts: dict[str, dict[str, Any]] = {}
+
+        def one(v: str) -> dict[str, Any]:
+            parts[v] = self._one(ctx, state, v, rep)
+            return parts[v]
+
+        out = run_alternating(list(self.variants), rep, one)
         for key, (a, b) in {
             "ratio": ("rf3", "rf1"),
             "ratio_single": ("rf3", "single"),
@@ -297,8 +295,6 @@ class ClusterProduce(Workload):
         }.items():
             if a in parts and b in parts and parts[b]["mb_s"]:
                 out[key] = parts[a]["mb_s"] / parts[b]["mb_s"]
-        for v in order:
-            out.update(_prefixed(v, parts[v]))
         return out
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
@@ -309,6 +305,25 @@ class ClusterProduce(Workload):
 
 def _load1() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def run_alternating(variants: list[str], rep: int, one: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """One repetition of a side-by-side comparison: every variant run once by ``one``, starting with
+    a different one each repetition (so neither always runs on the warmer or the busier box); the
+    sample holds each variant's figures under its prefix, ``ok`` only when all ran."""
+    n = len(variants)
+    order = [variants[(rep + k) % n] for k in range(n)]
+    parts = {v: one(v) for v in order}
+    errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
+    out: dict[str, Any] = {
+        "ok": not errors,
+        "error": "; ".join(errors)[:1000],
+        "order": "/".join(order),
+        "load1": _load1(),
+    }
+    for v in order:
+        out.update(_prefixed(v, parts[v]))
+    return out
 
 
 # RF 3 alone (not default): for `--profile`, which records the leader and a follower during one repetition
@@ -367,22 +382,14 @@ class ClusterLatency(Workload):
         self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any], rep: int
     ) -> dict[str, Any]:
         cluster: Cluster = state["cluster"]
-        order = ["rf1", "rf3"] if rep % 2 == 0 else ["rf3", "rf1"]
-        parts: dict[str, dict[str, Any]] = {}
-        for v in order:
+
+        def one(v: str) -> dict[str, Any]:
             topic = _place(cluster, self.name, 3 if v == "rf3" else 1)
-            parts[v] = fixed_rate_latency(ctx, cluster, topic)
+            part = fixed_rate_latency(ctx, cluster, topic)
             cluster.delete_topic(topic)
-        errors = [f"{v}: {parts[v]['error']}" for v in order if not parts[v]["ok"]]
-        out: dict[str, Any] = {
-            "ok": not errors,
-            "error": "; ".join(errors)[:1000],
-            "order": "/".join(order),
-            "load1": _load1(),
-        }
-        for v in order:
-            out.update(_prefixed(v, parts[v]))
-        return out
+            return part
+
+        return run_alternating(["rf1", "rf3"], rep, one)
 
     def teardown(self, ctx: Context, broker: BrokerProcess | None, state: dict[str, Any]) -> None:
         state["cluster"].stop()
