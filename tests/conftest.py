@@ -29,6 +29,11 @@ from tests.support.kcat import ensure_kcat
 from tests.support.proxy import FaultProxy, ProxiedBroker
 from tests.support.reporting import broker_sections, note_broker
 
+# The package's pytest plugin (exactly_broker, exactly_cluster, ...): an installed package registers
+# it through its pytest11 entry point (of the same name, so it is not registered twice); this
+# loads it from the source tree when the installed metadata predates it.
+pytest_plugins = ["exactly.testing.pytest_plugin"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # kafka-python 3.0 loads its schemas with importlib.resources APIs deprecated in 3.11
