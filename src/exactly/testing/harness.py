@@ -203,7 +203,7 @@ class ClusterHandle:
     def restart(self, broker_id: int, timeout: float = 60.0) -> None:
         """Start a killed or stopped broker again on its data dir and port, once the others no
         longer list it (ZooKeeper expired its session: Kafka refuses to register a broker id
-        whose ephemeral znode still exists)."""
+        whose ephemeral znode still exists); returns once the metadata lists it again."""
         launcher = self.launchers[broker_id]
         if launcher.running:
             raise RuntimeError(f"broker {broker_id} is running: kill() or stop() it first")
@@ -216,6 +216,10 @@ class ClusterHandle:
                 raise TimeoutError(f"broker {broker_id} still registered {timeout:.0f}s after it went down")
             time.sleep(0.1)
         launcher.start(port=launcher.port or 0, timeout=timeout)
+        while broker_id not in (self.live_broker_ids() or ()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker {broker_id} restarted but not registered after {timeout:.0f}s")
+            time.sleep(0.1)
 
     def leader(self, topic: str, partition: int = 0) -> int | None:
         """The partition's leader id in a live broker's metadata (None: no leader, or the topic
