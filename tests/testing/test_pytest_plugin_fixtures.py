@@ -29,7 +29,9 @@ def auto_created_partitions(bootstrap: str, topic: str) -> int:
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(topic, b"x")
     assert producer.flush(15) == 0
-    return len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=15).topics[topic].partitions)
+    return len(
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=15).topics[topic].partitions
+    )
 
 
 def process_gone(pid: int) -> bool:
@@ -110,7 +112,16 @@ def test_a_failing_test_leaves_no_broker_or_directory_behind(tmp_path: Path):
     (tmp_path / "test_user.py").write_text(FAILING_TEST)
     seen_file = tmp_path / "seen.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "exactly.testing.pytest_plugin", "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "exactly.testing.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=tmp_path,
         env=child_env(extra={"EXACTLY_SEEN": str(seen_file)}),
         capture_output=True,

@@ -243,7 +243,9 @@ class ClusterHandle:
                 return found
             if time.monotonic() > deadline:
                 other = "" if not_on is None else f" other than {not_on}"
-                raise TimeoutError(f"{topic}-{partition} has no leader{other} after {timeout:.0f}s (last: {found})")
+                raise TimeoutError(
+                    f"{topic}-{partition} has no leader{other} after {timeout:.0f}s (last: {found})"
+                )
             time.sleep(0.1)
 
     def __repr__(self) -> str:
