@@ -22,12 +22,16 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka.admin import AdminClient
 
 from exactly.cluster.zookeeper import JAVA_DIR, ZooKeeperServer
 from exactly.testing.broker import Broker
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin._metadata import ClusterMetadata
 
 __all__ = [
     "BrokerHandle",
