@@ -170,8 +170,9 @@ def main() -> int:
         f"- interpreter start (`python -c pass`): {python_s:.3f} s",
         f"- interpreter start plus importing the broker's modules (`python -c '{SERVE_IMPORTS}'`): "
         f"{import_wall:.3f} s; with `hypothesis` hidden: {import_wall_no_hyp:.3f} s",
-        f"- the rest of `Popen` -> listening line (config, storage load, coordinators, bind): "
-        f"~{statistics.median([s['listening_s'] for s in samples]) - import_wall:.3f} s",
+        f"- the rest of `Popen` -> listening line (config, storage load, coordinators, bind), as the "
+        f"difference of the medians: {statistics.median([s['listening_s'] for s in samples]) - import_wall:+.3f} s "
+        f"(the import child also pays interpreter exit, so near zero means: the start is the imports)",
         f"- `-X importtime` self times summed (inflated by the instrumentation, for the split): {imports:.3f} s, "
         f"{imports_no_hyp:.3f} s without `hypothesis`; biggest: "
         + ", ".join(f"`{k}` {v:.3f} s" for k, v in top),
