@@ -27,6 +27,11 @@ PROJECT_TEST = textwrap.dedent(
     from confluent_kafka import Consumer, Producer, TopicPartition
 
 
+    def test_the_plugin_comes_from_the_entry_point(request):
+        distributions = [dist.project_name for _, dist in request.config.pluginmanager.list_plugin_distinfo()]
+        assert "exactly" in distributions
+
+
     def test_transaction_is_read_committed(exactly_broker):
         assert "site-packages" in exactly.__file__  # the installed wheel, not a source tree
         bootstrap = exactly_broker.bootstrap_servers
@@ -95,9 +100,11 @@ def test_wheel_installs_and_its_fixture_runs_a_users_test(tmp_path: Path):
         project = tmp_path / "project"
         project.mkdir()
         (project / "test_app.py").write_text(PROJECT_TEST)
-        result = run(
-            [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], project, env, 300
-        )
-        assert "1 passed" in result.stdout, result.stdout
+        pytest_cmd = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        result = run(pytest_cmd, project, env, 300)
+        assert "2 passed" in result.stdout, result.stdout
+        # naming the module as well (a conftest's pytest_plugins, -p) does not register it twice
+        result = run([*pytest_cmd, "-p", "exactly.testing.pytest_plugin"], project, env, 300)
+        assert "2 passed" in result.stdout, result.stdout
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # ~900 MB
