@@ -41,7 +41,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def _without_hypothesis() -> None:
+    """kio (the protocol schemas) registers Hypothesis strategies for its types whenever
+    ``hypothesis`` is importable, which costs 0.1-0.3 s of the broker's start in any environment
+    that has it (every test venv). A broker process never generates test data: mark the module
+    missing before kio is imported, unless something already imported it."""
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
 def run(args: argparse.Namespace) -> int:
+    _without_hypothesis()
     from exactly.server.config import BrokerConfig, ConfigError
     from exactly.server.prometheus import metrics_port
 
