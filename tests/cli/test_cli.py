@@ -6,13 +6,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from exactly.testing.wait import wait_until
 from tests.support.broker import Broker, child_env
-from tests.support.clients import consume, create_topic, produce_values
+from tests.support.clients import consume, create_topic, produce_values, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -325,3 +327,51 @@ def test_serve_refuses_bad_config_with_one_line(tmp_path: Path, option: str, mes
     proc = exactly("serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path), "-o", option)
     assert proc.returncode == 2, proc.stderr.decode()
     assert message in proc.stderr.decode().splitlines()[-1]
+
+
+def test_topics_describe_shows_dirty_ratio_of_compacted_topics(
+    fresh_broker: Callable[..., Broker], topic: str
+) -> None:
+    """A compacted topic's partition lines carry the cleaner's dirty ratio (min.cleanable.dirty.ratio
+    1.0 keeps the log uncleaned, so the ratio stays that of the written log: every closed segment
+    dirty); a delete-policy topic has no such column, and a full DescribeConfigs (what Kafka's
+    tools send) does not list the read-only ratio key."""
+    b = fresh_broker(**{"log.cleaner.backoff.ms": "100"})
+    bs = ("--bootstrap-server", b.bootstrap)
+    compacted = topic + "-c"
+    create_topic(
+        b.bootstrap,
+        compacted,
+        partitions=2,
+        config={"cleanup.policy": "compact", "segment.bytes": "2048", "min.cleanable.dirty.ratio": "1.0"},
+    )
+    create_topic(b.bootstrap, topic, config={"cleanup.policy": "delete"})
+    p = producer(b.bootstrap)
+    for i in range(200):  # small flushed batches, so the log rolls into many segments
+        p.produce(compacted, key=b"k%d" % (i % 5), value=b"v" * 100, partition=0)
+        if i % 10 == 9:
+            assert p.flush(30) == 0
+
+    def ratios() -> dict[int, str]:
+        lines = ok("topics", "describe", compacted, *bs).splitlines()[1:]
+        found = {}
+        for line in lines:
+            fields = dict(f.split(": ", 1) for f in line.strip().split("\t"))
+            found[int(fields["Partition"])] = fields.get("DirtyRatio", "absent")
+        return found
+
+    def dirty() -> bool:  # the cleaner's next look after the writes (an earlier one saw 0.0000)
+        value = ratios()[0]
+        return value not in ("-", "absent") and float(value) > 0.5
+
+    wait_until(dirty, 30, "partition 0's dirty ratio after the writes", interval=0.3)
+    got = ratios()
+    assert float(got[0]) <= 1.0  # many closed segments, none cleaned; the active one is not counted
+    assert got[1] == "0.0000"  # empty partition: nothing dirty
+    assert "DirtyRatio" not in ok("topics", "describe", topic, *bs)
+
+    resource = ConfigResource(ResourceType.TOPIC, compacted)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    entries = admin.describe_configs([resource])[resource].result(30)
+    assert "cleanup.policy" in entries
+    assert not any(name.startswith("exactly.") for name in entries)

@@ -1,4 +1,9 @@
-"""DescribeConfigs (32): topic configs (defaults + overrides) and this broker's configs."""
+"""DescribeConfigs (32): topic configs (defaults + overrides) and this broker's configs.
+
+A topic resource whose request names ``exactly.partition.dirty.ratios`` also gets that read-only
+entry (the dirty ratios of the topic's partitions held here; ``storage.cleaner.describe``). It is
+never part of a full listing, so Kafka's tools see only Kafka's configs.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.storage.cleaner.describe import DIRTY_RATIOS_CONFIG, format_dirty_ratios
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -50,6 +56,26 @@ def _entries(
     return tuple(out)
 
 
+def _dirty_ratios_entry(mod: Any, broker: Broker, topic: str) -> Any:
+    ratios = {
+        tp.partition: ratio
+        for tp, ratio in broker.logs.cleaner_manager.dirty_ratios().items()
+        if tp.topic == topic
+    }
+    value = format_dirty_ratios(ratios)
+    return build(
+        mod.DescribeConfigsResourceResult,
+        name=DIRTY_RATIOS_CONFIG,
+        value=value,
+        read_only=True,
+        config_source=SOURCE_DEFAULT,
+        is_sensitive=False,
+        synonyms=(),
+        config_type=CONFIG_TYPE_STRING,
+        documentation=None,
+    )
+
+
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     results = []
@@ -74,6 +100,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                     SOURCE_DYNAMIC_TOPIC,
                     request.include_synonyms,
                 )
+                if keys is not None and DIRTY_RATIOS_CONFIG in keys:
+                    configs += (_dirty_ratios_entry(mod, broker, res.resource_name),)
         elif res.resource_type == RESOURCE_BROKER:
             if res.resource_name not in ("", str(broker.node_id)):
                 code, message = ErrorCode.invalid_request, f"Unknown broker id {res.resource_name}"

@@ -6,5 +6,6 @@ per-batch and per-record retain decisions and the rebuilt batch), ``cleanable`` 
 the cleanable range, the dirty ratio and segment grouping, as pure functions), ``swap`` (the
 crash-safe replacement of segments and its recovery at log load), ``cleaner`` (one cleaning pass
 over a partition log), ``manager`` (the per-directory checkpoint and the choice of the next log)
-and ``runner`` (the cleaner threads off the event loop and the broker-level settings).
+and ``runner`` (the cleaner threads off the event loop and the broker-level settings);
+``describe`` carries the dirty ratios to ``exactly topics describe`` over DescribeConfigs.
 """
