@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchlib import cluster_report, cluster_txn_report
+from benchlib import cluster_report, cluster_txn_report, compaction_report
 from benchlib.fmt import num as _f
 from benchlib.fmt import runs_ok as _runs
 from benchlib.fmt import spread as _spread
@@ -94,6 +94,7 @@ def render(meta: dict[str, Any], entries: list[dict[str, Any]]) -> str:
     out += pair_section(by_kind.get("pair", []))
     out += cluster_report.section(by_kind)
     out += cluster_txn_report.section(by_kind)
+    out += compaction_report.section(by_kind)
     out += group_section(by_kind.get("group", []))
 
     lat = by_kind.get("latency", [])
