@@ -71,9 +71,9 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
         ]
         for v, label in (("on", "cleaner on"), ("off", "cleaner off (log.cleaner.enable=false)")):
             out.append(
-                f"| {label} | {_cell([_kb(x, f'{v}_offsets_bytes') for x in s], 'kb', 0)} "
-                f"| {_cell([_kb(x, f'{v}_txn_state_bytes') for x in s], 'kb', 0)} "
-                f"| {_cell([_kb(x, f'{v}_bytes') for x in s], 'kb', 0)} | {_cell(s, f'{v}_restart_s', 2)} "
+                f"| {label} | {_cell(s, f'{v}_offsets_kb', 0)} "
+                f"| {_cell(s, f'{v}_txn_state_kb', 0)} "
+                f"| {_cell(s, f'{v}_kb', 0)} | {_cell(s, f'{v}_restart_s', 2)} "
                 f"| {_cell(s, f'{v}_listen_s', 2)} |"
             )
         out.append(
@@ -99,8 +99,3 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
             "",
         ]
     return out
-
-
-def _kb(sample: dict[str, Any], key: str) -> dict[str, Any]:
-    value = sample.get(key)
-    return {"kb": None if value is None else value / 1e3}

@@ -526,6 +526,9 @@ class InternalTopicsCompaction(Workload):
                 sample[f"{v}_offsets_bytes"] = sizes["__consumer_offsets"]
                 sample[f"{v}_txn_state_bytes"] = sizes["__transaction_state"]
                 sample[f"{v}_bytes"] = sum(sizes.values())
+                sample[f"{v}_offsets_kb"] = sizes["__consumer_offsets"] / 1e3
+                sample[f"{v}_txn_state_kb"] = sizes["__transaction_state"] / 1e3
+                sample[f"{v}_kb"] = sum(sizes.values()) / 1e3
                 procs[v].stop()
             for v in variants:
                 procs[v] = brokers.start_exactly(

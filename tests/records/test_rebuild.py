@@ -10,7 +10,12 @@ from exactly.records.batch import (
     iter_batches,
 )
 from exactly.records.builder import COMPRESSION_GZIP, Record, build_batch, decode_batch
-from exactly.records.rebuild import build_empty_batch, build_retained_batch, delete_horizon_of
+from exactly.records.rebuild import (
+    build_empty_batch,
+    build_retained_batch,
+    delete_horizon_of,
+    record_key_states,
+)
 
 T0 = 1_700_000_000_000
 
@@ -100,3 +105,18 @@ def test_record_keys_reads_offsets_and_keys_only() -> None:
     header, records = decode_batch(original())
     rebuilt = build_retained_batch(header, [records[4]], delete_horizon_ms=None)
     assert list(record_keys(rebuilt, BatchHeader.parse(rebuilt))) == [(104, b"k4")]
+
+
+def test_record_key_states_tell_tombstones_and_keyless_records_without_decoding_values() -> None:
+    records = [
+        Record(key=b"a", value=b"x" * 300, headers=(("h", b"1"),), timestamp=T0),
+        Record(key=b"b", value=None, timestamp=T0 + 1),  # tombstone
+        Record(key=None, value=b"keyless", timestamp=T0 + 2),
+        Record(key=b"", value=b"", timestamp=T0 + 3),  # empty key and value: neither null
+        Record(key=b"c" * 200, value=None, headers=(("h", None),), timestamp=T0 + 4),
+    ]
+    for compression in (0, COMPRESSION_GZIP):
+        data = build_batch(records, base_offset=50, base_timestamp=T0, compression=compression)
+        header, decoded = decode_batch(data)
+        assert list(record_key_states(data, header)) == [(r.offset, r.key, r.value is None) for r in decoded]
+        assert [t for _o, _k, t in record_key_states(data, header)] == [False, True, False, False, True]

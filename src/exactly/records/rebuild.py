@@ -113,6 +113,16 @@ def record_keys(buf: bytes | memoryview, header: BatchHeader) -> Iterator[tuple[
     """(offset, key) of each record of the batch at ``header.position``, skipping values and
     headers: what building the cleaner's offset map needs, at about half the cost of a full decode.
     Uncompressed and gzip batches; raises ValueError for another codec."""
+    for offset, key, _tombstone in record_key_states(buf, header):
+        yield offset, key
+
+
+def record_key_states(
+    buf: bytes | memoryview, header: BatchHeader
+) -> Iterator[tuple[int, bytes | None, bool]]:
+    """(offset, key, is_tombstone) of each record, skipping values and headers: what the cleaner's
+    per-record retain decision needs, so a batch that is kept whole or dropped whole is never fully
+    decoded. Same codecs and errors as :func:`record_keys`."""
     start = header.position + HEADER_SIZE
     payload: bytes | memoryview = memoryview(buf)[start : header.position + header.size]
     compression = header.attributes & COMPRESSION_MASK
@@ -127,6 +137,11 @@ def record_keys(buf: bytes | memoryview, header: BatchHeader) -> Iterator[tuple[
         _ts, cursor = read_varlong(payload, pos + 1)  # after the record attributes
         delta, cursor = read_varint(payload, cursor)
         key_len, cursor = read_varint(payload, cursor)
-        key = None if key_len < 0 else bytes(payload[cursor : cursor + key_len])
-        yield header.base_offset + delta, key
+        if key_len < 0:
+            key = None
+        else:
+            key = bytes(payload[cursor : cursor + key_len])
+            cursor += key_len
+        value_len, _ = read_varint(payload, cursor)
+        yield header.base_offset + delta, key, value_len < 0
         pos = end

@@ -225,3 +225,21 @@ def test_snapshots_of_merged_segments_are_deleted_and_state_survives(tmp_path: P
     reopened = open_compacted(tmp_path)
     assert key_values(reopened) == expected and reopened.log_end_offset == 60
     reopened.close()
+
+
+def test_a_batch_partly_superseded_is_rebuilt_with_its_surviving_values(tmp_path: Path) -> None:
+    # The retain decision reads keys only; the batch is decoded whole only when it is rebuilt.
+    log = open_compacted(tmp_path)
+    append_keyed(log, [(1, 10), (2, 20), (3, 30), (4, None)])  # offsets 0-3: 1 and 3 superseded
+    append_keyed(log, [(1, 11), (3, 31)])  # 4-5: superseded whole, dropped without a decode
+    append_keyed(log, [(1, 12), (3, 32)])  # 6-7: kept whole, copied byte for byte
+    log.roll(NOW)
+    end, stats = run_clean(log)
+    assert end == 8
+    assert offsets_in(log) == [1, 3, 6, 7]
+    assert key_values(log) == {2: b"20", 4: None, 1: b"12", 3: b"32"}
+    assert stats.records_read == 8 and stats.records_written == 4
+    first = batches(log)[0][0]
+    assert (first.base_offset, first.last_offset) == (0, 3)  # offsets and last offset kept
+    assert delete_horizon_of(first) == NOW + COMPACT.delete_retention_ms  # its tombstone's clock starts
+    log.close()

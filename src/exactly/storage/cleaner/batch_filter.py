@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from exactly.records.batch import BatchHeader
 from exactly.records.builder import Record, decode_batch
 from exactly.records.control import ControlType, read_control_marker
-from exactly.records.rebuild import build_empty_batch, build_retained_batch, delete_horizon_of, record_keys
+from exactly.records.rebuild import (
+    build_empty_batch,
+    build_retained_batch,
+    delete_horizon_of,
+    record_key_states,
+    record_keys,
+)
 from exactly.storage.cleaner.offset_map import OffsetMap
 from exactly.storage.cleaner.txn_metadata import CleanedTransactionMetadata
 
@@ -111,6 +117,14 @@ def map_keys(buf: bytes | memoryview, header: BatchHeader) -> list[tuple[int, by
         raise UncleanableBatchError(f"cannot read the batch at offset {header.base_offset}: {exc}") from None
 
 
+def key_states(buf: bytes | memoryview, header: BatchHeader) -> list[tuple[int, bytes | None, bool]]:
+    """(offset, key, is_tombstone) of each record (values are not read)."""
+    try:
+        return list(record_key_states(buf, header))
+    except (ValueError, IndexError, OSError, EOFError) as exc:
+        raise UncleanableBatchError(f"cannot read the batch at offset {header.base_offset}: {exc}") from None
+
+
 def _is_last_of_active_producer(header: BatchHeader, producers: Mapping[int, LastRecord]) -> bool:
     last = producers.get(header.producer_id)
     if last is None:
@@ -120,14 +134,16 @@ def _is_last_of_active_producer(header: BatchHeader, producers: Mapping[int, Las
     return header.is_control and header.producer_epoch == last.producer_epoch
 
 
-def _retain_record(ctx: FilterContext, record: Record, horizon: int | None) -> bool:
-    if record.offset > ctx.offset_map.latest_offset:
+def _retain_record(
+    ctx: FilterContext, offset: int, key: bytes | None, tombstone: bool, horizon: int | None
+) -> bool:
+    if offset > ctx.offset_map.latest_offset:
         return True
-    if record.key is None:
+    if key is None:
         return False
-    if record.offset < ctx.offset_map.get(record.key):
+    if offset < ctx.offset_map.get(key):
         return False
-    return record.value is not None or horizon is None or ctx.now_ms < horizon
+    return not tombstone or horizon is None or ctx.now_ms < horizon
 
 
 def filter_batch(
@@ -162,9 +178,25 @@ def filter_batch(
         kept = decode_records(buf, header) if header.record_count else []
         read = len(kept)
     else:
-        records = decode_records(buf, header)
-        read = len(records)
-        kept = [r for r in records if _retain_record(ctx, r, horizon)]
+        # Decide from keys alone; decode values only when the batch must be rebuilt (some records
+        # go, or a kept tombstone needs a delete horizon). Most batches of a compacted log are
+        # dropped whole or copied whole, and a full decode is most of a pass's cost.
+        states = key_states(buf, header)
+        read = len(states)
+        retain = [_retain_record(ctx, off, key, tomb, horizon) for off, key, tomb in states]
+        kept_count = sum(retain)
+        tombstone_kept = any(tomb for (_o, _k, tomb), r in zip(states, retain, strict=True) if r)
+        if kept_count == read and kept_count and not (tombstone_kept and horizon is None):
+            with memoryview(buf) as view:
+                data = bytes(view[header.position : header.position + header.size])
+            return FilteredBatch(data, read, read, False)
+        if kept_count:
+            records = decode_records(buf, header)
+            if len(records) != read:
+                raise UncleanableBatchError(f"garbled batch at offset {header.base_offset}")
+            kept = [r for r, keep in zip(records, retain, strict=True) if keep]
+        else:
+            kept = []
 
     if kept:
         has_tombstone = any(r.value is None for r in kept) and not header.is_control
