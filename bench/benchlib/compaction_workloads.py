@@ -218,8 +218,9 @@ class CleanerProduceLatency(Workload):
     value_size = 100  # per-record costs make the pass slow (~3 MB/s): it outlasts the window
 
     def backlog_bytes(self, ctx: Context) -> int:
-        # the pass must outlast the busy window: 6 MB per second of window, twice what a pass reads
-        return int(max(30.0, 6 * ctx.latency_seconds) * 1_000_000)
+        # the pass must outlast the busy window: 15 MB per second of window, about twice what a
+        # pass reads per second on a quiet box
+        return int(max(40.0, 15 * ctx.latency_seconds) * 1_000_000)
 
     def run_once(self, ctx: Context, broker: BrokerProcess | None, state: Any, rep: int) -> dict[str, Any]:
         work = Path(ctx.scratch) / f"cleaner-lat-{uuid.uuid4().hex[:6]}"
