@@ -458,9 +458,12 @@ class InternalTopicsCompaction(Workload):
             "segment": 1024 * 1024,
         }
 
+    extra_options: tuple[str, ...] = ()
+
     def options(self, ctx: Context, segment: int) -> list[str]:
         return [
             *ctx.broker_options,
+            *self.extra_options,
             "offsets.topic.num.partitions=1",
             "transaction.state.log.num.partitions=1",
             f"offsets.topic.segment.bytes={segment}",
@@ -558,3 +561,18 @@ class InternalTopicsCompaction(Workload):
             sample["restart_ratio"] = sample["on_restart_s"] / sample["fresh_restart_s"]
             sample["off_restart_ratio"] = sample["off_restart_s"] / sample["fresh_restart_s"]
         return sample
+
+
+@register
+class InternalTopicsCompactionAged(InternalTopicsCompaction):
+    """``compaction-internal`` with ``log.cleaner.delete.retention.ms=1000``: the shape of a broker
+    whose history is mostly older than ``delete.retention.ms`` (24 h by default). With the default,
+    every COMMIT marker of the run's transactions must stay in ``__consumer_offsets`` for a day
+    after its offsets were cleaned (Kafka's rule, so a follower or a reader far behind still sees
+    the transaction decided), and each is a batch of its own: 100,000 of them are most of what a
+    cleaned ``__consumer_offsets`` holds right after the load. On a broker running for a month,
+    only the last day's markers are left."""
+
+    name = "compaction-internal-aged"
+    title = "internal topics as compaction-internal, markers and tombstones past delete.retention.ms"
+    extra_options = ("log.cleaner.delete.retention.ms=1000",)
