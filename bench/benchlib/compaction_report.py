@@ -61,10 +61,24 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
             "clean (**idle**: the cleaner thread still polls every 100 ms and finds nothing).",
             "",
         ]
-    e = entries.get("compaction-internal")
+    for name in ("compaction-internal", "compaction-internal-aged"):
+        out += _internal(entries.get(name))
+    return out
+
+
+def _internal(e: dict[str, Any] | None) -> list[str]:
+    out: list[str] = []
     if e:
         s = e["samples"]
+        aged = e["workload"].endswith("-aged")
         out += [
+            f"### `{e['workload']}`"
+            + (
+                ": `log.cleaner.delete.retention.ms=1000`"
+                if aged
+                else ": Kafka's defaults (delete.retention.ms 24 h)"
+            ),
+            "",
             "| internal topics | KB `__consumer_offsets` | KB `__transaction_state` | KB total | restart to ready s "
             "| of which to listening s |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",
