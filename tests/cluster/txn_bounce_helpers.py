@@ -42,10 +42,12 @@ COORDINATOR_MOVED = frozenset(
 API_TIMEOUT_S = 30.0
 
 
-def _debug_config(name: str) -> dict[str, Any]:
+def _debug_config(name: str, variable: str = "TXN_BOUNCE_RDKAFKA_DEBUG") -> dict[str, Any]:
     """``TXN_BOUNCE_RDKAFKA_DEBUG=eos,msg`` writes librdkafka's debug log of each copier's
-    producer to ``$TXN_BOUNCE_RDKAFKA_LOG_DIR/<name>.log`` (finding out what a client saw)."""
-    debug = os.environ.get("TXN_BOUNCE_RDKAFKA_DEBUG")
+    producer to ``$TXN_BOUNCE_RDKAFKA_LOG_DIR/<name>.log`` (finding out what a client saw);
+    ``TXN_BOUNCE_RDKAFKA_CONSUMER_DEBUG=cgrp,fetch`` the one of its consumer, to
+    ``<name>-consumer.log``."""
+    debug = os.environ.get(variable)
     if not debug:
         return {}
     logger = logging.getLogger(f"rdkafka.{name}")
@@ -60,12 +62,26 @@ def _debug_config(name: str) -> dict[str, Any]:
     return {"debug": debug, "log_level": 7, "logger": logger}
 
 
+def flush_before_abort(producer: Producer, timeout: float = API_TIMEOUT_S) -> bool:
+    """Wait until every record of the open transaction has its answer; False if some has not.
+
+    Call it before ``abort_transaction``: librdkafka's abort purges the records still queued and
+    advances the partition's sequence base past them, as if they had never been sent - also a
+    batch that was sent and written but whose answer was lost, waiting for its retry. The next
+    transaction's first batch then carries the purged batch's sequence numbers, and the broker
+    (like Kafka's: same producer id, epoch and sequence range as one of the last five batches)
+    acknowledges it as a duplicate of the aborted batch without writing it. Once every record is
+    answered the purge finds nothing (the Java producer's abortTransaction waits for sent batches
+    too)."""
+    return producer.flush(timeout) == 0
+
+
 @dataclass
 class CopierStats:
     committed: int = 0  # transactions committed
     aborted: int = 0  # on purpose
     failed: int = 0  # aborted after an abortable error
-    recreated: int = 0  # producers replaced after librdkafka's fatal abort (see ``_abort``)
+    recreated: int = 0  # producers replaced: a fatal abort, or purged records (see ``_abort``)
     copied: int = 0  # records of committed transactions
     errors: list[str] = field(default_factory=list)
 
@@ -106,6 +122,7 @@ class TxnCopier(threading.Thread):
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 100,
                 "log_level": 0,
+                **_debug_config(f"{name}-consumer", "TXN_BOUNCE_RDKAFKA_CONSUMER_DEBUG"),
             }
         )
         self._servers = bootstrap  # not _bootstrap: threading.Thread has a method of that name
@@ -173,7 +190,7 @@ class TxnCopier(threading.Thread):
                 )
             )
             if abort_on_purpose:
-                self._abort()
+                self._abort(after_error=False)
                 self.stats.aborted += 1
                 self._rewind()
                 return
@@ -183,7 +200,7 @@ class TxnCopier(threading.Thread):
             if not isinstance(err, KafkaError) or not err.txn_requires_abort():
                 raise
             self.stats.errors.append(err.str())
-            self._abort()
+            self._abort(after_error=True)
             self.stats.failed += 1
             self._rewind()
             return
@@ -210,9 +227,24 @@ class TxnCopier(threading.Thread):
     def _new_producer(self) -> Producer:
         return Producer({"bootstrap.servers": self._servers(), **self._producer_config})
 
-    def _abort(self) -> None:
-        """abort_transaction, and a new producer instance when librdkafka's abort fails fatally
-        with INVALID_TXN_STATE (librdkafka issue 4849, also seen against Kafka): an
+    def _abort(self, *, after_error: bool) -> None:
+        """abort_transaction, so that no record of the next transaction is taken for a retry of
+        this one, and a new producer instance when librdkafka's abort fails fatally.
+
+        librdkafka's abort purges the messages still queued and advances the partition's
+        sequence base past them ("ADVBASE"), as if they had never been sent. A batch that was
+        sent and appended but whose answer was lost (its leader killed) waits in that queue for
+        its retry: purged, its sequence numbers go to the first batch of the next transaction,
+        which the broker - any Kafka broker - takes for a retry of the aborted batch (same
+        producer id, epoch and sequence range: a duplicate) and acknowledges without writing it.
+        That transaction then commits its offsets without its records: the input range is lost.
+        The Java producer's abortTransaction lets sent batches complete instead; the copier does
+        the same by flushing before it aborts on purpose. After an abortable error librdkafka has
+        already purged its queues, so the copier takes a new producer instance (as it does when
+        the flush does not finish): its init_transactions bumps the epoch, and the broker keeps
+        no duplicates across epochs.
+
+        The fatal case is librdkafka issue 4849 (also seen against Kafka): an
         AddPartitionsToTxn/AddOffsetsToTxn that failed with a transport error (the coordinator
         was killed while answering it) counts for librdkafka as possibly registered, so its
         abort sends EndTxn(ABORT) although the transaction never started at the coordinator,
@@ -221,6 +253,7 @@ class TxnCopier(threading.Thread):
         application after a fatal error is a new instance: its init_transactions fences the old
         epoch and completes or aborts whatever the old one left, and the copier rewinds to the
         committed offsets as after any abort, so exactly-once is still what the test checks."""
+        replace = after_error or not flush_before_abort(self.producer)
         try:
             self._retry(lambda: self.producer.abort_transaction(API_TIMEOUT_S))
         except KafkaException as exc:
@@ -230,11 +263,16 @@ class TxnCopier(threading.Thread):
             ):
                 raise
             self.stats.errors.append(err.str())
-            self.stats.recreated += 1
-            old, self.producer = self.producer, self._new_producer()
-            old.purge()
-            old.flush(0)
-            self._retry(lambda: self.producer.init_transactions(API_TIMEOUT_S))
+            replace = True
+        if replace:
+            self._replace_producer()
+
+    def _replace_producer(self) -> None:
+        self.stats.recreated += 1
+        old, self.producer = self.producer, self._new_producer()
+        old.purge()
+        old.flush(0)
+        self._retry(lambda: self.producer.init_transactions(API_TIMEOUT_S))
 
     def _rewind(self) -> None:
         """Seek every input partition back to the group's committed offset, as Kafka's copier
