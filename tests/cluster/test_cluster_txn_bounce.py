@@ -259,23 +259,12 @@ def run_copy_with_bounces(
     await_replicas_identical(bootstrap(), [INPUT, OUTPUT, *INTERNAL])
 
 
-HARD_BOUNCE_OPEN = (
-    "OPEN (notes/broker-bugs.md): in about 2 runs in 5 the input range of a copier's aborted "
-    "transaction is never copied again: the committed offset read back for the rewind after the "
-    "abort is the aborted transaction's"
-)
-
-
 @pytest.mark.parametrize(
     ("clean", "one_to_one"),
     [
-        pytest.param(
-            False, False, id="hard-bounce", marks=pytest.mark.xfail(strict=False, reason=HARD_BOUNCE_OPEN)
-        ),
+        pytest.param(False, False, id="hard-bounce"),
         pytest.param(True, False, id="clean-bounce"),
-        pytest.param(
-            False, True, id="hard-bounce-1to1", marks=pytest.mark.xfail(strict=False, reason=HARD_BOUNCE_OPEN)
-        ),
+        pytest.param(False, True, id="hard-bounce-1to1"),
     ],
 )
 def test_transactional_copiers_exactly_once_through_broker_bounces(
