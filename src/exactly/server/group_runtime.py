@@ -11,7 +11,9 @@ What the broker calls:
   ``offsets.retention.check.interval.ms`` (first run one interval after start, as Kafka's group
   coordinator schedules it); the broker cancels both at shutdown.
 * ``on_marker(partition, producer_id, commit)`` from the transaction marker writer right after a
-  COMMIT/ABORT marker was appended to ``__consumer_offsets-<partition>``.
+  COMMIT/ABORT marker was appended to ``__consumer_offsets-<partition>`` (single broker, where
+  every operation is synchronous); in cluster mode ``await apply_marker(...)`` after the marker's
+  acks=all append, which applies it under the runtime's operation lock.
 
 What the handlers call: ``load_error_for(group_id)`` first (NOT_COORDINATOR /
 COORDINATOR_LOAD_IN_PROGRESS / NONE), then ``call(op)``, which runs one coordinator request with
@@ -30,13 +32,13 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Never
 
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group import GroupCoordinator, GroupCoordinatorConfig
 from exactly.coordinator.group.api import CleanupStats
-from exactly.coordinator.result import CoordinatorResult, RequestToken
+from exactly.coordinator.result import NOTHING, CoordinatorResult, RequestToken
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.coordinator_runtime import CoordinatorRuntime
@@ -142,6 +144,22 @@ class GroupRuntime:
 
     def on_marker(self, partition: int, producer_id: int, commit: bool) -> None:
         self.coordinator.complete_transaction(producer_id, commit, partition)
+
+    async def apply_marker(self, partition: int, producer_id: int, commit: bool) -> None:
+        """Cluster mode: apply a replicated marker as one runtime operation, under its lock.
+
+        A TxnOffsetCommit holds that lock from its append until its completion, so a marker can
+        no longer be applied between the two: were it applied first, the completion would find
+        its offset already settled (ignored, see ``OffsetStore.complete_staged``) -- without the
+        lock the marker and the commit, waking on the same high-watermark move, were applied in
+        either order. Kafka likewise completes a transaction's offsets under the group's lock.
+        """
+
+        def op() -> CoordinatorResult[Never]:
+            self.coordinator.complete_transaction(producer_id, commit, partition)
+            return NOTHING
+
+        await self.runtime.execute(op)
 
     # ---- requests -----------------------------------------------------------------------------
     @property

@@ -95,7 +95,7 @@ async def write_local_marker(
         log.info("marker %s of producer %d on %s refused: %s", result.name, producer_id, tp, exc)
         return exc.error_code
     if tp.topic == CONSUMER_OFFSETS_TOPIC:
-        broker.groups.on_marker(tp.partition, producer_id, result is ControlType.COMMIT)
+        await broker.groups.apply_marker(tp.partition, producer_id, result is ControlType.COMMIT)
     return ErrorCode.none
 
 

@@ -64,6 +64,7 @@ def txn_commit(
     generation: int = -1,
     member_id: str = "",
     instance: str | None = None,
+    hold: bool = False,
 ) -> Box:
     box = Box()
     request = TxnOffsetCommitRequestData(
@@ -76,7 +77,7 @@ def txn_commit(
         member_id=member_id,
         group_instance_id=instance,
     )
-    shell.run(shell.coordinator.txn_offset_commit(request, shell.now, box))
+    shell.run(shell.coordinator.txn_offset_commit(request, shell.now, box), hold=hold)
     return box
 
 
@@ -223,6 +224,78 @@ def test_txn_offsets_aborted_are_dropped() -> None:
     marker(shell, False)
     assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): 1}
     assert not shell.coordinator.offsets.has_pending(GROUP)
+
+
+def test_txn_offsets_are_unstable_while_their_append_waits() -> None:
+    """Kafka's prepareTxnOffsetCommit: pending from before the append, never committed early."""
+    shell = Shell()
+    commit(shell, {("t", 0): 1})
+    box = txn_commit(shell, {("t", 0): 10}, hold=True)
+    assert box.items == []
+    assert fetch(shell, [("t", 0), ("t", 1)], stable=True) == {
+        ("t", 0): ErrorCode.unstable_offset_commit,
+        ("t", 1): -1,
+    }
+    assert fetch(shell, [("t", 0)]) == {("t", 0): 1}
+    assert shell.coordinator.offsets.open_partitions(GROUP) == {("t", 0)}
+    shell.release()
+    assert errors(box) == {ErrorCode.none}
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): ErrorCode.unstable_offset_commit}
+    marker(shell, True)
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): 10}
+    assert rebuilt_committed(shell) == shell.coordinator.committed_offsets(GROUP)
+
+
+def test_txn_offsets_of_a_new_group_are_unstable_while_their_append_waits() -> None:
+    shell = Shell()
+    txn_commit(shell, {("t", 0): 10}, group="fresh", hold=True)
+    assert shell.coordinator.group("fresh") is None  # created only by the completion
+    assert fetch(shell, [("t", 0)], group="fresh", stable=True) == {("t", 0): ErrorCode.unstable_offset_commit}
+    assert fetch(shell, [("t", 0)], group="fresh") == {("t", 0): -1}
+
+
+def test_failed_txn_append_drops_the_staged_offsets() -> None:
+    shell = Shell()
+    commit(shell, {("t", 0): 1})
+    shell.fail_with = ErrorCode.not_enough_replicas
+    box = txn_commit(shell, {("t", 0): 10})
+    assert errors(box) == {ErrorCode.coordinator_not_available}
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): 1}
+    assert not shell.coordinator.offsets.has_pending(GROUP)
+    assert shell.coordinator.offsets.pending_producers() == []
+
+
+def test_marker_before_the_append_completes_settles_the_offset_for_good() -> None:
+    """An ABORT applied while the TxnOffsetCommit's append waits: the late completion must not
+    leave the aborted offset pending, or the producer's next COMMIT would commit it (Kafka's
+    onTxnOffsetCommitAppend ignores it)."""
+    shell = Shell()
+    commit(shell, {("t", 0): 1})
+    box = txn_commit(shell, {("t", 0): 10}, hold=True)
+    marker(shell, False)
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): 1}
+    shell.release()
+    assert errors(box) == {ErrorCode.none}
+    assert not shell.coordinator.offsets.has_pending(GROUP)
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): 1}
+    txn_commit(shell, {("t", 1): 20})  # the producer's next transaction
+    marker(shell, True)
+    assert fetch(shell, [("t", 0), ("t", 1)], stable=True) == {("t", 0): 1, ("t", 1): 20}
+
+
+def test_staged_offset_keeps_an_appended_one_of_the_same_producer_open() -> None:
+    shell = Shell()
+    txn_commit(shell, {("t", 0): 10})
+    shell.fail_with = ErrorCode.not_enough_replicas
+    txn_commit(shell, {("t", 0): 11})  # fails: the first one is still pending
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): ErrorCode.unstable_offset_commit}
+    shell.fail_with = None
+    marker(shell, True)
+    assert fetch(shell, [("t", 0)], stable=True) == {("t", 0): 10}
+
+
+def rebuilt_committed(shell: Shell) -> dict[tuple[str, int], object]:
+    return dict(shell.rebuild().committed_offsets(GROUP))
 
 
 def test_later_plain_commit_wins_over_earlier_txn_commit() -> None:

@@ -3,8 +3,11 @@
 prepare -> persist -> complete: a commit is validated and encoded (prepare), appended as one
 write to the group's ``__consumer_offsets`` partition -- transactional for TxnOffsetCommit
 (persist) -- and only its completion applies the records, through :meth:`OffsetManager.replay`,
-the same call startup replay makes (complete). A TxnOffsetCommit's offsets stay pending in the
-store until the COMMIT/ABORT marker reaches the partition (:meth:`OffsetManager.replay_end_transaction`).
+the same call startup replay makes (complete). A TxnOffsetCommit's offsets are staged in the store
+before the append (so a ``require_stable`` OffsetFetch answers UNSTABLE_OFFSET_COMMIT while the write
+waits for its acks, as Kafka's ``prepareTxnOffsetCommit``), become pending when the append succeeds
+(dropped if it fails) and stay pending until the COMMIT/ABORT marker reaches the partition
+(:meth:`OffsetManager.replay_end_transaction`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from exactly.coordinator.group.api import (
 from exactly.coordinator.group.core import GroupCoordinatorConfig, Operations
 from exactly.coordinator.group.membership import Membership
 from exactly.coordinator.group.offsets import (
+    CommittedOffset,
     OffsetStore,
     TopicPartitionKey,
     map_append_error,
@@ -160,13 +164,25 @@ class OffsetManager:
         if not keys:
             answer(ErrorCode.none)
             return
+        transactional = producer_id >= 0
+        staged = [CommittedOffset.from_value(v, -1) for v in values] if transactional else []
+        for key, entry in zip(keys, staged):
+            self.store.stage(producer_id, group_id, (key.topic, key.partition), entry)
 
         def done(result: AppendOutcome) -> None:
             if result.error is not ErrorCode.none:
+                for key, entry in zip(keys, staged):
+                    self.store.unstage(producer_id, group_id, (key.topic, key.partition), entry)
                 answer(map_append_error(result.error, offsets=True))
                 return
             for i, (key, value) in enumerate(zip(keys, values)):
-                self.replay(key, value, record_offset=result.base_offset + i, producer_id=producer_id)
+                record_offset = result.base_offset + i
+                if not transactional:
+                    self.replay(key, value, record_offset=record_offset, producer_id=producer_id)
+                    continue
+                self._membership.ensure_group(key.group)  # as the replay of this record would
+                tp = (key.topic, key.partition)
+                self.store.complete_staged(producer_id, group_id, tp, staged[i], record_offset=record_offset)
             answer(ErrorCode.none)
 
         self._ops.emit(
@@ -200,7 +216,10 @@ class OffsetManager:
         results: list[FetchGroupResult] = []
         for fetch in request.groups:
             group = self._membership.groups.get(fetch.group_id)
-            if group is None or group.is_in(GroupState.DEAD):
+            # A group first created by a TxnOffsetCommit exists only once its append completes;
+            # its staged offsets are unstable already.
+            open_txn = request.require_stable and self.store.has_pending(fetch.group_id)
+            if (group is None or group.is_in(GroupState.DEAD)) and not open_txn:
                 results.append(unknown_group_fetch(fetch.group_id, fetch.topics))
                 continue
             topics = self.store.fetch(fetch.group_id, fetch.topics, request.require_stable)

@@ -13,6 +13,18 @@ is the same tombstone rule, applied live by the retention cleanup):
 - a COMMIT marker for a producer (:meth:`replay_end_transaction`) moves its pending offsets into the
   committed store, an ABORT marker drops them.
 
+Staged transactional offsets (Kafka's ``prepareTxnOffsetCommit``): a TxnOffsetCommit's offsets are
+staged (:meth:`OffsetStore.stage`) *before* its append, so a ``require_stable`` OffsetFetch answers
+UNSTABLE_OFFSET_COMMIT while the write waits for the ISR. A staged offset is never committed and
+never fetched as a value; the append's completion turns it into a pending offset
+(:meth:`OffsetStore.complete_staged`, Kafka's ``onTxnOffsetCommitAppend``) only if it is still
+staged, a failed append drops it (:meth:`OffsetStore.unstage`, ``failPendingTxnOffsetCommit``). A
+marker of the producer drops its staged offsets (they are not in the log before the marker as far as
+this store knows), and the late completion of such an offset is then ignored, as Kafka does: an
+aborted offset can never resurface as pending and be committed by the producer's next COMMIT.
+The runtime applies markers under its operation lock, so in practice a marker never overtakes an
+append; staging is what OffsetFetch (answered outside that lock) sees.
+
 Replay therefore needs each record's log offset and producer id, and the markers: the live path
 (after an append completes) and startup recovery call the same methods with the same arguments, so
 recovery rebuilds exactly the live state.
@@ -30,7 +42,7 @@ marker's partition and leaves the rest pending until their own marker arrives.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kio.schema.errors import ErrorCode
 
@@ -73,23 +85,58 @@ class CommittedOffset:
 class OffsetStore:
     """Committed offsets per group and pending transactional offsets per producer id.
 
-    Invariant: ``_open[group][tp]`` is exactly the set of producer ids with a pending offset for
-    ``(group, tp)``; no map level is ever left empty. Lifecycle: created empty with its
+    Invariant: ``_open[group][tp]`` is exactly the set of producer ids with a pending or a staged
+    offset for ``(group, tp)``; no map level is ever left empty. Lifecycle: created empty with its
     coordinator (owned by its ``OffsetManager``), filled by replay, emptied by :meth:`clear`.
     """
 
-    __slots__ = ("_committed", "_open", "_pending")
+    __slots__ = ("_committed", "_open", "_pending", "_staged")
 
     def __init__(self) -> None:
         self._committed: dict[str, dict[TopicPartitionKey, CommittedOffset]] = {}
         self._pending: dict[int, dict[str, dict[TopicPartitionKey, CommittedOffset]]] = {}
+        self._staged: dict[int, dict[str, dict[TopicPartitionKey, CommittedOffset]]] = {}
         self._open: dict[str, dict[TopicPartitionKey, set[int]]] = {}
 
     def clear(self) -> None:
         """Forget everything (the coordinator stopped owning its partitions)."""
         self._committed.clear()
         self._pending.clear()
+        self._staged.clear()
         self._open.clear()
+
+    # -- staged transactional offsets (prepare -> persist -> complete) --------------------------
+
+    def stage(self, producer_id: int, group_id: str, tp: TopicPartitionKey, entry: CommittedOffset) -> None:
+        """A TxnOffsetCommit of ``producer_id`` is about to append ``entry`` (prepare)."""
+        self._staged.setdefault(producer_id, {}).setdefault(group_id, {})[tp] = entry
+        self._open.setdefault(group_id, {}).setdefault(tp, set()).add(producer_id)
+
+    def unstage(self, producer_id: int, group_id: str, tp: TopicPartitionKey, entry: CommittedOffset) -> None:
+        """The append of a staged ``entry`` failed: drop it if it is still the one staged."""
+        if self._staged.get(producer_id, {}).get(group_id, {}).get(tp) == entry:
+            _remove(self._staged, producer_id, group_id, tp)
+            self._close_if_settled(group_id, tp, producer_id)
+
+    def complete_staged(
+        self,
+        producer_id: int,
+        group_id: str,
+        tp: TopicPartitionKey,
+        entry: CommittedOffset,
+        *,
+        record_offset: int,
+    ) -> bool:
+        """The append of a staged ``entry`` succeeded at ``record_offset``: it becomes pending,
+        exactly as :meth:`replay` of that record would make it -- unless a marker (or a tombstone)
+        settled the producer's offsets in between, in which case it is ignored (Kafka's
+        ``onTxnOffsetCommitAppend``). Returns whether it became pending."""
+        if self._staged.get(producer_id, {}).get(group_id, {}).get(tp) != entry:
+            return False
+        _remove(self._staged, producer_id, group_id, tp)
+        appended = replace(entry, record_offset=record_offset)
+        self._pending.setdefault(producer_id, {}).setdefault(group_id, {})[tp] = appended
+        return True
 
     # -- replay ---------------------------------------------------------------------------------
 
@@ -111,19 +158,33 @@ class OffsetStore:
         if by_tp is not None and not by_tp:
             del self._open[key.group]
         for pid in producers:
-            self._remove_pending(pid, key.group, tp)
+            _remove(self._pending, pid, key.group, tp)
+            _remove(self._staged, pid, key.group, tp)
 
     def replay_end_transaction(
         self, producer_id: int, commit: bool, group_filter: Callable[[str], bool] | None = None
     ) -> None:
-        """Apply a COMMIT (``commit=True``) or ABORT marker of ``producer_id``."""
+        """Apply a COMMIT (``commit=True``) or ABORT marker of ``producer_id``.
+
+        Staged (not yet appended) offsets of the selected groups are dropped whatever the marker:
+        their records are not known to be in the log before it (Kafka throws for a COMMIT over an
+        unappended offset; the runtime's lock makes that unreachable here), and their late
+        completion is ignored (:meth:`complete_staged`).
+        """
+        staged = self._staged.get(producer_id)
+        if staged is not None:
+            for group_id in [g for g in staged if group_filter is None or group_filter(g)]:
+                for tp in staged.pop(group_id):
+                    self._close_if_settled(group_id, tp, producer_id)
+            if not staged:
+                del self._staged[producer_id]
         pending = self._pending.get(producer_id)
         if pending is None:
             return
         for group_id in [g for g in pending if group_filter is None or group_filter(g)]:
             offsets = pending.pop(group_id)
             for tp, entry in offsets.items():
-                self._close(group_id, tp, producer_id)
+                self._close_if_settled(group_id, tp, producer_id)
                 if commit:
                     existing = self._committed.get(group_id, {}).get(tp)
                     if existing is None or entry.record_offset > existing.record_offset:
@@ -146,8 +207,8 @@ class OffsetStore:
         for pid in sorted(self._open.get(group_id, {}).get(tp, set())):
             pending = self._pending.get(pid, {}).get(group_id, {}).get(tp)
             if pending is not None and pending.record_offset < tombstone_offset:
-                self._remove_pending(pid, group_id, tp)
-                self._close(group_id, tp, pid)
+                _remove(self._pending, pid, group_id, tp)
+                self._close_if_settled(group_id, tp, pid)
         return removed
 
     def _remove_committed(self, group_id: str, tp: TopicPartitionKey) -> None:
@@ -157,19 +218,12 @@ class OffsetStore:
             if not by_tp:
                 del self._committed[group_id]
 
-    def _remove_pending(self, producer_id: int, group_id: str, tp: TopicPartitionKey) -> None:
-        by_group = self._pending.get(producer_id)
-        if by_group is None:
-            return
-        by_tp = by_group.get(group_id)
-        if by_tp is not None:
-            by_tp.pop(tp, None)
-            if not by_tp:
-                del by_group[group_id]
-        if not by_group:
-            del self._pending[producer_id]
-
-    def _close(self, group_id: str, tp: TopicPartitionKey, producer_id: int) -> None:
+    def _close_if_settled(self, group_id: str, tp: TopicPartitionKey, producer_id: int) -> None:
+        """Keep ``_open`` exact: drop ``producer_id`` for ``(group, tp)`` once it has neither a
+        pending nor a staged offset there."""
+        for by_pid in (self._pending, self._staged):
+            if tp in by_pid.get(producer_id, {}).get(group_id, {}):
+                return
         by_tp = self._open.get(group_id)
         if by_tp is None or tp not in by_tp:
             return
@@ -238,6 +292,25 @@ class OffsetStore:
         return tuple(
             FetchTopicResult(t.name, tuple(one(t.name, p) for p in t.partition_indexes)) for t in topics
         )
+
+
+def _remove(
+    by_pid: dict[int, dict[str, dict[TopicPartitionKey, CommittedOffset]]],
+    producer_id: int,
+    group_id: str,
+    tp: TopicPartitionKey,
+) -> None:
+    """Remove one entry of a producer -> group -> partition map, leaving no level empty."""
+    by_group = by_pid.get(producer_id)
+    if by_group is None:
+        return
+    by_tp = by_group.get(group_id)
+    if by_tp is not None:
+        by_tp.pop(tp, None)
+        if not by_tp:
+            del by_group[group_id]
+    if not by_group:
+        del by_pid[producer_id]
 
 
 def unknown_group_fetch(group_id: str, topics: Iterable[FetchTopic] | None) -> FetchGroupResult:
