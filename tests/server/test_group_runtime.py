@@ -88,7 +88,9 @@ def test_marker_waits_for_the_txn_offset_commit_in_flight_and_an_abort_stays_abo
     async def scenario() -> None:
         groups, topic = group_runtime()
         partition = groups.coordinator.partition_for(GROUP)
-        await groups.runtime.reload(lambda: {p: None for p in range(groups.coordinator.config.num_partitions)})
+        await groups.runtime.reload(
+            lambda: {p: None for p in range(groups.coordinator.config.num_partitions)}
+        )
         topic.acks = asyncio.Event()
         commit = txn_offset_commit(groups, 150)
         while not topic.log:  # the commit's record is appended, its acks are awaited

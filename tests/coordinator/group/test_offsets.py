@@ -250,7 +250,9 @@ def test_txn_offsets_of_a_new_group_are_unstable_while_their_append_waits() -> N
     shell = Shell()
     txn_commit(shell, {("t", 0): 10}, group="fresh", hold=True)
     assert shell.coordinator.group("fresh") is None  # created only by the completion
-    assert fetch(shell, [("t", 0)], group="fresh", stable=True) == {("t", 0): ErrorCode.unstable_offset_commit}
+    assert fetch(shell, [("t", 0)], group="fresh", stable=True) == {
+        ("t", 0): ErrorCode.unstable_offset_commit
+    }
     assert fetch(shell, [("t", 0)], group="fresh") == {("t", 0): -1}
 
 
