@@ -183,9 +183,15 @@ class TxnWriter:
         left = p.flush(12)
         if left or failed:
             intent = "abort"
-        self.end(txn, intent, deadline)
+        self.end(txn, intent, deadline, settled=not left and not failed)
 
-    def end(self, txn: str, intent: str, deadline: float) -> None:
+    def end(self, txn: str, intent: str, deadline: float, *, settled: bool = True) -> None:
+        """Commit or abort ``txn``. An abort with batches still unsettled (``settled`` False: not
+        all delivery reports came, or one failed) or after an abortable error is followed by a new
+        producer: librdkafka's abort purges a batch waiting for a retry and the next transaction
+        would reuse its sequence numbers, which the broker (any Kafka broker) takes for a
+        duplicate of the purged batch if that one was written (notes/broker-bugs.md); a new
+        producer's epoch makes that impossible."""
         p = self.p
         assert p is not None
         h = self.h
@@ -196,6 +202,8 @@ class TxnWriter:
                 else:
                     p.abort_transaction(15)
                 h.write("txn_end", txn=txn, intent=intent, result="ok")
+                if intent == "abort" and not settled:
+                    self.new_producer(deadline)
                 return
             except KafkaException as exc:
                 text, err = err_text(exc)
@@ -213,6 +221,7 @@ class TxnWriter:
                             result="aborted" if intent == "commit" else "ok",
                             err=text,
                         )
+                        self.new_producer(deadline)
                     except KafkaException as exc2:
                         h.write("txn_end", txn=txn, intent=intent, result="unknown", err=err_text(exc2)[0])
                         self.recover(exc2, deadline)
@@ -229,9 +238,8 @@ class TxnWriter:
         if err is not None and not err.fatal():
             p = self.p
             assert p is not None
-            try:  # an abortable state: abort and carry on with the same producer
+            try:  # an abortable state: abort (then a new producer, see ``end``)
                 p.abort_transaction(15)
-                return
             except KafkaException:
                 pass
         self.new_producer(deadline)
