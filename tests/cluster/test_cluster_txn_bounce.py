@@ -349,8 +349,14 @@ def test_a_restarting_broker_acknowledges_no_write_before_it_rejoined(
         code, _base = wire_produce(client, INPUT, 0, simple_batch([b"stale"]), None)
     restart.join(60)
     assert victim.running
-    assert code != 0, "a broker that has not rejoined the cluster acknowledged an acks=-1 write"
     wait_for(lambda: all_isrs_full(zk, [INPUT]), timeout=60, what="the restarted broker back in the ISR")
     final = read_committed_when_available(cluster, INPUT, 1)
-    assert sorted(int(r.value or b"") for r in final) == list(range(10))
+    stale = [r for r in final if r.value == b"stale"]
+    # Refused, or -- on a loaded box the broker may have rejoined and been re-elected (preferred
+    # leader) before it read the request -- acknowledged as a real leader: then it must be kept.
+    # The bug was an acknowledgement the cluster later cut away.
+    assert len(stale) == (1 if code == 0 else 0), (
+        f"Produce answered {code}, the log holds {len(stale)} copies"
+    )
+    assert sorted(int(r.value or b"") for r in final if r.value != b"stale") == list(range(10))
     await_replicas_identical(bootstrap_of(cluster)(), [INPUT])
