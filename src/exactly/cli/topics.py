@@ -21,10 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from exactly.client.broker_pool import BrokerPool
-from exactly.client.wire import WireError
-from exactly.protocol.apis import ApiKey, build
-from exactly.storage.cleaner.describe import DIRTY_RATIOS_CONFIG, parse_dirty_ratios
+from exactly.client.dirty_ratios import read_dirty_ratios
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -285,61 +282,6 @@ def _topic_configs(admin: Any, name: str, args: argparse.Namespace, errors: Erro
     return out
 
 
-TOPIC_RESOURCE = 2
-
-
-def _dirty_ratios(
-    args: argparse.Namespace, leaders: dict[int, set[str]]
-) -> tuple[set[str], dict[tuple[str, int], float]]:
-    """(compacted topics, {(topic, partition): dirty ratio}) from each partition leader.
-
-    Each leader is asked with one DescribeConfigs naming ``cleanup.policy`` and the read-only
-    ``exactly.partition.dirty.ratios`` key (see ``storage.cleaner.describe``): a broker holds the
-    ratios of its own logs only. A broker that cannot be reached, or does not know the key (another
-    Kafka-compatible broker), leaves its partitions without a ratio; describe itself goes on.
-    """
-    compacted: set[str] = set()
-    ratios: dict[tuple[str, int], float] = {}
-    if not leaders:
-        return compacted, ratios
-    try:
-        pool = BrokerPool.connect(args.bootstrap_server, timeout=args.request_timeout)
-    except (OSError, WireError):
-        return compacted, ratios
-    with pool:
-        for broker_id, topics in sorted(leaders.items()):
-            try:
-                client = pool.client(broker_id)
-                version = client.version_for(ApiKey.DESCRIBE_CONFIGS)
-                module: Any = client.module(ApiKey.DESCRIBE_CONFIGS, version)
-                resources = tuple(
-                    build(
-                        module.DescribeConfigsResource,
-                        resource_type=TOPIC_RESOURCE,
-                        resource_name=topic,
-                        configuration_keys=("cleanup.policy", DIRTY_RATIOS_CONFIG),
-                    )
-                    for topic in sorted(topics)
-                )
-                response = client.call(
-                    ApiKey.DESCRIBE_CONFIGS, version, resources=resources, include_synonyms=False
-                )
-            except (OSError, WireError):
-                pool.drop(broker_id)
-                continue
-            for result in response.results:
-                if int(result.error_code):
-                    continue
-                topic = str(result.resource_name)
-                for entry in result.configs:
-                    if entry.name == "cleanup.policy" and "compact" in str(entry.value or ""):
-                        compacted.add(topic)
-                    elif entry.name == DIRTY_RATIOS_CONFIG:
-                        for partition, ratio in parse_dirty_ratios(entry.value).items():
-                            ratios[(topic, partition)] = ratio
-    return compacted, ratios
-
-
 @guarded("exactly topics describe")
 def cmd_describe(args: argparse.Namespace) -> int:
     errors = ErrorLog()
@@ -359,7 +301,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
         for p in metadata.topics[name].partitions.values():
             if p.leader >= 0:
                 leaders.setdefault(p.leader, set()).add(name)
-    compacted, ratios = _dirty_ratios(args, leaders)
+    compacted, ratios = read_dirty_ratios(args.bootstrap_server, leaders, timeout_s=args.request_timeout)
     lines: list[str] = []
     for name in names:
         tmeta = metadata.topics[name]
