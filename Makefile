@@ -34,8 +34,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# two pytest-xdist workers: the suite mostly waits on broker, ZooKeeper and Spark subprocesses, so two
+# workers on two cores halve the wall time; the run still starts one ZooKeeper and one Spark session
+# (tests/conftest.py, tests/support/shared_zookeeper.py)
 test: setup lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadgroup
 
 bench: setup
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

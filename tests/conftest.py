@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import shared_zookeeper
 from tests.support.broker import Broker
 from tests.support.kcat import ensure_kcat
 from tests.support.proxy import FaultProxy, ProxiedBroker
@@ -34,6 +35,8 @@ from tests.support.reporting import broker_sections, note_broker
 # loads it from the source tree when the installed metadata predates it.
 pytest_plugins = ["exactly.testing.pytest_plugin"]
 
+_SHARED_ZK = pytest.StashKey[str | None]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # kafka-python 3.0 loads its schemas with importlib.resources APIs deprecated in 3.11
@@ -43,10 +46,32 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Install kcat (if missing) before any test runs, outside every test's timeout."""
+    """Install kcat (if missing) before any test runs, outside every test's timeout. Under
+    pytest-xdist (``--dist loadgroup``) every test that uses the Spark session runs on one worker,
+    so the run starts one Spark JVM, not one per worker."""
     if any("kcat" in getattr(item, "fixturenames", ()) for item in items):
         ensure_kcat()
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist the controller starts the run's one ZooKeeper before the workers start."""
+    if shared_zookeeper.is_xdist_controller(session.config):
+        session.config.stash[_SHARED_ZK] = shared_zookeeper.start_for_workers()
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent when xdist is not installed
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput[shared_zookeeper.WORKERINPUT_KEY] = node.config.stash.get(_SHARED_ZK, None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if shared_zookeeper.is_xdist_controller(config):
+        shared_zookeeper.stop_for_workers()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

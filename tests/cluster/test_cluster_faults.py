@@ -278,7 +278,7 @@ def test_each_broker_paused_past_its_session_under_idempotent_producer(
 
 @pytest.mark.slow
 def test_zookeeper_paused_then_the_cluster_recovers(
-    cluster: list[Broker], zk: ClusterZk, zookeeper: ZooKeeperServer
+    cluster: list[Broker], zk: ClusterZk, own_zookeeper: ZooKeeperServer
 ) -> None:
     """ZooKeeper itself is frozen (SIGSTOP) for twice the session timeout: every broker loses its
     connection (kazoo: SUSPENDED, then reconnecting). On resume the server decides whether the
@@ -289,11 +289,11 @@ def test_zookeeper_paused_then_the_cluster_recovers(
     partitions = 3
     create_topic(cluster, zk, partitions)
     producer = ContinuousProducer(cluster, partitions).start()
-    assert zookeeper.process is not None
+    assert own_zookeeper.process is not None
     try:
         wait_for(lambda: producer.count() >= 200, timeout=30, what="the producer to get going")
         sizes = [b.log_size() for b in cluster]
-        os.kill(zookeeper.process.pid, signal.SIGSTOP)
+        os.kill(own_zookeeper.process.pid, signal.SIGSTOP)
         try:
             # Every broker notices the silent server (kazoo drops the connection after 2/3 of the
             # session timeout); the pause then lasts past the session timeout itself.
@@ -307,7 +307,7 @@ def test_zookeeper_paused_then_the_cluster_recovers(
             )
             wait_for(lambda: time.monotonic() - paused_at > 2 * SESSION_MS / 1000, what="the pause")
         finally:
-            os.kill(zookeeper.process.pid, signal.SIGCONT)
+            os.kill(own_zookeeper.process.pid, signal.SIGCONT)
         wait_for(lambda: isr_full(zk), timeout=60, what="a full ISR after ZooKeeper came back")
         before = producer.count()
         wait_for(lambda: producer.count() > before + 200, timeout=60, what="writes after ZooKeeper came back")
