@@ -24,7 +24,7 @@ from exactly.protocol.apis import ApiKey, build, schema
 from exactly.types import TopicPartition
 from tests.cluster.helpers import bootstrap, by_id, wait_for, watermarks
 from tests.support.broker import Broker
-from tests.support.wire import WireClient
+from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
 
 TOPIC = "faults"
 
@@ -250,6 +250,38 @@ def freeze_without_parked_fetch(follower: Broker, leader: Broker) -> None:
         except AssertionError:
             os.kill(follower.pid, signal.SIGCONT)
     raise AssertionError(f"{follower.name} could not be frozen without a fetch parked at {leader.name}")
+
+
+def leader_alone_writes_then_dies(
+    victim: Broker, followers: list[Broker], topic: str, values: list[bytes]
+) -> None:
+    """``values`` reach partition 0's leader ``victim`` alone (acks=1), then it is killed -9: the
+    records exist nowhere else (KIP-101's unreplicated tail). The followers are frozen without a fetch
+    parked at the leader while it writes (a parked fetch would carry the records to them), and run
+    again once it died."""
+    frozen: list[Broker] = []
+    try:
+        for follower in followers:
+            freeze_without_parked_fetch(follower, victim)
+            frozen.append(follower)
+        with WireClient(victim.bootstrap) as wire:
+            response = wire.send(produce_request(topic, 0, simple_batch(values), acks=1))
+            assert int(partition_response(response).error_code) == 0
+        victim.kill()
+    finally:
+        for follower in frozen:
+            assert follower.pid is not None
+            os.kill(follower.pid, signal.SIGCONT)
+
+
+def await_new_leader(survivors: list[Broker], topic: str, old: int) -> None:
+    """Wait until the survivors' metadata names a leader of ``topic``'s partition 0 other than ``old``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(survivors)})
+    wait_for(
+        lambda: admin.list_topics(topic, timeout=5).topics[topic].partitions[0].leader not in (old, -1),
+        timeout=30,
+        what="a new leader",
+    )
 
 
 def request_queued(broker: Broker, wire: WireClient) -> bool:

@@ -4,9 +4,6 @@ producer (every acknowledged record read back exactly once, in order)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +11,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly.server.replica_fetcher import MAX_WAIT_MS
+from tests.cluster.fault_helpers import await_new_leader, leader_alone_writes_then_dies
 from tests.cluster.helpers import bootstrap, running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
@@ -159,30 +156,8 @@ def test_old_leader_with_unreplicated_records_truncates_when_it_returns(cluster:
     producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
     produce_all(producer, range(100))
     wait_for(lambda: len({segment_bytes(b) for b in cluster}) == 1, what="replicas to converge")
-    # Freeze the followers (shorter than the session timeout), write to the leader alone, kill it.
-    for b in followers:
-        assert b.pid is not None
-        os.kill(b.pid, signal.SIGSTOP)
-    # A follower fetch parked at the leader would carry the next records to the frozen follower's
-    # socket buffer: let the parked fetches expire (answered empty) before writing. Nothing
-    # observable marks that moment, hence the wait (twice the fetcher's max wait).
-    time.sleep(2 * MAX_WAIT_MS / 1000)
-    try:
-        with WireClient(victim.bootstrap) as wire:
-            response = wire.send(produce_request(TOPIC, 0, simple_batch([b"lost-1", b"lost-2"]), acks=1))
-            assert int(partition_response(response).error_code) == 0
-        victim.kill()
-    finally:
-        for b in followers:
-            assert b.pid is not None
-            os.kill(b.pid, signal.SIGCONT)
-    survivors = AdminClient({"bootstrap.servers": bootstrap(followers)})
-
-    def new_leader() -> bool:
-        p0 = survivors.list_topics(TOPIC, timeout=5).topics[TOPIC].partitions[0]
-        return p0.leader not in (leader, -1)
-
-    wait_for(new_leader, timeout=30, what="a new leader")
+    leader_alone_writes_then_dies(victim, followers, TOPIC, [b"lost-1", b"lost-2"])
+    await_new_leader(followers, TOPIC, leader)
     assert len(segment_bytes(victim)) > len(segment_bytes(followers[0]))  # it holds extra records
     since = victim.log_size()
     victim.restart()

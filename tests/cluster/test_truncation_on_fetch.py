@@ -4,9 +4,6 @@ answer, without an OffsetsForLeaderEpoch round trip."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,10 +11,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from exactly.server.replica_fetcher import MAX_WAIT_MS
+from tests.cluster.fault_helpers import await_new_leader, leader_alone_writes_then_dies
 from tests.cluster.helpers import await_replicas_identical, bootstrap, running_cluster, wait_for
 from tests.support.broker import Broker
-from tests.support.wire import WireClient, partition_response, produce_request, simple_batch
 
 TOPIC = "diverging"
 
@@ -63,29 +59,8 @@ def test_old_leader_truncates_from_the_diverging_epoch_of_its_first_fetch(cluste
         producer.produce(TOPIC, value=b"kept-%d" % i, partition=0)
     assert producer.flush(30) == 0
     wait_for(lambda: len({segment_bytes(b) for b in cluster}) == 1, what="replicas to converge")
-    # The leader alone gets two more records (its followers frozen, no fetch of theirs parked:
-    # let the parked ones expire first), then it dies: they exist nowhere else.
-    for b in followers:
-        assert b.pid is not None
-        os.kill(b.pid, signal.SIGSTOP)
-    time.sleep(2 * MAX_WAIT_MS / 1000)
-    try:
-        with WireClient(victim.bootstrap) as wire:
-            response = wire.send(produce_request(TOPIC, 0, simple_batch([b"lost-1", b"lost-2"]), acks=1))
-            assert int(partition_response(response).error_code) == 0
-        victim.kill()
-    finally:
-        for b in followers:
-            assert b.pid is not None
-            os.kill(b.pid, signal.SIGCONT)
-    survivors = AdminClient({"bootstrap.servers": bootstrap(followers)})
-    wait_for(
-        lambda: (
-            survivors.list_topics(TOPIC, timeout=5).topics[TOPIC].partitions[0].leader not in (leader, -1)
-        ),
-        timeout=30,
-        what="a new leader",
-    )
+    leader_alone_writes_then_dies(victim, followers, TOPIC, [b"lost-1", b"lost-2"])
+    await_new_leader(followers, TOPIC, leader)
     # The new leader writes in its own epoch, so the old leader's tail diverges inside the log.
     for i in range(5):
         producer.produce(TOPIC, value=b"new-%d" % i, partition=0)
