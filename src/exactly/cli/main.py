@@ -2,7 +2,7 @@
 
 Modules: serve (the broker), topics (create/list/describe/delete), console (produce/consume),
 txn / producers / groups (operations), pipeline (the Spark orders pipeline), zookeeper (a local
-ZooKeeper for the cluster mode).
+ZooKeeper for the cluster mode), web_console (``exactly console``, the live web page).
 
 Start-up cost matters (tests and scripts run the CLI many times, and the Kafka schema library
 alone takes about a second to import), so only the module of the command being run is imported;
@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "exactly.cli.pipeline",
     "exactly.cli.zookeeper",
     "exactly.cli.cluster",
+    "exactly.cli.web_console",
 )
 
 # command name -> the module that registers it (modules may register several commands)
@@ -39,6 +40,7 @@ _COMMAND_OWNER = {
     "pipeline": "exactly.cli.pipeline",
     "zookeeper": "exactly.cli.zookeeper",
     "cluster": "exactly.cli.cluster",
+    "console": "exactly.cli.web_console",
 }
 
 
