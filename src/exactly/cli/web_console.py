@@ -18,7 +18,14 @@ from typing import Any
 
 import uvicorn
 
-from exactly.cli.topics import add_connection_options, check_bootstrap, guarded, non_negative_int, positive_int, strict
+from exactly.cli.topics import (
+    add_connection_options,
+    check_bootstrap,
+    guarded,
+    non_negative_int,
+    positive_int,
+    strict,
+)
 from exactly.webconsole.app import create_app
 from exactly.webconsole.gather import Gatherer
 from exactly.webconsole.model import DEFAULT_HANGING_AFTER_MS
@@ -39,9 +46,13 @@ def cmd_console(args: argparse.Namespace) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))
+        sock.listen(128)  # listening before the line is printed: a client may connect at once
     except OSError as exc:
         sock.close()
-        print(f"exactly console: error: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        print(
+            f"exactly console: error: cannot listen on {args.host}:{args.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
@@ -80,10 +91,17 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=non_negative_int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free one)"
+        "--port",
+        type=non_negative_int,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0 = any free one)",
     )
     p.add_argument(
-        "--refresh-ms", type=positive_int, default=2000, metavar="MS", help="page refresh interval (default 2000)"
+        "--refresh-ms",
+        type=positive_int,
+        default=2000,
+        metavar="MS",
+        help="page refresh interval (default 2000)",
     )
     p.add_argument(
         "--hanging-after-ms",

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -92,6 +92,8 @@ def _duration(ms: int) -> str:
     if ms < 10_000:
         return f"{ms / 1000:.1f} s"
     seconds = ms // 1000
+    if seconds < 60:
+        return f"{seconds} s"
     if seconds < 3600:
         return f"{seconds // 60}m {seconds % 60:02d}s"
     return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

@@ -70,13 +70,14 @@ class Gatherer:
 
     def admin(self) -> Any:
         if self._admin is None:
-            self._admin = AdminClient(
-                {
-                    "bootstrap.servers": self.bootstrap,
-                    "logger": LOG,
-                    "socket.timeout.ms": int(self.timeout_s * 1000),
-                }
-            )
+            # librdkafka's own log lines go to this module's logger (the page shows the errors)
+            conf: dict[str, Any] = {
+                "bootstrap.servers": self.bootstrap,
+                "client.id": "exactly-console",
+                "logger": LOG,
+                "socket.timeout.ms": int(self.timeout_s * 1000),
+            }
+            self._admin = AdminClient(conf)
         return self._admin
 
     # ------------------------------------------------------------------ snapshot
@@ -95,15 +96,27 @@ class Gatherer:
                 errors.append(f"{what}: {exc}")
             return default
 
-        status = attempt("Metadata", lambda: read_status(self.bootstrap, timeout_s=self.timeout_s), None)
+        status: ClusterStatus | None = attempt(
+            "Metadata", lambda: read_status(self.bootstrap, timeout_s=self.timeout_s), None
+        )
         if status is None:
-            return model.Snapshot(self.bootstrap, now, self.hanging_after_ms, None, -1, (), (), (), (), tuple(errors))
-        leaders = attempt("Metadata (leaders)", lambda: self.pool().partitions(), [])
-        hw = attempt("ListOffsets (high watermark)", lambda: self._end_offsets(leaders, READ_UNCOMMITTED), {})
-        lso = attempt("ListOffsets (last stable offset)", lambda: self._end_offsets(leaders, READ_COMMITTED), {})
-        producers = attempt("DescribeProducers", lambda: self._producers(leaders, errors), {})
-        transactions = attempt("ListTransactions/DescribeTransactions", lambda: self._transactions(now), [])
-        groups = attempt("consumer groups", lambda: self._groups(lso, errors), [])
+            return model.Snapshot(
+                self.bootstrap, now, self.hanging_after_ms, None, -1, (), (), (), (), tuple(errors)
+            )
+        leaders: list[PartitionReplicas] = attempt("Metadata (leaders)", lambda: self.pool().partitions(), [])
+        hw: dict[TopicPartition, int] = attempt(
+            "ListOffsets (high watermark)", lambda: self._end_offsets(leaders, READ_UNCOMMITTED), {}
+        )
+        lso: dict[TopicPartition, int] = attempt(
+            "ListOffsets (last stable offset)", lambda: self._end_offsets(leaders, READ_COMMITTED), {}
+        )
+        producers: dict[TopicPartition, list[txn_admin.ActiveProducer]] = attempt(
+            "DescribeProducers", lambda: self._producers(leaders, errors), {}
+        )
+        transactions: list[model.Transaction] = attempt(
+            "ListTransactions/DescribeTransactions", lambda: self._transactions(now), []
+        )
+        groups: list[model.Group] = attempt("consumer groups", lambda: self._groups(lso, errors), [])
         return model.Snapshot(
             bootstrap=self.bootstrap,
             taken_at_ms=now,
@@ -189,14 +202,21 @@ class Gatherer:
             topics = defaultdict(list)
             for tp in tps:
                 topics[tp.topic].append(
-                    build(mod.ListOffsetsPartition, partition_index=tp.partition, timestamp=LATEST, current_leader_epoch=-1)
+                    build(
+                        mod.ListOffsetsPartition,
+                        partition_index=tp.partition,
+                        timestamp=LATEST,
+                        current_leader_epoch=-1,
+                    )
                 )
             response = client.call(
                 ApiKey.LIST_OFFSETS,
                 version,
                 replica_id=-1,
                 isolation_level=isolation,
-                topics=tuple(build(mod.ListOffsetsTopic, name=t, partitions=tuple(ps)) for t, ps in topics.items()),
+                topics=tuple(
+                    build(mod.ListOffsetsTopic, name=t, partitions=tuple(ps)) for t, ps in topics.items()
+                ),
             )
             for t in response.topics:
                 for p in t.partitions:
@@ -219,13 +239,17 @@ class Gatherer:
             response = client.call(
                 ApiKey.DESCRIBE_PRODUCERS,
                 version,
-                topics=tuple(mod.TopicRequest(name=t, partition_indexes=tuple(ps)) for t, ps in topics.items()),
+                topics=tuple(
+                    mod.TopicRequest(name=t, partition_indexes=tuple(ps)) for t, ps in topics.items()
+                ),
             )
             for t in response.topics:
                 for p in t.partitions:
                     tp = TopicPartition(str(t.name), int(p.partition_index))
                     if int(p.error_code):
-                        errors.append(f"DescribeProducers {tp.topic}-{tp.partition}: {error_name(p.error_code)}")
+                        errors.append(
+                            f"DescribeProducers {tp.topic}-{tp.partition}: {error_name(p.error_code)}"
+                        )
                         continue
                     out[tp] = [
                         txn_admin.ActiveProducer(
@@ -248,7 +272,11 @@ class Gatherer:
             if d.error_code:  # gone between the two requests (expired): nothing to show
                 continue
             open_ = d.transaction_state in model.OPEN_STATES
-            age = max(now - d.transaction_start_time_ms, 0) if open_ and d.transaction_start_time_ms >= 0 else -1
+            age = (
+                max(now - d.transaction_start_time_ms, 0)
+                if open_ and d.transaction_start_time_ms >= 0
+                else -1
+            )
             out.append(
                 model.Transaction(
                     transactional_id=d.transactional_id,
@@ -291,7 +319,12 @@ class Gatherer:
             owner: dict[tuple[str, int], str] = {}
             members = []
             for m in desc.members:
-                tps = tuple(sorted((tp.topic, tp.partition) for tp in (m.assignment.topic_partitions if m.assignment else [])))
+                tps = tuple(
+                    sorted(
+                        (tp.topic, tp.partition)
+                        for tp in (m.assignment.topic_partitions if m.assignment else [])
+                    )
+                )
                 members.append(model.GroupMember(m.member_id, m.client_id, m.host, tps))
                 owner.update(dict.fromkeys(tps, m.member_id))
             offsets = []
@@ -301,7 +334,12 @@ class Gatherer:
                 end = lso.get(TopicPartition(tp.topic, tp.partition), -1)
                 offsets.append(
                     model.GroupOffset(
-                        tp.topic, tp.partition, tp.offset, end, model.lag(tp.offset, end), owner.get((tp.topic, tp.partition), "")
+                        tp.topic,
+                        tp.partition,
+                        tp.offset,
+                        end,
+                        model.lag(tp.offset, end),
+                        owner.get((tp.topic, tp.partition), ""),
                     )
                 )
             coordinator = desc.coordinator.id if desc.coordinator is not None else -1
@@ -343,6 +381,7 @@ class Gatherer:
 def _state_name(state: Any) -> str:
     """librdkafka's ConsumerGroupState as Kafka names it (``Stable``, ``PreparingRebalance``)."""
     name = str(getattr(state, "name", state))
-    return {"PREPARING_REBALANCING": "PreparingRebalance", "COMPLETING_REBALANCING": "CompletingRebalance"}.get(
-        name, name.title().replace("_", "")
-    )
+    return {
+        "PREPARING_REBALANCING": "PreparingRebalance",
+        "COMPLETING_REBALANCING": "CompletingRebalance",
+    }.get(name, name.title().replace("_", ""))
