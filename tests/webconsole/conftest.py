@@ -1,11 +1,17 @@
 """Fixtures of the web console's tests: a broker that keeps a timed-out transaction open, a
-scenario with an open, a committed and an overdue ("hanging") transaction plus a consumer group,
+scenario with an open, a committed and two kinds of hanging transaction plus a consumer group,
 and ``exactly console`` itself run as a subprocess.
 
-The hanging transaction is honest: its producer asked for a 1 s transaction timeout, and the
-broker's timed-out-transaction sweep is set to run once an hour, so the transaction stays open
-past its timeout -- exactly what the console flags (an open transaction its coordinator has not
-ended although it should have). The open one asks for the usual 60 s and is not flagged.
+Both hanging transactions are real:
+
+* the *overdue* one's producer asked for a 1 s transaction timeout, and the broker's
+  timed-out-transaction sweep runs once an hour, so it stays open past its timeout: an open
+  transaction its coordinator has not ended although it should have. The open one asks for the
+  usual 60 s and is not flagged.
+* the *orphan* (KIP-664) is made the way it happens in production: a producer's transaction is
+  committed, then a late transactional write of the same producer lands on the partition. With
+  KIP-890 verification off (as before Kafka 3.6) the leader takes it, no coordinator knows of
+  it, and the partition's LSO is stuck there.
 """
 
 from __future__ import annotations
@@ -24,11 +30,21 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from exactly.testing.wait import wait_until
 from tests.support.broker import Broker, child_env
 from tests.support.clients import create_topic
+from tests.support.txn_helpers import (
+    txn_batch,
+    wire_add_partitions,
+    wire_end_txn,
+    wire_init_producer_id,
+    wire_list_offset,
+    wire_produce,
+)
+from tests.support.wire import WireClient
 
 HANGING_TIMEOUT_MS = 1000
 SWEEP_NEVER = {
     "group.initial.rebalance.delay.ms": "0",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "3600000",
+    "transaction.partition.verification.enable": "false",
 }
 
 
@@ -41,8 +57,10 @@ def module_broker_config() -> dict[str, str]:
 class Scenario:
     """What the console should show: ``topic`` partition 0 holds a committed transaction of 3
     records (offsets 0-2, marker 3) and then the open one (first offset 4); partition 1 holds the
-    hanging one (first offset 0). ``group`` committed offset 1 on partition 0 and has one live
-    member, so its read_committed lag there is LSO 4 - 1 = 3."""
+    overdue one (first offset 0). ``group`` committed offset 1 on partition 0 and has one live
+    member, so its read_committed lag there is LSO 4 - 1 = 3. ``stuck_topic`` partition 0 holds
+    ``late_id``'s committed record (0, marker 1) and then producer ``late_pid``'s orphan open
+    transaction (first offset 2)."""
 
     bootstrap: str
     topic: str
@@ -50,6 +68,9 @@ class Scenario:
     committed_id: str
     open_id: str
     hanging_id: str
+    stuck_topic: str
+    late_id: str
+    late_pid: int = -1
     clients: list[Any] = field(default_factory=list)
 
 
@@ -69,8 +90,12 @@ def scenario(module_broker: Broker, unique_name: Callable[[str], str]) -> Iterat
         unique_name("committed"),
         unique_name("open"),
         unique_name("hanging"),
+        unique_name("stuck"),
+        unique_name("late"),
     )
     create_topic(bs, s.topic, partitions=2)
+    create_topic(bs, s.stuck_topic)
+    s.late_pid = make_orphan(bs, s.stuck_topic, s.late_id)
     committed = _txn_producer(bs, s.committed_id)
     committed.begin_transaction()
     for i in range(3):
@@ -102,6 +127,22 @@ def scenario(module_broker: Broker, unique_name: Callable[[str], str]) -> Iterat
     for p in (committed, hanging, open_):
         p.purge()
         p.flush(0)
+
+
+def make_orphan(bootstrap: str, topic: str, tid: str) -> int:
+    """Commit one record of ``tid`` on ``topic``-0, then write another with the same producer
+    id and epoch: an open transaction there that no coordinator will end. Returns the id."""
+    with WireClient(bootstrap) as wc:
+        error, pid, epoch = wire_init_producer_id(wc, tid)
+        assert error == 0
+        assert wire_add_partitions(wc, tid, pid, epoch, {topic: [0]}) == {(topic, 0): 0}
+        assert wire_produce(wc, topic, 0, txn_batch([b"in-txn"], pid, epoch, 0), tid) == (0, 0)
+        assert wire_end_txn(wc, tid, pid, epoch, commit=True) == 0
+        wait_until(
+            lambda: wire_list_offset(wc, topic, 0, -1, isolation_level=1)[2] == 2, 30, "the commit marker"
+        )
+        assert wire_produce(wc, topic, 0, txn_batch([b"late"], pid, epoch, 1), tid) == (0, 2)
+    return pid
 
 
 @dataclass

@@ -59,7 +59,7 @@ def test_json_and_html_show_the_scenario(scenario: Scenario, console: ConsoleFac
         30,
         "the hanging transaction flagged",
     )
-    assert snap["errors"] == [] and snap["hanging_count"] == 1
+    assert snap["errors"] == [] and snap["hanging_count"] == 2
     assert txn_of(snap, s.open_id)["open"] is True and txn_of(snap, s.open_id)["hanging_reason"] == ""
     assert txn_of(snap, s.committed_id)["state"] == "CompleteCommit"
     parts = {p["partition"]: p for p in snap["partitions"] if p["topic"] == s.topic}
@@ -86,6 +86,7 @@ def test_abort_needs_json_confirmation_and_the_same_origin(
     assert post(url, good, content_type="text/plain")[0] == 403  # what a cross-site form can send
     assert post(url, good, origin="http://evil.example")[0] == 403
     assert post(url, {"topic": s.topic, "partition": -1, "producer_id": 0, "confirm": True})[0] == 400
+    assert post(url, {"topic": s.topic, "partition": 0, "producer_id": True, "confirm": True})[0] == 400
     assert post(url, [1, 2])[0] == 400
     assert txn_of(snapshot(url), s.open_id)["open"] is True  # none of those touched it
 

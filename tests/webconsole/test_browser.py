@@ -1,6 +1,7 @@
 """The console in a real browser: Debian's headless Chromium driven by Playwright opens the page
-against a broker with an open, a committed and a hanging transaction, checks what it shows,
-aborts the hanging one through the confirmation dialog and sees it end.
+against a broker with an open, a committed and two hanging transactions (one overdue at its
+coordinator, one orphan on a partition: see conftest.py), checks what it shows, aborts both
+through the confirmation dialog and sees them end.
 
 Screenshots are kept as test artifacts: in ``$EXACTLY_CONSOLE_SCREENSHOTS`` when set (CI uploads
 that directory; docs/console.png was taken this way), else in the test's tmp dir. A missing
@@ -98,6 +99,12 @@ def test_the_console_shows_transactions_producers_and_lag_and_aborts_a_hanging_o
     expect(page.locator(f'tr.producer.open[data-tp="{s.topic}-0"] td').nth(6)).to_have_text("4")
     expect(page.locator(f'tr.producer.open[data-tp="{s.topic}-1"] td').nth(6)).to_have_text("0")
     # the group's read_committed lag: LSO 4 - committed 1
+    # the orphan: flagged on its partition, which it holds at LSO 2
+    orphan = page.locator(f'tr.producer[data-tp="{s.stuck_topic}-0"][data-pid="{s.late_pid}"]')
+    expect(orphan).to_have_class(re.compile(r"\bhanging\b"))
+    expect(orphan.locator("td").nth(6)).to_have_text("2 hanging")
+    expect(page.locator(f'tr.partition[data-tp="{s.stuck_topic}-0"] td').nth(6)).to_have_text("2")
+    expect(page.locator("#hanging-count")).to_have_text("2 hanging")
     group = page.locator(f'.group[data-group="{s.group}"]')
     expect(group.locator("tr.group-offset td.lag")).to_have_text("3")
     expect(group).to_contain_text("Stable")
@@ -122,4 +129,17 @@ def test_the_console_shows_transactions_producers_and_lag_and_aborts_a_hanging_o
     expect(hanging.locator("button.abort")).to_have_count(0)
     expect(page.locator(f'tr.partition[data-tp="{s.topic}-1"] td').nth(6)).to_have_text("2", timeout=WAIT_MS)
     expect(opened).to_contain_text("Ongoing")  # the other one is untouched
+
+    # abort the orphan on its partition: an ABORT marker frees the LSO
+    orphan.locator("button.abort").click()
+    expect(page.locator("#confirm-text")).to_contain_text(f"{s.stuck_topic}-0")
+    page.locator("#confirm-abort").click()
+    expect(page.locator("#flash")).to_contain_text(
+        f"Wrote an ABORT marker for producer {s.late_pid} on {s.stuck_topic}-0", timeout=WAIT_MS
+    )
+    expect(page.locator(f'tr.partition[data-tp="{s.stuck_topic}-0"] td').nth(6)).to_have_text(
+        "4", timeout=WAIT_MS
+    )
+    expect(orphan).not_to_have_class(re.compile(r"\bhanging\b"))
+    expect(page.locator("#hanging-count")).to_have_count(0)
     page.screenshot(path=str(screenshots / "console-after-abort.png"), full_page=True)

@@ -63,7 +63,9 @@ def test_snapshot_shows_offsets_producers_transactions_and_read_committed_lag(sc
     assert hanging.state == "Ongoing" and hanging.partitions == ((s.topic, 1),)
     assert hanging.timeout_ms == HANGING_TIMEOUT_MS and hanging.age_ms > HANGING_TIMEOUT_MS
     assert "past its 1000 ms timeout" in hanging.hanging_reason
-    assert snap.hanging_count == 1
+    late = txns[s.late_id]  # its coordinator is done with it: the late write is not its concern
+    assert late.state == "CompleteCommit" and late.partitions == () and late.hanging_reason == ""
+    assert snap.hanging_count == 2  # the overdue transaction and the orphan
 
     producers = {(tp, q.producer_id): q for tp, part in p.items() for q in part.producers}
     pc = producers[(0, committed.producer_id)]
@@ -71,6 +73,11 @@ def test_snapshot_shows_offsets_producers_transactions_and_read_committed_lag(sc
     assert producers[(0, open_.producer_id)].txn_start_offset == 4
     assert producers[(1, hanging.producer_id)].txn_start_offset == 0
     assert not any(q.orphan for q in producers.values())  # every open one is tracked by its coordinator
+
+    (stuck,) = partitions(snap, s.stuck_topic).values()
+    assert (stuck.high_watermark, stuck.lso) == (3, 2)  # held at the late write
+    (orphan,) = stuck.producers
+    assert (orphan.producer_id, orphan.txn_start_offset, orphan.orphan) == (s.late_pid, 2, True)
 
     (group,) = [g for g in snap.groups if g.group_id == s.group]
     assert group.state == "Stable" and len(group.members) == 1
@@ -100,17 +107,20 @@ def test_abort_by_transactional_id_ends_the_hanging_transaction(scenario: Scenar
         g.close()
 
 
-def test_abort_on_a_partition_writes_a_marker_for_that_producer(scenario: Scenario) -> None:
+def test_abort_on_a_partition_ends_the_orphan(scenario: Scenario) -> None:
     s = scenario
     g = Gatherer(s.bootstrap, timeout_s=10, hanging_after_ms=model.DEFAULT_HANGING_AFTER_MS)
     try:
-        producer_id = by_id(g.snapshot())[s.open_id].producer_id
-        message = g.abort_partition(s.topic, 0, producer_id)
-        assert f"producer {producer_id} on {s.topic}-0" in message and "offset 4" in message
-        p0 = partitions(g.snapshot(), s.topic)[0]
-        assert p0.lso == p0.high_watermark == 6
+        message = g.abort_partition(s.stuck_topic, 0, s.late_pid)
+        assert message == (
+            f"Wrote an ABORT marker for producer {s.late_pid} on {s.stuck_topic}-0 "
+            "(its transaction started at offset 2)."
+        )
+        (stuck,) = partitions(g.snapshot(), s.stuck_topic).values()
+        assert stuck.lso == stuck.high_watermark == 4  # + the marker; nothing holds the LSO
+        assert [q.txn_start_offset for q in stuck.producers] == [-1]
         with pytest.raises(WireError, match="no open transaction"):
-            g.abort_partition(s.topic, 0, producer_id)
+            g.abort_partition(s.stuck_topic, 0, s.late_pid)
     finally:
         g.close()
 

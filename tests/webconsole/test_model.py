@@ -22,19 +22,17 @@ def test_an_ended_transaction_is_never_overdue() -> None:
     assert model.overdue_reason("Ongoing", 1000, -1, 0) == ""
 
 
-def test_an_open_partition_transaction_no_coordinator_tracks_is_an_orphan_once_old_enough() -> None:
+def test_an_open_partition_transaction_no_open_coordinator_transaction_includes_is_untracked() -> None:
     tracked = [txn("a", 7, "Ongoing", (("t", 0),))]
     # producer 7's transaction includes t-0: its coordinator will write the marker
-    assert not model.is_orphan("t", 0, 7, 10, 0, 10_000, 1000, tracked)
+    assert not model.untracked("t", 0, 7, 10, tracked)
     # ... but not t-1, and producer 8 is unknown to every coordinator
-    assert model.is_orphan("t", 1, 7, 10, 0, 10_000, 1000, tracked)
-    assert model.is_orphan("t", 0, 8, 10, 0, 10_000, 1000, tracked)
-    # too recent to tell from a transaction that began between the two looks
-    assert not model.is_orphan("t", 0, 8, 10, 9500, 10_000, 1000, tracked)
+    assert model.untracked("t", 1, 7, 10, tracked)
+    assert model.untracked("t", 0, 8, 10, tracked)
     # no open transaction on the partition at all
-    assert not model.is_orphan("t", 0, 8, -1, 0, 10_000, 1000, tracked)
-    # the id's transaction has ended: its marker is written, anything left open is an orphan
-    assert model.is_orphan("t", 0, 7, 10, 0, 10_000, 1000, [txn("a", 7, "CompleteCommit", (("t", 0),))])
+    assert not model.untracked("t", 0, 8, -1, tracked)
+    # the id's transaction has ended (its markers are written): anything still open is not its
+    assert model.untracked("t", 0, 7, 10, [txn("a", 7, "CompleteCommit", (("t", 0),))])
 
 
 def test_lag_is_against_the_lso_and_unknown_stays_unknown() -> None:

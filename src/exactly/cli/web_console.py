@@ -71,8 +71,8 @@ hanging ones highlighted and an abort action, consumer groups with their lag und
 read_committed. Works against any Kafka-compatible cluster.
 
 A transaction is highlighted as hanging when it has been open longer than its own timeout or
-than --hanging-after-ms, or when a partition holds an open transaction that no coordinator
-will end (KIP-664) and its producer last wrote longer ago than --hanging-after-ms.
+than --hanging-after-ms; so is a partition's open transaction that no coordinator will end
+(KIP-664), found by asking the partition's leader before and after the coordinators.
 
 example:
   exactly console --bootstrap-server 127.0.0.1:9092 --port 8090

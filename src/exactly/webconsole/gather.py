@@ -12,6 +12,8 @@ sends it (:class:`~exactly.client.broker_pool.BrokerPool`):
   watermark, READ_COMMITTED the last stable offset (one request per leader and level);
 * DescribeProducers at each leader (one request per leader): the producers each partition knows;
 * ListTransactions at every broker, DescribeTransactions at each id's coordinator;
+* DescribeProducers again, only at the leaders of partitions with an open transaction no
+  coordinator tracks, to keep the ones still open at the same offset (orphans, see ``model``);
 * consumer groups, their members and committed offsets through confluent-kafka's AdminClient,
   which has those APIs (ListGroups, DescribeGroups, OffsetFetch); lag is taken against the LSO.
 
@@ -116,6 +118,9 @@ class Gatherer:
         transactions: list[model.Transaction] = attempt(
             "ListTransactions/DescribeTransactions", lambda: self._transactions(now), []
         )
+        orphans: set[tuple[TopicPartition, int]] = attempt(
+            "DescribeProducers (orphans)", lambda: self._orphans(leaders, producers, transactions), set()
+        )
         groups: list[model.Group] = attempt("consumer groups", lambda: self._groups(lso, errors), [])
         return model.Snapshot(
             bootstrap=self.bootstrap,
@@ -127,7 +132,7 @@ class Gatherer:
                 model.Broker(b.broker_id, b.host, b.port, b.broker_id == status.controller_id)
                 for b in status.brokers
             ),
-            partitions=self._partitions(status, leaders, hw, lso, producers, transactions, now),
+            partitions=self._partitions(status, leaders, hw, lso, producers, orphans),
             transactions=tuple(transactions),
             groups=tuple(groups),
             errors=tuple(errors),
@@ -140,8 +145,7 @@ class Gatherer:
         hw: dict[TopicPartition, int],
         lso: dict[TopicPartition, int],
         producers: dict[TopicPartition, list[txn_admin.ActiveProducer]],
-        transactions: list[model.Transaction],
-        now: int,
+        orphans: set[tuple[TopicPartition, int]],
     ) -> tuple[model.Partition, ...]:
         isr = {TopicPartition(p.topic, p.partition): p.isr for p in status.partitions}
         out = []
@@ -155,16 +159,7 @@ class Gatherer:
                     q.last_timestamp,
                     q.coordinator_epoch,
                     q.current_txn_start_offset,
-                    model.is_orphan(
-                        tp.topic,
-                        tp.partition,
-                        q.producer_id,
-                        q.current_txn_start_offset,
-                        q.last_timestamp,
-                        now,
-                        self.hanging_after_ms,
-                        transactions,
-                    ),
+                    (tp, q.producer_id) in orphans,
                 )
                 for q in sorted(producers.get(tp, ()), key=lambda q: q.producer_id)
             )
@@ -181,6 +176,34 @@ class Gatherer:
                 )
             )
         return tuple(out)
+
+    def _orphans(
+        self,
+        leaders: list[PartitionReplicas],
+        producers: dict[TopicPartition, list[txn_admin.ActiveProducer]],
+        transactions: list[model.Transaction],
+    ) -> set[tuple[TopicPartition, int]]:
+        """(partition, producer id) of the open transactions no coordinator tracks (taken after
+        ``producers``) that the partition's leader, asked again now, still has open at the
+        same first offset: a transaction that ended or began between the looks is not one."""
+        suspects = {
+            (tp, q.producer_id): q.current_txn_start_offset
+            for tp, known in producers.items()
+            for q in known
+            if model.untracked(
+                tp.topic, tp.partition, q.producer_id, q.current_txn_start_offset, transactions
+            )
+        }
+        if not suspects:
+            return set()
+        again = self._producers([p for p in leaders if any(p.tp == tp for tp, _ in suspects)], [])
+        return {
+            (tp, q.producer_id)
+            for tp, known in again.items()
+            for q in known
+            if q.current_txn_start_offset >= 0
+            and suspects.get((tp, q.producer_id)) == q.current_txn_start_offset
+        }
 
     def _by_leader(self, leaders: list[PartitionReplicas]) -> dict[int, list[TopicPartition]]:
         grouped: dict[int, list[TopicPartition]] = defaultdict(list)

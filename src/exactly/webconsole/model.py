@@ -13,10 +13,12 @@ Hanging, as the page highlights it, has two forms:
   no healthy transaction lives that long);
 * a **partition** holds an *orphan* open transaction (KIP-664's hanging transaction) when a
   producer has an open transaction there (DescribeProducers: a first offset) that no coordinator
-  expects to end there -- its producer id is unknown to every coordinator, or the id's open
-  transaction does not include the partition -- and it last wrote more than the threshold ago
-  (the age guards against a transaction that began between the two looks, as in
-  ``kafka-transactions.sh find-hanging``). Its first offset holds the LSO back forever.
+  expects to end there: its producer id is unknown to every coordinator, or the id's open
+  transaction does not include the partition. Its first offset holds the LSO back forever.
+  Kafka's ``find-hanging`` guards against a transaction that began or ended between its two
+  looks by an age threshold; the console instead asks the partition again after asking the
+  coordinators and keeps only what is still open at the same first offset (see
+  :mod:`exactly.webconsole.gather`), so an orphan shows at once, whatever its age.
 """
 
 from __future__ import annotations
@@ -167,23 +169,17 @@ def overdue_reason(state: str, timeout_ms: int, age_ms: int, hanging_after_ms: i
     return ""
 
 
-def is_orphan(
-    topic: str,
-    partition: int,
-    producer_id: int,
-    txn_start_offset: int,
-    last_timestamp_ms: int,
-    now_ms: int,
-    hanging_after_ms: int,
-    transactions: Iterable[Transaction],
+def untracked(
+    topic: str, partition: int, producer_id: int, txn_start_offset: int, transactions: Iterable[Transaction]
 ) -> bool:
-    """Whether a producer's open transaction on a partition is one no coordinator will end."""
-    if txn_start_offset < 0 or now_ms - last_timestamp_ms <= hanging_after_ms:
+    """Whether a producer's open transaction on a partition (``txn_start_offset`` >= 0) is one
+    no coordinator's open transaction includes: an orphan, if it is still open when asked again."""
+    if txn_start_offset < 0:
         return False
-    for t in transactions:
-        if t.producer_id == producer_id and t.is_open and (topic, partition) in t.partitions:
-            return False
-    return True
+    return not any(
+        t.producer_id == producer_id and t.is_open and (topic, partition) in t.partitions
+        for t in transactions
+    )
 
 
 def lag(committed: int, lso: int) -> int:
