@@ -56,7 +56,10 @@ def cmd_console(args: argparse.Namespace) -> int:
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    # a request waiting on a hung cluster must not hold up Ctrl-C until its timeout
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     print(f"exactly console: serving http://{shown}:{port}/ for {args.bootstrap_server}", flush=True)
     asyncio.run(server.serve(sockets=[sock]))

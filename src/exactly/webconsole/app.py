@@ -10,8 +10,8 @@ Routes:
   transactional id (``{"transactional_id": ..., "confirm": true}``) or a producer's open
   transaction on one partition (``{"topic", "partition", "producer_id", "confirm": true}``).
 
-Every admin call runs in one dedicated worker thread (a :class:`Gatherer` is not thread-safe
-and its sockets block), so a slow or dead cluster never stalls the event loop: the page keeps
+Every admin call runs in one dedicated worker thread (:class:`AdminWorker`: a
+:class:`Gatherer` is not thread-safe and its sockets block), so a slow or dead cluster never stalls the event loop: the page keeps
 answering and shows the failure. Concurrent readers share one snapshot: a snapshot younger than
 half the refresh interval is served again rather than asking the cluster once per browser tab.
 
@@ -26,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import queue
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +47,37 @@ from exactly.webconsole.model import Snapshot
 
 T = TypeVar("T")
 HERE = Path(__file__).parent
+CLOSE_WAIT_S = 2.0
+
+
+class AdminWorker:
+    """One daemon thread that runs the blocking admin calls, one after the other.
+
+    A daemon, unlike a ThreadPoolExecutor's worker (which the interpreter joins at exit), so
+    stopping the console never waits for a call stuck on a hung broker until its timeout."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="exactly-console-admin", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            call, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # handed to the awaiting request, which decides
+                future.set_exception(exc)
 
 
 class Console:
@@ -53,13 +86,13 @@ class Console:
     def __init__(self, gatherer: Gatherer, *, refresh_ms: int) -> None:
         self.gatherer = gatherer
         self.refresh_ms = refresh_ms
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exactly-console-admin")
+        self._worker = AdminWorker()
         self._lock: asyncio.Lock | None = None
         self._latest: Snapshot | None = None
         self._latest_at = 0.0
 
     async def in_worker(self, call: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, call)
+        return await asyncio.wrap_future(self._worker.submit(call))
 
     async def snapshot(self) -> Snapshot:
         if self._lock is None:
@@ -75,8 +108,12 @@ class Console:
         self._latest_at = 0.0
 
     async def close(self) -> None:
-        await self.in_worker(self.gatherer.close)
-        self._worker.shutdown(wait=True)
+        """Close the connections after the calls under way, unless one is stuck: then leave
+        (the worker is a daemon; the process is ending)."""
+        closing = self._worker.submit(self.gatherer.close)
+        self._worker.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.wrap_future(closing), CLOSE_WAIT_S)
 
 
 # ---------------------------------------------------------------------- template filters
