@@ -26,6 +26,8 @@ from pathlib import Path
 
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.coordinator.producer_id.manager import ProducerIdManager
+from exactly.security.acl_store import ACL_FILE, AclStore
+from exactly.security.authorizer import Authorizer, authorizer_from_config
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
 from exactly.server.connection import KafkaConnection
@@ -91,6 +93,12 @@ class Broker:
         self.node_id = config.node_id
         self.default_log_config = config.log_config()
         self.metrics = Metrics()
+        # Authorization: None (everything allowed) unless authorizer.class.name is set; the ACLs
+        # live in <data-dir>/acls.json and changes apply to the next request.
+        self.authorizer: Authorizer | None = authorizer_from_config(config.values)
+        self.acls: AclStore | None = (
+            AclStore(data_dir / ACL_FILE, self.authorizer) if self.authorizer is not None else None
+        )
         self.waiters = AppendWaiters()
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
         self.replicas: ReplicaManager | None = ReplicaManager(self) if config.cluster_mode else None

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exactly.security.authorizer import authorizer_from_config
 from exactly.storage.cleaner.runner import CleanerConfig
 from exactly.storage.config import InvalidConfigError, LogConfig
 
@@ -89,6 +90,10 @@ _DEFAULTS: dict[str, str] = {
     "group.max.session.timeout.ms": "1800000",
     "connections.max.idle.ms": "600000",
     "metrics.port": "",
+    # Authorization (exactly.security): off unless authorizer.class.name names an ACL authorizer.
+    "authorizer.class.name": "",
+    "super.users": "",
+    "allow.everyone.if.no.acl.found": "false",
 }
 
 
@@ -136,6 +141,10 @@ class BrokerConfig:
         config.log_config()  # validate numbers early
         config.cleaner_config()
         config.validate_cluster()
+        try:
+            authorizer_from_config(values)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return config
 
     def get(self, name: str) -> str:

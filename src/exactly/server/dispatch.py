@@ -71,7 +71,9 @@ class RequestContext:
     connection can send the responses it holds back for a combined write (no-op by default);
     ``may_defer``: the caller takes a ``Deferred`` answer (the connection does, other callers
     such as the fuzz harness get the awaited one); ``file_slices``: the caller writes a storage
-    ``FileSlice`` chunk itself (the connection, with sendfile), so a Fetch may answer with one."""
+    ``FileSlice`` chunk itself (the connection, with sendfile), so a Fetch may answer with one;
+    ``principal``: who sent the request, as authorization sees it (``User:ANONYMOUS`` unless the
+    connection authenticated someone; exactly.server.authz)."""
 
     header: RequestHeader
     api: ApiSchema
@@ -79,6 +81,7 @@ class RequestContext:
     before_park: Callable[[], None] = _nothing
     may_defer: bool = False
     file_slices: bool = False
+    principal: str = "User:ANONYMOUS"
 
     @property
     def version(self) -> int:
@@ -122,10 +125,12 @@ async def dispatch(
     before_park: Callable[[], None] = _nothing,
     may_defer: bool = False,
     file_slices: bool = False,
+    principal: str = "User:ANONYMOUS",
 ) -> list[Any] | Deferred[list[Any] | None] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
-    closes the connection."""
+    closes the connection. ``principal`` is the connection's authenticated principal; nothing
+    in the request itself can change it."""
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:
@@ -160,7 +165,7 @@ async def dispatch(
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
         ) from None
-    ctx = RequestContext(header, api, peer, before_park, may_defer, file_slices)
+    ctx = RequestContext(header, api, peer, before_park, may_defer, file_slices, principal)
     response = await handler(broker, ctx, request)
     if isinstance(response, Deferred):
         return Deferred(_frame_when_answered(broker, api, header, response.answer))

@@ -35,6 +35,8 @@ class Metrics:
         self.messages_in = 0
         self.offsets_expired = 0  # offset retention (Kafka's offset-expiration-count)
         self.groups_removed = 0
+        # (resource type, operation) -> requests' checks the authorizer denied
+        self.authorization_denied: Counter[tuple[str, str]] = Counter()
         self._last_logged: tuple[int, int, int] = (0, 0, 0)
         self._last_time = time.monotonic()
 

@@ -20,6 +20,8 @@ Series:
   ``kafka.network:type=RequestMetrics``), ``exactly_duplicate_batches_total``,
   ``exactly_messages_in_total``, ``exactly_bytes_in_total``, ``exactly_bytes_out_total``;
 * ``exactly_offsets_expired_total``, ``exactly_groups_removed_total``: offset retention's work;
+* ``exactly_authorization_denied_total{resource_type,operation}``: checks the ACL authorizer
+  denied (each is also an ``exactly.audit`` log line);
 * the cluster's health, Kafka's replication metrics under the same snake-case rule
   (``kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions`` ->
   ``exactly_under_replicated_partitions``; a ``...PerSec`` / ``...Rate`` meter is a counter, its
@@ -168,6 +170,14 @@ class BrokerCollector(Collector):
         for (api_key, code), count in sorted(m.errors.items()):
             errors.add_metric([api_name(api_key), error_name(code)], count)
         yield errors
+        denied = CounterMetricFamily(
+            "exactly_authorization_denied",
+            "Authorization checks the ACL authorizer denied, per resource type and operation.",
+            labels=["resource_type", "operation"],
+        )
+        for (rtype, op), count in sorted(m.authorization_denied.items()):
+            denied.add_metric([rtype, op], count)
+        yield denied
         yield CounterMetricFamily(
             "exactly_duplicate_batches",
             "Produce batches acknowledged as duplicates by the idempotence check.",

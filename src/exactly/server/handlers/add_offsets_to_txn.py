@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import GROUP, READ, TXN_ID, WRITE, authorize
 from exactly.server.clock import now_ms
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 
@@ -19,7 +20,12 @@ API_KEY = ApiKey.ADD_OFFSETS_TO_TXN
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    error = broker.txn.owner_error(request.transactional_id)
+    if not authorize(broker, ctx, WRITE, TXN_ID, request.transactional_id):
+        error = ErrorCode.transactional_id_authorization_failed
+    elif not authorize(broker, ctx, READ, GROUP, request.group_id):
+        error = ErrorCode.group_authorization_failed
+    else:
+        error = broker.txn.owner_error(request.transactional_id)
     if error is not ErrorCode.none:
         broker.metrics.error(API_KEY, error)
         return build(ctx.api.response_type, error_code=error)

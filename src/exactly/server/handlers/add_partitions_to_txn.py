@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import CLUSTER_ACTION, TOPIC, TXN_ID, WRITE, authorize, authorize_cluster
 from exactly.server.clock import now_ms
 from exactly.types import TopicPartition
 
@@ -52,6 +53,18 @@ async def _one(
     broker: Broker, ctx: RequestContext, tid: str, pid: int, epoch: int, topics: Any, verify: bool
 ) -> dict[TopicPartition, ErrorCode]:
     wanted, unknown = _partitions(broker, topics)
+    if ctx.version <= 3:  # a client's request (v4+ come from brokers, authorized in handle)
+        if not authorize(broker, ctx, WRITE, TXN_ID, tid):
+            return dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed)
+        # checked before existence: an unauthorized topic is never revealed to exist
+        denied = {tp.topic for tp in wanted if not authorize(broker, ctx, WRITE, TOPIC, tp.topic)}
+        if denied:
+            return {
+                tp: ErrorCode.topic_authorization_failed
+                if tp.topic in denied
+                else unknown.get(tp, ErrorCode.operation_not_attempted)
+                for tp in wanted
+            }
     if unknown:
         return {tp: unknown.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
     error = broker.txn.owner_error(tid)
@@ -99,6 +112,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         for code in errors.values():
             broker.metrics.error(API_KEY, code)
         return build(ctx.api.response_type, results_by_topic_v3_and_below=_topic_results(mod, errors))
+    if not authorize_cluster(broker, ctx, CLUSTER_ACTION):  # v4+: broker to coordinator only
+        broker.metrics.error(API_KEY, ErrorCode.cluster_authorization_failed)
+        return build(ctx.api.response_type, error_code=ErrorCode.cluster_authorization_failed)
     results = []
     for txn in request.transactions:
         errors = await _one(

@@ -62,6 +62,7 @@ from kio.schema.errors import ErrorCode
 from exactly.controller.assignment import InvalidPartitionsError as PlacementError
 from exactly.controller.assignment import InvalidReplicationFactorError
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import ALTER, TOPIC, authorize
 from exactly.server.clock import now_ms
 from exactly.storage.log_manager import InvalidPartitionsError, UnknownTopicError
 from exactly.topics import INTERNAL_TOPICS
@@ -239,10 +240,25 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         )
         for t in request.topics
     ]
+    # ALTER on each topic, before anything looks the topic up
+    denied = [
+        build(
+            mod.CreatePartitionsTopicResult,
+            name=t.name,
+            error_code=ErrorCode.topic_authorization_failed,
+            error_message="Authorization failed.",
+        )
+        for t in topics
+        if not authorize(broker, ctx, ALTER, TOPIC, t.name)
+    ]
+    for _ in denied:
+        broker.metrics.error(ApiKey.CREATE_PARTITIONS, ErrorCode.topic_authorization_failed)
+    refused_names = {r.name for r in denied}
+    topics = [t for t in topics if t.name not in refused_names]
     timeout_ms = request.timeout // datetime.timedelta(milliseconds=1)
     if broker.replicas is not None:
         outcomes = await _create_in_cluster(broker.replicas.topics, topics, request.validate_only, timeout_ms)
-        results = []
+        results = list(denied)
         for name, code, message in outcomes:
             broker.metrics.error(ApiKey.CREATE_PARTITIONS, code)
             results.append(
@@ -256,7 +272,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             return None
         return ExistingTopic(info.partitions, 1, info.internal or name in INTERNAL_TOPICS)
 
-    results = []
+    results = list(denied)
     for outcome in plan(topics, existing, frozenset({broker.node_id})):
         if isinstance(outcome, Increase):
             code, message = _apply(broker, outcome, request.validate_only, timeout_ms)

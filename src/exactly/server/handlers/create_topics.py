@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import CREATE, TOPIC, authorize, authorize_cluster
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.log_manager import TopicExistsError, TopicInfo
@@ -42,7 +43,24 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     seen: dict[str, int] = {}
     for topic in request.topics:
         seen[topic.name] = seen.get(topic.name, 0) + 1
+    cluster_create = authorize_cluster(broker, ctx, CREATE, log_denied=False)
     for topic in request.topics:
+        if seen[topic.name] == 1 and not (
+            cluster_create or authorize(broker, ctx, CREATE, TOPIC, topic.name)
+        ):
+            code = ErrorCode.topic_authorization_failed
+            broker.metrics.error(ApiKey.CREATE_TOPICS, code)
+            results.append(
+                build(
+                    mod.CreatableTopicResult,
+                    name=topic.name,
+                    error_code=code,
+                    error_message="Authorization failed.",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                )
+            )
+            continue
         if broker.replicas is not None:
             results.append(await _create_in_cluster(broker, ctx, request, topic, seen))
             continue

@@ -9,6 +9,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import DeleteGroupResult
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DELETE, GROUP, authorize
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -22,7 +23,14 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     names = list(dict.fromkeys(request.groups_names))
     results: list[DeleteGroupResult]
-    refused = {g: code for g in names if (code := runtime.load_error_for(g)) is not ErrorCode.none}
+    refused = {
+        g: ErrorCode.group_authorization_failed for g in names if not authorize(broker, ctx, DELETE, GROUP, g)
+    }
+    refused.update(
+        (g, code)
+        for g in names
+        if g not in refused and (code := runtime.load_error_for(g)) is not ErrorCode.none
+    )
     ours = [g for g in names if g not in refused]
     deleted: dict[str, DeleteGroupResult] = {}
     if ours:

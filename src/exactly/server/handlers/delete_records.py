@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DELETE, TOPIC, authorize
 from exactly.storage.log_manager import PolicyViolationError, UnknownTopicError
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.topics import INTERNAL_TOPICS
@@ -50,9 +51,12 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     wanted: dict[TopicPartition, int] = {}
     refused: dict[TopicPartition, ErrorCode] = {}
     for topic in request.topics:
+        allowed = authorize(broker, ctx, DELETE, TOPIC, topic.name)  # before existence
         for p in topic.partitions:
             tp = TopicPartition(topic.name, p.partition_index)
-            if topic.name in INTERNAL_TOPICS:
+            if not allowed:
+                refused[tp] = ErrorCode.topic_authorization_failed
+            elif topic.name in INTERNAL_TOPICS:
                 refused[tp] = ErrorCode.invalid_topic_exception
             else:
                 wanted[tp] = p.offset

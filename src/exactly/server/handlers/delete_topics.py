@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DELETE, TOPIC, authorize
 from exactly.storage.log_manager import UnknownTopicError
 from exactly.topics import INTERNAL_TOPICS
 
@@ -37,6 +38,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             info = broker.logs.topic_by_id(topic_id)
             if info is None:
                 code = ErrorCode.unknown_topic_id
+            elif not authorize(broker, ctx, DELETE, TOPIC, info.name):
+                code, info = ErrorCode.topic_authorization_failed, None
+        elif name is not None and not authorize(broker, ctx, DELETE, TOPIC, name):
+            code = ErrorCode.topic_authorization_failed  # before existence: never revealed
         elif name is not None:
             info = broker.logs.topic(name)
             if info is None:
@@ -88,9 +93,15 @@ async def _handle_cluster(broker: Broker, ctx: RequestContext, request: Any) -> 
                 code = ErrorCode.unknown_topic_id
         elif name is None:
             code = ErrorCode.invalid_request
+        elif not authorize(broker, ctx, DELETE, TOPIC, name):
+            code, message = ErrorCode.topic_authorization_failed, None
         elif cache.topic(name) is None:
             code = ErrorCode.unknown_topic_or_partition
-        found_id = replicas.topics.topic_id(name) if name is not None else None
+        found_id = (
+            replicas.topics.topic_id(name)
+            if name is not None and code != ErrorCode.topic_authorization_failed
+            else None
+        )
         if code == ErrorCode.none and name is not None:
             if name in INTERNAL_TOPICS:
                 code, message = ErrorCode.topic_deletion_disabled, "Internal topics cannot be deleted"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE_CONFIGS, TOPIC, authorize, authorize_cluster
 from exactly.storage.cleaner.describe import DIRTY_RATIOS_CONFIG, format_dirty_ratios
 
 if TYPE_CHECKING:
@@ -84,7 +85,13 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         code = ErrorCode.none
         message = ""  # Kafka's ConfigHelper leaves the schema default "" on success (never null)
         configs: tuple[Any, ...] = ()
-        if res.resource_type == RESOURCE_TOPIC:
+        if res.resource_type == RESOURCE_TOPIC and not authorize(
+            broker, ctx, DESCRIBE_CONFIGS, TOPIC, res.resource_name
+        ):
+            code, message = ErrorCode.topic_authorization_failed, "Topic authorization failed."
+        elif res.resource_type == RESOURCE_BROKER and not authorize_cluster(broker, ctx, DESCRIBE_CONFIGS):
+            code, message = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+        elif res.resource_type == RESOURCE_TOPIC:
             info = broker.logs.topic(res.resource_name)
             if info is None:
                 code, message = (

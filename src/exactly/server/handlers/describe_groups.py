@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import DescribedGroup
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, GROUP, authorize
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -26,7 +27,16 @@ GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
-    refused = {g: code for g in request.groups if (code := runtime.load_error_for(g)) is not ErrorCode.none}
+    refused = {
+        g: ErrorCode.group_authorization_failed
+        for g in request.groups
+        if not authorize(broker, ctx, DESCRIBE, GROUP, g)
+    }
+    refused.update(
+        (g, code)
+        for g in request.groups
+        if g not in refused and (code := runtime.load_error_for(g)) is not ErrorCode.none
+    )
     ours = [g for g in request.groups if g not in refused]
     found = iter(runtime.coordinator.describe_groups(ours, ctx.version) if ours else ())
     described = [

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import READ, TOPIC, authorize
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -20,8 +21,19 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     topics = []
     for topic in request.topics:
         parts = []
+        allowed = authorize(broker, ctx, READ, TOPIC, topic.name)
         for p in topic.partition_indexes:
             plog = broker.partition(topic.name, p)
+            if not allowed:
+                parts.append(
+                    build(
+                        mod.PartitionResponse,
+                        partition_index=p,
+                        error_code=ErrorCode.topic_authorization_failed,
+                        error_message=None,
+                    )
+                )
+                continue
             if plog is None:
                 parts.append(
                     build(

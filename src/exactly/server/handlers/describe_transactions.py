@@ -6,7 +6,10 @@ import datetime
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from kio.schema.errors import ErrorCode
+
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, TOPIC, TXN_ID, authorize
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -24,7 +27,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     states = []
     for d in broker.txn.coordinator.describe_transactions(request.transactional_ids):
         # a cluster broker that does not lead the id's partition answers NOT_COORDINATOR
-        error = broker.txn.owner_error(d.transactional_id) or d.error
+        if not authorize(broker, ctx, DESCRIBE, TXN_ID, d.transactional_id):
+            error = ErrorCode.transactional_id_authorization_failed
+        else:
+            error = broker.txn.owner_error(d.transactional_id) or d.error
         if error:
             # Kafka sets only the error code and the id; every other field keeps its schema
             # default (0, "", empty), not the -1 "no producer" values
@@ -39,6 +45,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             continue
         by_topic: dict[str, list[int]] = defaultdict(list)
         for tp in d.partitions:
+            # Kafka strips the topics the caller may not describe from the answer
+            if not authorize(broker, ctx, DESCRIBE, TOPIC, tp.topic, log_denied=False):
+                continue
             by_topic[tp.topic].append(tp.partition)
         states.append(
             build(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import TXN_ID, WRITE, authorize
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -20,7 +21,10 @@ API_KEY = ApiKey.END_TXN
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
-    error = broker.txn.owner_error(request.transactional_id)
+    if not authorize(broker, ctx, WRITE, TXN_ID, request.transactional_id):
+        error = ErrorCode.transactional_id_authorization_failed
+    else:
+        error = broker.txn.owner_error(request.transactional_id)
     if error is not ErrorCode.none:
         broker.metrics.error(API_KEY, error)
         return build(ctx.api.response_type, error_code=error, producer_id=-1, producer_epoch=-1)

@@ -34,6 +34,7 @@ from kio.schema.errors import ErrorCode
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
+from exactly.server.authz import CLUSTER_ACTION, READ, TOPIC, authorize, authorize_cluster
 from exactly.storage.leader_epoch import EpochEndOffset
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
@@ -68,8 +69,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     # for the event that can complete it
     from_follower = int(getattr(request, "replica_id", -1)) >= 0 and broker.replicas is not None
     slice_from = SLICE_FROM if ctx.file_slices else None
+    denied = _denied_topics(broker, ctx, request)
     while True:
-        responses, total, errors = _read_all(broker, request, slice_from)
+        responses, total, errors = _read_all(broker, request, slice_from, denied)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or errors or remaining <= 0:
             break
@@ -79,13 +81,25 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             break
         await broker.waiters.wait(tps, remaining, up_to_log_end=from_follower)
         if time.monotonic() >= deadline:
-            responses, total, errors = _read_all(broker, request, slice_from)
+            responses, total, errors = _read_all(broker, request, slice_from, denied)
             break
     return encode_fetch_response(ctx.version, 0, 0, responses)
 
 
+def _denied_topics(broker: Broker, ctx: RequestContext, request: Any) -> frozenset[str]:
+    """Topics this fetch may not read: a follower (replica id >= 0) needs CLUSTER_ACTION, else
+    every topic is refused; a consumer needs READ on each topic. Asked once per request, before
+    any existence check, so an unauthorized topic is never revealed to exist."""
+    names = {t.topic for t in request.topics}
+    if broker.authorizer is None or not names:
+        return frozenset()
+    if int(getattr(request, "replica_id", -1)) >= 0:
+        return frozenset() if authorize_cluster(broker, ctx, CLUSTER_ACTION) else frozenset(names)
+    return frozenset(n for n in names if not authorize(broker, ctx, READ, TOPIC, n))
+
+
 def _read_all(
-    broker: Broker, request: Any, slice_from: int | None
+    broker: Broker, request: Any, slice_from: int | None, denied: frozenset[str] = frozenset()
 ) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int, bool]:
     read_committed = request.isolation_level == READ_COMMITTED
     replica_id = int(getattr(request, "replica_id", -1))
@@ -98,6 +112,13 @@ def _read_all(
     out: list[tuple[str, list[FetchPartitionResult]]] = []
     for topic in request.topics:
         parts: list[FetchPartitionResult] = []
+        if topic.topic in denied:
+            errors = True
+            for p in topic.partitions:
+                broker.metrics.error(ApiKey.FETCH, ErrorCode.topic_authorization_failed)
+                parts.append(_error_partition(p.partition, ErrorCode.topic_authorization_failed))
+            out.append((topic.topic, parts))
+            continue
         for p in topic.partitions:
             plog = broker.partition(topic.topic, p.partition)
             replicas = broker.replicas

@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 from exactly.coordinator.group.records import partition_for as group_partition
 from exactly.coordinator.txn.log import partition_for as txn_partition
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, GROUP, TXN_ID, authorize
 from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
 
@@ -44,10 +45,17 @@ def _refused(error: ErrorCode, message: str | None) -> Coordinator:
     return error, message, -1, "", -1
 
 
-def _find(broker: Broker, key_type: int, key: str) -> Coordinator:
+def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) -> Coordinator:
     topic = KEY_TYPE_TOPICS.get(key_type)
     if topic is None:
         return _refused(ErrorCode.invalid_request, INVALID_REQUEST_MESSAGE)
+    # DESCRIBE on the group / transactional id, before the internal topic is even asked for
+    if key_type == 0 and not authorize(broker, ctx, DESCRIBE, GROUP, key):
+        return _refused(ErrorCode.group_authorization_failed, "Group authorization failed.")
+    if key_type == 1 and not authorize(broker, ctx, DESCRIBE, TXN_ID, key):
+        return _refused(
+            ErrorCode.transactional_id_authorization_failed, "Transactional Id authorization failed."
+        )
     error = broker.internal.request(topic)
     if error is not ErrorCode.none:
         return _refused(error, COORDINATOR_NOT_AVAILABLE_MESSAGE)
@@ -67,7 +75,7 @@ def _find(broker: Broker, key_type: int, key: str) -> Coordinator:
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     key_type = int(getattr(request, "key_type", 0))
     if ctx.version < MIN_BATCHED_VERSION:
-        error, message, node_id, host, port = _find(broker, key_type, request.key)
+        error, message, node_id, host, port = _find(broker, ctx, key_type, request.key)
         broker.metrics.error(API_KEY, error)
         ok = error is ErrorCode.none
         return build(
@@ -81,7 +89,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     coordinators = []
     for key in request.coordinator_keys:
-        error, message, node_id, host, port = _find(broker, key_type, key)
+        error, message, node_id, host, port = _find(broker, ctx, key_type, key)
         broker.metrics.error(API_KEY, error)
         coordinators.append(
             build(

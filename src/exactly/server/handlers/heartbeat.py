@@ -9,6 +9,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import HeartbeatRequestData, HeartbeatResponseData
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import GROUP, READ, authorize
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -20,7 +21,9 @@ API_KEY = ApiKey.HEARTBEAT
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
-    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+    if not authorize(broker, ctx, READ, GROUP, request.group_id):
+        response = HeartbeatResponseData(error_code=ErrorCode.group_authorization_failed)
+    elif (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
         response = HeartbeatResponseData(error_code=load_error)
     else:
         data = HeartbeatRequestData(

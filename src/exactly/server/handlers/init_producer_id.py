@@ -13,6 +13,14 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import (
+    IDEMPOTENT_WRITE,
+    TXN_ID,
+    WRITE,
+    authorize,
+    authorize_any_topic,
+    authorize_cluster,
+)
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -22,8 +30,25 @@ if TYPE_CHECKING:
 API_KEY = ApiKey.INIT_PRODUCER_ID
 
 
+def _authorized(broker: Broker, ctx: RequestContext, tid: str | None) -> ErrorCode:
+    """Kafka: WRITE on the transactional id; an idempotent producer needs IDEMPOTENT_WRITE on the
+    cluster or WRITE on some topic (KIP-679)."""
+    if tid is not None:
+        if authorize(broker, ctx, WRITE, TXN_ID, tid):
+            return ErrorCode.none
+        return ErrorCode.transactional_id_authorization_failed
+    if authorize_cluster(broker, ctx, IDEMPOTENT_WRITE, log_denied=False) or authorize_any_topic(
+        broker, ctx, WRITE
+    ):
+        return ErrorCode.none
+    return ErrorCode.cluster_authorization_failed
+
+
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     tid = request.transactional_id or None
+    if (denied := _authorized(broker, ctx, tid)) is not ErrorCode.none:
+        broker.metrics.error(API_KEY, denied)
+        return build(ctx.api.response_type, error_code=denied, producer_id=-1, producer_epoch=-1)
     if tid is not None and (error := broker.txn.owner_error(tid)) is not ErrorCode.none:
         broker.metrics.error(API_KEY, error)
         return build(ctx.api.response_type, error_code=error, producer_id=-1, producer_epoch=-1)

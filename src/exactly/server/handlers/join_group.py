@@ -20,6 +20,7 @@ from exactly.coordinator.group.api import (
     Protocol,
 )
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import GROUP, READ, authorize
 from exactly.server.clock import now_ms
 from exactly.server.group_runtime import client_host, millis
 
@@ -32,7 +33,11 @@ API_KEY = ApiKey.JOIN_GROUP
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
-    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+    if not authorize(broker, ctx, READ, GROUP, request.group_id):
+        response = JoinGroupResponseData(
+            error_code=ErrorCode.group_authorization_failed, member_id=request.member_id
+        )
+    elif (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
         response = JoinGroupResponseData(error_code=load_error, member_id=request.member_id)
     else:
         session_ms = millis(request.session_timeout)

@@ -19,6 +19,7 @@ from exactly.coordinator.group.api import (
     LeaveMemberResponse,
 )
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import GROUP, READ, authorize
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -37,7 +38,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         members = tuple(
             LeaveMember(m.member_id, m.group_instance_id, getattr(m, "reason", None)) for m in request.members
         )
-    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+    if not authorize(broker, ctx, READ, GROUP, request.group_id):
+        response = LeaveGroupResponseData(error_code=ErrorCode.group_authorization_failed)
+    elif (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
         response = LeaveGroupResponseData(error_code=load_error)
     else:
         data = LeaveGroupRequestData(group_id=request.group_id, members=members)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, GROUP, authorize, authorize_cluster
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -24,6 +25,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     listed = runtime.coordinator.list_groups(
         getattr(request, "states_filter", None) or (), getattr(request, "types_filter", None) or ()
     )
+    if not authorize_cluster(
+        broker, ctx, DESCRIBE, log_denied=False
+    ):  # then filtered by group, never an error
+        listed = [g for g in listed if authorize(broker, ctx, DESCRIBE, GROUP, g.group_id, log_denied=False)]
     mod = ctx.api.response_module
     return build(
         ctx.api.response_type,

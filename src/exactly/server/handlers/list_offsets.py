@@ -30,6 +30,7 @@ from kio.schema.errors import ErrorCode
 from exactly.protocol.apis import ApiKey, build
 from exactly.records.batch import BatchHeader
 from exactly.records.builder import decode_batch
+from exactly.server.authz import DESCRIBE, TOPIC, authorize
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -53,9 +54,13 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     topics = []
     for topic in request.topics:
         parts = []
+        allowed = authorize(broker, ctx, DESCRIBE, TOPIC, topic.name)  # before existence
         for p in topic.partitions:
             tp = TopicPartition(topic.name, p.partition_index)
-            code, answer = _answer(broker, tp, p, committed, lagging_code)
+            if allowed:
+                code, answer = _answer(broker, tp, p, committed, lagging_code)
+            else:
+                code, answer = ErrorCode.topic_authorization_failed, _NO_ANSWER
             if code != ErrorCode.none:
                 broker.metrics.error(ApiKey.LIST_OFFSETS, code)
             ts, offset, leader_epoch = answer

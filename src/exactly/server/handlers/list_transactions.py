@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, TXN_ID, authorize
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -35,5 +36,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 transaction_state=t.state,
             )
             for t in result.transactions
+            # Kafka filters silently by DESCRIBE on each transactional id
+            if authorize(broker, ctx, DESCRIBE, TXN_ID, t.transactional_id, log_denied=False)
         ),
     )

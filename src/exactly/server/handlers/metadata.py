@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode
 from exactly.cluster.znodes import ZnodeFormatError, decode_topic_id
 from exactly.protocol.apis import ApiKey, build
 from exactly.protocol.primitives import read_uvarint, skip_tagged_fields
+from exactly.server.authz import CREATE, DESCRIBE, TOPIC, authorize, authorize_cluster
 from exactly.server.metadata_cache import CachedTopic
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
 
@@ -123,6 +124,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
                 topic_results.append(_unknown_topic_id(broker, mod, topic_id))
                 continue
             name = info.name
+        if not _may_describe(broker, ctx, request, name):
+            if request.topics is not None:
+                topic_results.append(_unauthorized_topic(broker, mod, name, topic_id))
+            continue
         if info is None:
             info = logs.topic(name)
         if info is None and request.topics is not None:
@@ -131,6 +136,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
                 broker.metrics.error(ApiKey.METADATA, ErrorCode.invalid_topic_exception)
                 continue
             if request.allow_auto_topic_creation:
+                if broker.auto_create_topics and not _may_create(broker, ctx, name):
+                    topic_results.append(_unauthorized_topic(broker, mod, name, None))
+                    continue
                 info = broker.auto_create(name)
         if info is None:
             topic_results.append(_error_topic(mod, name, ErrorCode.unknown_topic_or_partition))
@@ -174,6 +182,33 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
     )
 
 
+def _may_describe(broker: Broker, ctx: RequestContext, request: MetadataRequestData, name: str) -> bool:
+    """DESCRIBE on the topic; a request for all topics omits the others silently (not audited)."""
+    return authorize(broker, ctx, DESCRIBE, TOPIC, name, log_denied=request.topics is not None)
+
+
+def _may_create(broker: Broker, ctx: RequestContext, name: str) -> bool:
+    """Auto-creation needs CREATE on the cluster or on the topic."""
+    return authorize_cluster(broker, ctx, CREATE, log_denied=False) or authorize(
+        broker, ctx, CREATE, TOPIC, name
+    )
+
+
+def _unauthorized_topic(broker: Broker, mod: Any, name: str, topic_id: uuid.UUID | None) -> Any:
+    """TOPIC_AUTHORIZATION_FAILED without a lookup: no partitions, a zero id (or the id asked
+    for: ids are not secret), so the answer says nothing about whether the topic exists."""
+    broker.metrics.error(ApiKey.METADATA, ErrorCode.topic_authorization_failed)
+    return build(
+        mod.MetadataResponseTopic,
+        error_code=ErrorCode.topic_authorization_failed,
+        name=name if topic_id is None else None,
+        topic_id=topic_id or uuid.UUID(int=0),
+        is_internal=False,
+        partitions=(),
+        topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+    )
+
+
 def _error_topic(mod: Any, name: str, code: ErrorCode) -> Any:
     return build(
         mod.MetadataResponseTopic,
@@ -211,6 +246,10 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
                 topic_results.append(_unknown_topic_id(broker, mod, topic_id))
                 continue
             name = found
+        if not _may_describe(broker, ctx, request, name):
+            if request.topics is not None:
+                topic_results.append(_unauthorized_topic(broker, mod, name, topic_id))
+            continue
         cached = cache.topic(name)
         if cached is None:
             code = ErrorCode.unknown_topic_or_partition
@@ -221,6 +260,9 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
                 and broker.auto_create_topics
                 and name not in INTERNAL_TOPICS
             ):
+                if not _may_create(broker, ctx, name):
+                    topic_results.append(_unauthorized_topic(broker, mod, name, None))
+                    continue
                 broker.auto_create(name)
                 code = ErrorCode.leader_not_available
             topic_results.append(_error_topic(mod, name, code))

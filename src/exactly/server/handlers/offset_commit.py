@@ -19,6 +19,7 @@ from exactly.coordinator.group.api import (
     OffsetCommitResponseData,
 )
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import GROUP, READ, TOPIC, authorize
 from exactly.server.clock import now_ms
 from exactly.server.group_runtime import millis
 
@@ -69,6 +70,26 @@ def split_unknown(
     return tuple(known), errors
 
 
+def split_unauthorized(
+    broker: Broker, ctx: RequestContext, topics: tuple[CommitTopic, ...]
+) -> tuple[tuple[CommitTopic, ...], PartitionErrors]:
+    """Keep the topics the caller may READ; the others' partitions get TOPIC_AUTHORIZATION_FAILED
+    (checked before existence, so an unauthorized name is never revealed to exist)."""
+    kept: list[CommitTopic] = []
+    errors: PartitionErrors = {}
+    for topic in topics:
+        if authorize(broker, ctx, READ, TOPIC, topic.name):
+            kept.append(topic)
+        else:
+            for p in topic.partitions:
+                errors[(topic.name, p.partition_index)] = ErrorCode.topic_authorization_failed
+    return tuple(kept), errors
+
+
+def whole_request(topics: tuple[CommitTopic, ...], code: ErrorCode) -> PartitionErrors:
+    return {(t.name, p.partition_index): code for t in topics for p in t.partitions}
+
+
 def merge(response: OffsetCommitResponseData, errors: PartitionErrors) -> PartitionErrors:
     out = dict(errors)
     for t in response.topics:
@@ -100,13 +121,14 @@ def build_response(
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     topics = to_commit_topics(request.topics)
-    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
-        errors: PartitionErrors = {
-            (t.name, p.partition_index): load_error for t in topics for p in t.partitions
-        }
+    if not authorize(broker, ctx, READ, GROUP, request.group_id):
+        errors = whole_request(topics, ErrorCode.group_authorization_failed)
         return build_response(broker, ctx, API_KEY, request.topics, errors)
-    known, unknown = split_unknown(broker, topics)
-    errors = unknown
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+        return build_response(broker, ctx, API_KEY, request.topics, whole_request(topics, load_error))
+    allowed, errors = split_unauthorized(broker, ctx, topics)
+    known, unknown = split_unknown(broker, allowed)
+    errors.update(unknown)
     if known:
         retention = getattr(request, "retention_time", None)
         data = OffsetCommitRequestData(

@@ -22,6 +22,7 @@ from exactly.coordinator.group.api import (
     OffsetFetchRequestData,
 )
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, GROUP, TOPIC, authorize
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -53,6 +54,32 @@ def _error_result(group: FetchGroup, error: ErrorCode, per_partition: bool) -> F
     )
 
 
+def _visible(
+    broker: Broker, ctx: RequestContext, group: FetchGroup, result: FetchGroupResult
+) -> FetchGroupResult:
+    """Kafka: topics the caller may not DESCRIBE get TOPIC_AUTHORIZATION_FAILED when named, and
+    are left out of an all-topics fetch."""
+    if broker.authorizer is None:
+        return result
+    named = group.topics is not None
+    topics = []
+    for t in result.topics:
+        if authorize(broker, ctx, DESCRIBE, TOPIC, t.name, log_denied=named):
+            topics.append(t)
+        elif named:
+            code = ErrorCode.topic_authorization_failed
+            topics.append(
+                FetchTopicResult(
+                    t.name,
+                    tuple(
+                        FetchPartitionResult(partition_index=p.partition_index, error_code=code)
+                        for p in t.partitions
+                    ),
+                )
+            )
+    return FetchGroupResult(group_id=result.group_id, topics=tuple(topics), error_code=result.error_code)
+
+
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     batched = ctx.version >= BATCHED_VERSION
@@ -60,7 +87,12 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         groups = tuple(_fetch_group(g.group_id, g.topics) for g in request.groups)
     else:
         groups = (_fetch_group(request.group_id, request.topics),)
-    refused = [runtime.load_error_for(g.group_id) for g in groups]
+    refused = [
+        runtime.load_error_for(g.group_id)
+        if authorize(broker, ctx, DESCRIBE, GROUP, g.group_id)
+        else ErrorCode.group_authorization_failed
+        for g in groups
+    ]
     ours = tuple(g for g, code in zip(groups, refused, strict=True) if code is ErrorCode.none)
     fetched: Iterator[FetchGroupResult] = iter(())
     if ours:
@@ -69,7 +101,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         )
         fetched = iter(runtime.coordinator.offset_fetch(data).groups)
     results = tuple(
-        next(fetched) if code is ErrorCode.none else _error_result(g, code, per_partition=ctx.version < 2)
+        _visible(broker, ctx, g, next(fetched))
+        if code is ErrorCode.none
+        else _error_result(g, code, per_partition=ctx.version < 2)
         for g, code in zip(groups, refused, strict=True)
     )
     mod = ctx.api.response_module

@@ -25,6 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.replication.fetch_checks import check_current_leader_epoch
+from exactly.server.authz import CLUSTER_ACTION, DESCRIBE, TOPIC, authorize, authorize_cluster
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -37,11 +38,17 @@ API_KEY = ApiKey.OFFSET_FOR_LEADER_EPOCH
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     topics = []
+    # Kafka: CLUSTER_ACTION (a follower), else DESCRIBE on each topic (a consumer, KIP-320)
+    cluster = authorize_cluster(broker, ctx, CLUSTER_ACTION, log_denied=False)
     for topic in request.topics:
         parts = []
+        allowed = cluster or authorize(broker, ctx, DESCRIBE, TOPIC, str(topic.topic))
         for p in topic.partitions:
             tp = TopicPartition(str(topic.topic), int(p.partition))
-            code, epoch, end = _answer(broker, tp, int(p.current_leader_epoch), int(p.leader_epoch))
+            if allowed:
+                code, epoch, end = _answer(broker, tp, int(p.current_leader_epoch), int(p.leader_epoch))
+            else:
+                code, epoch, end = ErrorCode.topic_authorization_failed, -1, -1
             if code != ErrorCode.none:
                 broker.metrics.error(ApiKey.OFFSET_FOR_LEADER_EPOCH, code)
             parts.append(

@@ -41,6 +41,7 @@ from exactly.protocol.fast import (
 )
 from exactly.records.batch import BatchHeader, InvalidRecordError, validate_produce_records
 from exactly.replication.leader import AckOutcome
+from exactly.server.authz import TOPIC, TXN_ID, WRITE, authorize
 from exactly.server.clock import now_ms
 from exactly.server.deferred_response import Deferred
 from exactly.server.txn_verification import NOT_IN_TXN_MESSAGE, VerificationGuard, produce_error
@@ -69,12 +70,24 @@ async def handle(
     topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
     delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]] = []
     remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]] = []
+    # Authorization (Kafka's order): WRITE on the transactional id refuses the whole request,
+    # then WRITE on each topic, before any existence check
+    txn_denied = request.transactional_id is not None and not authorize(
+        broker, ctx, WRITE, TXN_ID, request.transactional_id
+    )
     for topic in request.topics:
         name = topic.name
         parts_out: list[ProducePartitionResult] = []
+        denied: ErrorCode | None = None
+        if txn_denied:
+            denied = ErrorCode.transactional_id_authorization_failed
+        elif not authorize(broker, ctx, WRITE, TOPIC, name):
+            denied = ErrorCode.topic_authorization_failed
         for pdata in topic.partitions:
-            if acks not in (0, 1, -1):
-                outcome: _Outcome = (ErrorCode.invalid_required_acks, None, None)
+            if denied is not None:
+                outcome: _Outcome = (denied, None, None)
+            elif acks not in (0, 1, -1):
+                outcome = (ErrorCode.invalid_required_acks, None, None)
             else:
                 try:
                     outcome = _append(broker, name, pdata.index, pdata.records, request, now)

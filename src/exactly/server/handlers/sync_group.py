@@ -17,6 +17,7 @@ from exactly.coordinator.group.api import (
     SyncGroupResponseData,
 )
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import GROUP, READ, authorize
 from exactly.server.clock import now_ms
 
 if TYPE_CHECKING:
@@ -30,7 +31,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     protocol_type = getattr(request, "protocol_type", None)
     protocol_name = getattr(request, "protocol_name", None)
-    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+    if not authorize(broker, ctx, READ, GROUP, request.group_id):
+        response = SyncGroupResponseData(error_code=ErrorCode.group_authorization_failed)
+    elif (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
         response = SyncGroupResponseData(error_code=load_error)
     elif ctx.version >= 5 and (protocol_type is None or protocol_name is None):
         response = SyncGroupResponseData(error_code=ErrorCode.inconsistent_group_protocol)

@@ -15,13 +15,16 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import OffsetCommitResponseData, TxnOffsetCommitRequestData
 from exactly.protocol.apis import ApiKey
+from exactly.server.authz import GROUP, READ, TXN_ID, WRITE, authorize
 from exactly.server.clock import now_ms
 from exactly.server.handlers.offset_commit import (
     PartitionErrors,
     build_response,
     merge,
+    split_unauthorized,
     split_unknown,
     to_commit_topics,
+    whole_request,
 )
 
 if TYPE_CHECKING:
@@ -34,13 +37,18 @@ API_KEY = ApiKey.TXN_OFFSET_COMMIT
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     topics = to_commit_topics(request.topics)
-    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
-        errors: PartitionErrors = {
-            (t.name, p.partition_index): load_error for t in topics for p in t.partitions
-        }
+    errors: PartitionErrors
+    if not authorize(broker, ctx, WRITE, TXN_ID, request.transactional_id):
+        errors = whole_request(topics, ErrorCode.transactional_id_authorization_failed)
         return build_response(broker, ctx, API_KEY, request.topics, errors)
-    known, unknown = split_unknown(broker, topics)
-    errors = unknown
+    if not authorize(broker, ctx, READ, GROUP, request.group_id):
+        errors = whole_request(topics, ErrorCode.group_authorization_failed)
+        return build_response(broker, ctx, API_KEY, request.topics, errors)
+    if (load_error := runtime.load_error_for(request.group_id)) is not ErrorCode.none:
+        return build_response(broker, ctx, API_KEY, request.topics, whole_request(topics, load_error))
+    allowed, errors = split_unauthorized(broker, ctx, topics)
+    known, unknown = split_unknown(broker, allowed)
+    errors.update(unknown)
     if known:
         data = TxnOffsetCommitRequestData(
             transactional_id=request.transactional_id,

@@ -16,6 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
 from exactly.records.control import ControlType
+from exactly.server.authz import ALTER, CLUSTER_ACTION, authorize_cluster
 from exactly.server.internal_topics import AppendFailed
 from exactly.server.txn_marker_sender import write_local_marker
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
@@ -30,8 +31,36 @@ API_KEY = ApiKey.WRITE_TXN_MARKERS
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
+    # Kafka: ALTER or CLUSTER_ACTION on the cluster, else every partition gets
+    # CLUSTER_AUTHORIZATION_FAILED (an admin's abort needs ALTER, a coordinator CLUSTER_ACTION)
+    allowed = authorize_cluster(broker, ctx, ALTER, log_denied=False) or authorize_cluster(
+        broker, ctx, CLUSTER_ACTION
+    )
     results = []
     for marker in request.markers:
+        if not allowed:
+            code = ErrorCode.cluster_authorization_failed
+            results.append(
+                build(
+                    mod.WritableTxnMarkerResult,
+                    producer_id=marker.producer_id,
+                    topics=tuple(
+                        build(
+                            mod.WritableTxnMarkerTopicResult,
+                            name=t.name,
+                            partitions=tuple(
+                                build(
+                                    mod.WritableTxnMarkerPartitionResult, partition_index=p, error_code=code
+                                )
+                                for p in t.partition_indexes
+                            ),
+                        )
+                        for t in marker.topics
+                    ),
+                )
+            )
+            broker.metrics.error(API_KEY, code)
+            continue
         result = ControlType.COMMIT if marker.transaction_result else ControlType.ABORT
         topics = []
         for topic in marker.topics:
