@@ -22,11 +22,14 @@ from exactly.server.handlers import (
     add_offsets_to_txn,
     add_partitions_to_txn,
     api_versions,
+    create_acls,
     create_partitions,
     create_topics,
+    delete_acls,
     delete_groups,
     delete_records,
     delete_topics,
+    describe_acls,
     describe_cluster,
     describe_configs,
     describe_groups,
@@ -88,6 +91,10 @@ _MODULES: tuple[ModuleType, ...] = (
     describe_producers,
     describe_transactions,
     list_transactions,
+    # security
+    create_acls,
+    describe_acls,
+    delete_acls,
 )
 
 HANDLERS: dict[int, Handler] = {int(m.API_KEY): m.handle for m in _MODULES}
