@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "exactly.cli.zookeeper",
     "exactly.cli.cluster",
     "exactly.cli.web_console",
+    "exactly.cli.acls",
 )
 
 # command name -> the module that registers it (modules may register several commands)
@@ -41,6 +42,7 @@ _COMMAND_OWNER = {
     "zookeeper": "exactly.cli.zookeeper",
     "cluster": "exactly.cli.cluster",
     "console": "exactly.cli.web_console",
+    "acls": "exactly.cli.acls",
 }
 
 
