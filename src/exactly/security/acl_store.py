@@ -11,14 +11,28 @@ Format: ``{"version": 1, "acls": [binding, ...]}`` with Kafka's wire codes (``Ac
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 from exactly.security.acl import AclBinding, AclBindingFilter
 from exactly.security.authorizer import Authorizer
 from exactly.storage.durable import write_durably
 
 ACL_FILE = "acls.json"
+
+
+class AclStoreLike(Protocol):
+    """What the ACL APIs need from a store: this file store (single broker) or ZooKeeper's
+    (``exactly.cluster.zk_acls``). ``add``/``remove`` may block (fsync, ZooKeeper): callers on the
+    event loop run them in an executor."""
+
+    def add(self, bindings: Iterable[AclBinding]) -> None: ...
+
+    def remove(self, filters: list[AclBindingFilter]) -> list[list[AclBinding]]: ...
+
+    def describe(self, flt: AclBindingFilter) -> list[AclBinding]: ...
 
 
 def load_bindings(path: Path) -> list[AclBinding]:
@@ -35,6 +49,7 @@ class AclStore:
         self.path = path
         self.authorizer = authorizer
         self._bindings: set[AclBinding] = set(load_bindings(path))
+        self._lock = threading.Lock()  # changes run in executor threads: one at a time
         authorizer.replace(self._bindings)
 
     def _commit(self, new: set[AclBinding]) -> None:
@@ -44,18 +59,20 @@ class AclStore:
         self.authorizer.replace(new)
 
     def add(self, bindings: Iterable[AclBinding]) -> None:
-        new = self._bindings | set(bindings)
-        if new != self._bindings:
-            self._commit(new)
+        with self._lock:
+            new = self._bindings | set(bindings)
+            if new != self._bindings:
+                self._commit(new)
 
     def remove(self, filters: list[AclBindingFilter]) -> list[list[AclBinding]]:
         """Delete what each filter matches; returns the deleted bindings per filter (a binding
         matched by two filters is reported under both, as Kafka does)."""
-        per_filter = [[b for b in sorted(self._bindings, key=_order) if f.matches(b)] for f in filters]
-        gone = {b for found in per_filter for b in found}
-        if gone:
-            self._commit(self._bindings - gone)
-        return per_filter
+        with self._lock:
+            per_filter = [[b for b in sorted(self._bindings, key=_order) if f.matches(b)] for f in filters]
+            gone = {b for found in per_filter for b in found}
+            if gone:
+                self._commit(self._bindings - gone)
+            return per_filter
 
     def describe(self, flt: AclBindingFilter) -> list[AclBinding]:
         return [b for b in sorted(self._bindings, key=_order) if flt.matches(b)]

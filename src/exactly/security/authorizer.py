@@ -68,28 +68,37 @@ class AuthorizerConfig:
 class Authorizer:
     """Kafka's ACL decision procedure over an in-memory binding set.
 
-    Invariant: ``_by_key`` holds exactly the bindings of ``bindings()``, each under its pattern's
-    (resource type, pattern type, name); ``_prefixed[type]`` lists the PREFIXED names of that type
-    that have at least one binding."""
+    Invariant: ``_index`` is (by key, prefixed): the first holds exactly the bindings of
+    ``bindings()``, each under its pattern's (resource type, pattern type, name); the second lists
+    per resource type the PREFIXED names that have at least one binding. It is replaced whole,
+    never mutated."""
 
     def __init__(self, config: AuthorizerConfig, bindings: Iterable[AclBinding] = ()) -> None:
         self.config = config
-        self._by_key: dict[_Key, set[AclBinding]] = defaultdict(set)
-        self._prefixed: dict[ResourceType, set[str]] = defaultdict(set)
+        self._index: tuple[dict[_Key, set[AclBinding]], dict[ResourceType, set[str]]] = ({}, {})
         self.replace(bindings)
 
     # ---- the binding set ----------------------------------------------------------------------
     def replace(self, bindings: Iterable[AclBinding]) -> None:
-        self._by_key.clear()
-        self._prefixed.clear()
+        """Swap in a new binding set. The index is built aside and assigned in one step, so a
+        decision running concurrently (the ZooKeeper watch reloads on kazoo's thread) sees the old
+        or the new set, never a half-built one."""
+        by_key: dict[_Key, set[AclBinding]] = defaultdict(set)
+        prefixed: dict[ResourceType, set[str]] = defaultdict(set)
         for b in bindings:
-            self._add(b)
+            p = b.pattern
+            by_key[(p.resource_type, p.pattern_type, p.name)].add(b)
+            if p.pattern_type == PatternType.PREFIXED:
+                prefixed[p.resource_type].add(p.name)
+        self._index = (by_key, prefixed)
 
-    def _add(self, b: AclBinding) -> None:
-        p = b.pattern
-        self._by_key[(p.resource_type, p.pattern_type, p.name)].add(b)
-        if p.pattern_type == PatternType.PREFIXED:
-            self._prefixed[p.resource_type].add(p.name)
+    @property
+    def _by_key(self) -> dict[_Key, set[AclBinding]]:
+        return self._index[0]
+
+    @property
+    def _prefixed(self) -> dict[ResourceType, set[str]]:
+        return self._index[1]
 
     def bindings(self) -> list[AclBinding]:
         return [b for group in self._by_key.values() for b in group]
@@ -102,14 +111,15 @@ class Authorizer:
         return principal in self.config.super_users
 
     def _applicable(self, rtype: ResourceType, name: str) -> list[AclBinding]:
+        by_key, prefixed = self._index  # one consistent snapshot
         found: list[AclBinding] = []
         for key in ((rtype, PatternType.LITERAL, name), (rtype, PatternType.LITERAL, WILDCARD)):
-            group = self._by_key.get(key)
+            group = by_key.get(key)
             if group:
                 found.extend(group)
-        for prefix in self._prefixed.get(rtype, ()):
+        for prefix in prefixed.get(rtype, ()):
             if name.startswith(prefix):
-                found.extend(self._by_key.get((rtype, PatternType.PREFIXED, prefix), ()))
+                found.extend(by_key.get((rtype, PatternType.PREFIXED, prefix), ()))
         return found
 
     def authorize(self, principal: str, host: str, op: AclOperation, rtype: ResourceType, name: str) -> bool:

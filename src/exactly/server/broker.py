@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exactly.cluster.producer_ids import ZkProducerIdManager
+from exactly.cluster.zk_acls import ZkAclStore
 from exactly.coordinator.producer_id.manager import ProducerIdManager
-from exactly.security.acl_store import ACL_FILE, AclStore
+from exactly.security.acl_store import ACL_FILE, AclStore, AclStoreLike
 from exactly.security.authorizer import Authorizer, authorizer_from_config
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
@@ -96,9 +97,14 @@ class Broker:
         # Authorization: None (everything allowed) unless authorizer.class.name is set; the ACLs
         # live in <data-dir>/acls.json and changes apply to the next request.
         self.authorizer: Authorizer | None = authorizer_from_config(config.values)
-        self.acls: AclStore | None = (
-            AclStore(data_dir / ACL_FILE, self.authorizer) if self.authorizer is not None else None
-        )
+        # (cluster mode: in ZooKeeper, shared by every broker; loaded and watched from start())
+        self.acls: AclStoreLike | None = None
+        if self.authorizer is not None:
+            self.acls = (
+                AclStore(data_dir / ACL_FILE, self.authorizer)
+                if self.replicas is None
+                else ZkAclStore(self.replicas.zk.client, self.authorizer)
+            )
         self.waiters = AppendWaiters()
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
         self.replicas: ReplicaManager | None = ReplicaManager(self) if config.cluster_mode else None
@@ -215,6 +221,8 @@ class Broker:
             self._tasks.append(metrics[1])
         if self.replicas is not None:
             await self.replicas.start(self.advertised.host, self.advertised.port)
+            if isinstance(self.acls, ZkAclStore):  # the cluster's ACLs before the first request
+                await loop.run_in_executor(None, self.acls.watch)
             await self._server.start_serving()
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         if self.cleaner is not None:

@@ -9,6 +9,7 @@ persisted together (exactly.security.acl_store) before the answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -58,10 +59,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         valid.append(b)
         outcomes.append((ErrorCode.none, None))
     if valid and store is not None:
-        try:
-            store.add(valid)
-        except OSError as exc:
-            log.error("could not persist ACLs: %s", exc)
+        try:  # fsync or ZooKeeper: off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, store.add, valid)
+        except Exception as exc:  # the store's I/O failed (disk, ZooKeeper): nothing changed
+            log.error("could not persist ACLs: %s: %s", type(exc).__name__, exc)
             outcomes = [
                 (ErrorCode.unknown_server_error, "could not persist the ACLs")
                 if code is ErrorCode.none

@@ -7,6 +7,7 @@ remaining filters are applied together and the new set persisted before the answ
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -57,10 +58,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     else:
         parsed = [_filter(f) for f in request.filters]
         filters = [p for p in parsed if isinstance(p, AclBindingFilter)]
-        try:
-            deleted = iter(store.remove(filters))
-        except OSError as exc:
-            log.error("could not persist ACLs: %s", exc)
+        try:  # fsync or ZooKeeper: off the event loop
+            deleted = iter(await asyncio.get_running_loop().run_in_executor(None, store.remove, filters))
+        except Exception as exc:  # the store's I/O failed (disk, ZooKeeper): nothing changed
+            log.error("could not persist ACLs: %s: %s", type(exc).__name__, exc)
             deleted = iter([])
             parsed = ["could not persist the ACLs" for _ in parsed]
         for p in parsed:
