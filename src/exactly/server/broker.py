@@ -94,6 +94,14 @@ class Broker:
         self.node_id = config.node_id
         self.default_log_config = config.log_config()
         self.metrics = Metrics()
+        self.waiters = AppendWaiters()
+        # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
+        self.replicas: ReplicaManager | None = ReplicaManager(self) if config.cluster_mode else None
+        self.producer_ids: ProducerIdManager | ZkProducerIdManager = (
+            self.replicas.producer_ids
+            if self.replicas is not None
+            else ProducerIdManager(data_dir / "producer-id-block")
+        )
         # Authorization: None (everything allowed) unless authorizer.class.name is set; the ACLs
         # live in <data-dir>/acls.json and changes apply to the next request.
         self.authorizer: Authorizer | None = authorizer_from_config(config.values)
@@ -105,14 +113,6 @@ class Broker:
                 if self.replicas is None
                 else ZkAclStore(self.replicas.zk.client, self.authorizer)
             )
-        self.waiters = AppendWaiters()
-        # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
-        self.replicas: ReplicaManager | None = ReplicaManager(self) if config.cluster_mode else None
-        self.producer_ids: ProducerIdManager | ZkProducerIdManager = (
-            self.replicas.producer_ids
-            if self.replicas is not None
-            else ProducerIdManager(data_dir / "producer-id-block")
-        )
         self.listen = parse_listener(config.get("listeners"))
         self.advertised: Endpoint | None = None
         self.max_request_size = config.get_int("socket.request.max.bytes")
