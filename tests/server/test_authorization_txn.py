@@ -278,3 +278,19 @@ def test_host_restricted_acl() -> None:
         assert r.error_code == 53
 
     run(scenario)
+
+
+def test_describe_groups_reports_the_callers_authorized_operations() -> None:
+    async def scenario(ab: AuthzBroker) -> None:
+        await ab.grant(R.GROUP, "g", Op.DESCRIBE, ALICE)
+        (g,) = (
+            await ab.call(ALICE, ApiKey.DESCRIBE_GROUPS, 5, groups=("g",), include_authorized_operations=True)
+        ).groups
+        assert (g.error_code, g.authorized_operations) == (0, 1 << Op.DESCRIBE)
+        await ab.grant(R.GROUP, "g", Op.DELETE, ALICE)
+        (g,) = (
+            await ab.call(ALICE, ApiKey.DESCRIBE_GROUPS, 5, groups=("g",), include_authorized_operations=True)
+        ).groups
+        assert g.authorized_operations == (1 << Op.DESCRIBE) | (1 << Op.DELETE)
+
+    run(scenario)

@@ -1,7 +1,9 @@
 """DescribeGroups (15) v0-v5: state, protocol and members of each group.
 
 An unknown group is described as Dead without error (v0-v5). From v3 the client may ask for the
-authorized operations; with no authorizer Kafka reports every operation a group supports.
+authorized operations; with no authorizer Kafka reports every operation a group supports, with
+one those the caller's ACLs allow. A group the caller may not DESCRIBE gets
+GROUP_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import DescribedGroup
 from exactly.protocol.apis import ApiKey, build
-from exactly.server.authz import DESCRIBE, GROUP, authorize
+from exactly.server.authz import DELETE, DESCRIBE, GROUP, READ, authorize
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -23,6 +25,18 @@ API_KEY = ApiKey.DESCRIBE_GROUPS
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 # AclOperation codes READ (3), DELETE (6), DESCRIBE (8): what a group resource supports.
 GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+
+
+def _authorized_operations(broker: Broker, ctx: RequestContext, group_id: str) -> int:
+    """The bit set of the group operations the caller may do (all of them without an authorizer),
+    as Kafka reports them (KIP-430); asking is not a denial, so nothing is audited."""
+    if broker.authorizer is None:
+        return GROUP_OPERATIONS
+    return sum(
+        1 << op
+        for op in (READ, DELETE, DESCRIBE)
+        if authorize(broker, ctx, op, GROUP, group_id, log_denied=False)
+    )
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
@@ -49,7 +63,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     for g in described:
         broker.metrics.error(API_KEY, g.error_code)
         ops = (
-            GROUP_OPERATIONS
+            _authorized_operations(broker, ctx, g.group_id)
             if include_ops and g.error_code is ErrorCode.none
             else AUTHORIZED_OPERATIONS_OMITTED
         )
