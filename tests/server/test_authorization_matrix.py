@@ -491,3 +491,73 @@ def test_every_api_but_api_versions_is_in_the_matrix() -> None:
     never_authorized = {ApiKey.API_VERSIONS}
     filtered = {ApiKey.LIST_GROUPS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CLUSTER}  # tested below
     assert set(ApiKey) - covered == never_authorized | filtered
+
+
+def test_acl_apis_refuse_malformed_bindings_and_filters_with_invalid_request() -> None:
+    async def scenario(ab: AuthzBroker) -> None:
+        m = ab.module(ApiKey.CREATE_ACLS, 3)
+
+        def creation(rtype: int, name: str, pattern: int, principal: str = "User:bob", op: int = 3) -> Any:
+            return build(
+                m.AclCreation,
+                resource_type=rtype,
+                resource_name=name,
+                resource_pattern_type=pattern,
+                principal=principal,
+                host="*",
+                operation=op,
+                permission_type=3,
+            )
+
+        bad = (
+            creation(99, "t", 3),  # no such resource type
+            creation(2, "t", 2),  # MATCH is a filter, not a pattern
+            creation(4, "not-kafka-cluster", 3),
+            creation(2, "", 3),
+            creation(2, "t", 3, principal="bob"),
+            creation(2, "t", 3, op=1),  # ANY
+        )
+        created = await ab.call("User:admin", ApiKey.CREATE_ACLS, 3, creations=(*bad, creation(2, "t", 3)))
+        assert [int(r.error_code) for r in created.results] == [42] * len(bad) + [0]
+        dm = ab.module(ApiKey.DELETE_ACLS, 3)
+        flt = build(
+            dm.DeleteAclsFilter,
+            resource_type_filter=0,
+            resource_name_filter=None,
+            pattern_type_filter=1,
+            principal_filter=None,
+            host_filter=None,
+            operation=1,
+            permission_type=1,
+        )
+        deleted = await ab.call("User:admin", ApiKey.DELETE_ACLS, 3, filters=(flt,))
+        assert [int(r.error_code) for r in deleted.filter_results] == [42]
+        described = await ab.call(
+            "User:admin",
+            ApiKey.DESCRIBE_ACLS,
+            3,
+            resource_type_filter=1,
+            resource_name_filter=None,
+            pattern_type_filter=77,
+            principal_filter=None,
+            host_filter=None,
+            operation=1,
+            permission_type=1,
+        )
+        assert int(described.error_code) == 42
+        assert ab.broker is not None and ab.broker.acls is not None
+        everything = await ab.call(
+            "User:admin",
+            ApiKey.DESCRIBE_ACLS,
+            3,
+            resource_type_filter=1,
+            resource_name_filter=None,
+            pattern_type_filter=1,
+            principal_filter=None,
+            host_filter=None,
+            operation=1,
+            permission_type=1,
+        )
+        assert [(r.resource_name, len(r.acls)) for r in everything.resources] == [("t", 1)]
+
+    run(scenario)
