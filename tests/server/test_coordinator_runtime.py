@@ -265,12 +265,12 @@ def test_replicated_runtime_owns_nothing_until_reloaded_and_replays_only_owned_p
         rt, shard, topic = runtime(replicated=True)
         topic.batches = [partition_batch(0, b"p0"), partition_batch(1, b"p1"), partition_batch(2, b"p2")]
         assert rt.owner_error(0) == ErrorCode.not_coordinator
-        await rt.reload(lambda: {0, 2})
+        await rt.reload(lambda: {0: None, 2: None})
         assert [r[1] for r in shard.replayed if r[0] == "record"] == [b"p0", b"p2"]
         assert rt.owner_error(0) == ErrorCode.none
         assert rt.owner_error(1) == ErrorCode.not_coordinator
-        assert await rt.reload(set) == LoadStats(0, 0)  # resigned everything
-        assert await rt.reload(set) is None  # nothing changed
+        assert await rt.reload(dict) == LoadStats(0, 0)  # resigned everything
+        assert await rt.reload(dict) is None  # nothing changed
         assert rt.owner_error(0) == ErrorCode.not_coordinator and not rt.loaded
 
     asyncio.run(scenario())
@@ -282,7 +282,7 @@ def test_replicated_answer_waits_for_the_isr_and_operations_do_not_interleave() 
 
     async def scenario() -> None:
         rt, shard, topic = runtime(replicated=True)
-        await rt.reload(lambda: {0})
+        await rt.reload(lambda: {0: None})
         topic.acks = asyncio.Event()
 
         def op(key: bytes) -> Any:
@@ -317,7 +317,7 @@ def test_replicated_answer_waits_for_the_isr_and_operations_do_not_interleave() 
 def test_replicated_failed_append_reaches_the_completion() -> None:
     async def scenario() -> None:
         rt, shard, topic = runtime(replicated=True)
-        await rt.reload(lambda: {0})
+        await rt.reload(lambda: {0: None})
         topic.fail = ErrorCode.not_enough_replicas
         answer = await rt.execute(lambda: CoordinatorResult(writes=(shard.write(b"x"),)))
         assert answer == "failed not_enough_replicas"
@@ -333,7 +333,7 @@ def test_replicated_operation_completes_when_its_caller_is_cancelled(entry: str)
 
     async def scenario() -> None:
         rt, shard, topic = runtime(replicated=True)
-        await rt.reload(lambda: {0})
+        await rt.reload(lambda: {0: None})
         topic.acks = asyncio.Event()
         result: CoordinatorResult[str] = CoordinatorResult(writes=(shard.write(b"a"),))
         if entry == "execute":
@@ -356,7 +356,7 @@ def test_replicated_operation_completes_when_its_caller_is_cancelled(entry: str)
 def test_reload_answers_parked_requests_not_coordinator() -> None:
     async def scenario() -> None:
         rt, shard, _topic = runtime(replicated=True)
-        await rt.reload(lambda: {0})
+        await rt.reload(lambda: {0: None})
 
         def park(token: RequestToken) -> CoordinatorResult[Any]:
             shard.parked = token
@@ -364,7 +364,7 @@ def test_reload_answers_parked_requests_not_coordinator() -> None:
 
         parked = rt.call(park)
         await asyncio.sleep(0)
-        await rt.reload(lambda: {1})
+        await rt.reload(lambda: {1: None})
         assert await parked == "not_coordinator"
 
     asyncio.run(scenario())

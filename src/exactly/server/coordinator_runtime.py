@@ -54,7 +54,7 @@ import asyncio
 import inspect
 import itertools
 import logging
-from collections.abc import Callable, Collection, Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -170,13 +170,13 @@ class CoordinatorRuntime:
 
     async def reload(
         self,
-        target: Callable[[], Collection[int] | Mapping[int, object]],
+        target: Callable[[], Mapping[int, object]],
         on_change: Callable[[frozenset[int]], None] | None = None,
     ) -> LoadStats | None:
         """Cluster mode: follow the led partitions. Under the operation lock (after the
         operation in flight) ``target()`` says which partitions are led now -- read then, so
-        reloads queued behind each other all converge on the newest set. It may map each one to
-        its *leadership* (any object whose identity stands for one continuous leadership: the
+        reloads queued behind each other all converge on the newest set. It maps each one to its
+        *leadership* (any object whose identity stands for one continuous leadership: the
         replica manager's ``LeaderPartition``). The state is reloaded when the set differs from
         ``owned`` or when a partition's leadership is another one than at the last load: this
         broker lost the partition and led it again between two reloads (the reload that would
@@ -186,8 +186,7 @@ class CoordinatorRuntime:
         unload, call ``on_change(new set)``, replay the new set (if any) and drive
         ``load_complete``. Returns what was replayed, or None when nothing changed."""
         async with self._lock:
-            led = target()
-            terms: dict[int, object] = dict(led) if isinstance(led, Mapping) else dict.fromkeys(led)
+            terms = dict(target())
             owned = frozenset(terms)
             if owned == self.owned and all(terms[p] is self._terms.get(p) for p in owned):
                 return None
