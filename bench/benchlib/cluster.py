@@ -223,6 +223,14 @@ class Cluster:
             time.sleep(0.05)
         return time.monotonic() - t0
 
+    def rejoin(self, victim: Any, topic: str) -> float:
+        """Restart a killed broker and wait until it is back in the ISR of ``topic``'s single partition
+        (RF 3): the seconds from the restart, the *rejoin* column of the failover tables."""
+        t0 = time.monotonic()
+        victim.start(timeout=120)
+        self.wait_full_isr(topic, 1, 3, timeout=180)
+        return time.monotonic() - t0
+
     def delete_topic(self, topic: str) -> None:
         kafka.delete_topic(self.bootstrap, topic)
 

@@ -609,10 +609,7 @@ class Failover(Workload):
         def since(key: str) -> float | None:
             return (marks[key] - t0) / 1e9 if key in marks else None
 
-        t_rejoin = time.monotonic()
-        victim.start(timeout=120)
-        cluster.wait_full_isr(topic, 1, 3, timeout=180)
-        rejoin_s = time.monotonic() - t_rejoin
+        rejoin_s = cluster.rejoin(victim, topic)
         return {
             "ok": not errors and "first_ack" in marks,
             "error": "; ".join(errors)[:1000],

@@ -211,10 +211,7 @@ class CoordinatorKill(Workload):
         def since(key: str) -> float | None:
             return (marks[key] - t0) / 1e9 if t0 is not None and key in marks else None
 
-        t_rejoin = time.monotonic()
-        victim.start(timeout=120)
-        cluster.wait_full_isr(TRANSACTION_STATE_TOPIC, 1, 3, timeout=180)
-        rejoin_s = time.monotonic() - t_rejoin
+        rejoin_s = cluster.rejoin(victim, TRANSACTION_STATE_TOPIC)
         cluster.delete_topic(topic)
         return {
             "ok": not errors and "first" in marks,
