@@ -38,6 +38,7 @@ from exactly.types import TopicPartition
 
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 DEFAULT_TXN_TIMEOUT_MS = 60_000
+TWO_PHASE_COMMIT_TIMEOUT_MS = 2**31 - 1  # KIP-939: the timeout a 2PC producer's id is stored with
 _RETRIABLE_INIT = frozenset({"CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS"})
 
 
@@ -216,8 +217,12 @@ def fence_transactional_id(pool: BrokerPool, tid: str, *, timeout_s: float) -> F
     """InitProducerId(tid) at its coordinator: aborts the open transaction and fences its
     producer (epoch bump)."""
     before = describe_one(pool, tid)  # never create an id that does not exist
+    # A two-phase-commit id (KIP-939) stores the maximal timeout, which no plain InitProducerId may
+    # ask for; without enable_2pc/keep_prepared_txn the coordinator aborts its prepared transaction.
     timeout_ms = (
-        before.transaction_timeout_ms if before.transaction_timeout_ms > 0 else DEFAULT_TXN_TIMEOUT_MS
+        before.transaction_timeout_ms
+        if 0 < before.transaction_timeout_ms < TWO_PHASE_COMMIT_TIMEOUT_MS
+        else DEFAULT_TXN_TIMEOUT_MS
     )
     deadline = time.monotonic() + timeout_s
     backoff = 0.05

@@ -74,6 +74,7 @@ _DEFAULTS: dict[str, str] = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "10000",
     "transaction.remove.expired.transaction.cleanup.interval.ms": "3600000",
     "transactional.id.expiration.ms": "604800000",
+    "transaction.two.phase.commit.enable": "false",  # KIP-939 (Kafka 4.1), off by default as in Kafka
     "transaction.partition.verification.enable": "true",  # KIP-890 part 1 (Kafka 3.6+)
     "transaction.state.log.num.partitions": "50",
     "transaction.state.log.segment.bytes": "104857600",

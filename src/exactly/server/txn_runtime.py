@@ -108,6 +108,7 @@ class TxnRuntime:
         cfg = broker.config
         self.config = TxnCoordinatorConfig(
             transaction_max_timeout_ms=cfg.get_int("transaction.max.timeout.ms"),
+            two_phase_commit_enable=cfg.get_bool("transaction.two.phase.commit.enable"),
             transactional_id_expiration_ms=cfg.get_int("transactional.id.expiration.ms"),
             transaction_state_partitions=cfg.get_int("transaction.state.log.num.partitions"),
             offsets_topic_partitions=cfg.get_int("offsets.topic.num.partitions"),

@@ -110,6 +110,9 @@ def list_transactions(
 def timed_out(txns: Iterable[TransactionMetadata], now_ms: int) -> Iterator[TransactionMetadata]:
     """Open transactions past their timeout and not already being changed.
 
+    Two-phase-commit transactions (KIP-939) are never timed out: their outcome belongs to the
+    external transaction manager that prepared them, which may decide long after the producer died.
+
     Strictly older than ``start + timeout``, as in Kafka; a transaction whose ``PrepareAbort``
     append is in flight is skipped and picked up again on the next scan if that append fails.
     """
@@ -117,6 +120,7 @@ def timed_out(txns: Iterable[TransactionMetadata], now_ms: int) -> Iterator[Tran
         if (
             md.state is TransactionState.ONGOING
             and md.pending_state is None
+            and not md.is_two_phase_commit  # KIP-939: only the external coordinator decides
             and md.txn_start_timestamp + md.txn_timeout_ms < now_ms
         ):
             yield md

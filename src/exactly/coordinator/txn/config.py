@@ -26,5 +26,9 @@ class TxnCoordinatorConfig:
     # expire_transactional_ids() (transaction.remove.expired.transaction.cleanup.interval.ms = 1 h).
     abort_timed_out_interval_ms: int = 10_000
     remove_expired_transactional_ids_interval_ms: int = 60 * 60 * 1000
+    # transaction.two.phase.commit.enable (KIP-939, default false as in Kafka): whether producers
+    # may ask for two-phase-commit transactions (InitProducerId enable_2pc), which the coordinator
+    # never aborts on a timeout and which a new InitProducerId with keep_prepared_txn keeps open.
+    two_phase_commit_enable: bool = False
     # __transaction_state value version to write (0 = Kafka TV0/TV1 format, 1 = flexible, KIP-890).
     log_value_version: int = DEFAULT_VALUE_VERSION

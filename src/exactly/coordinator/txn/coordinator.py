@@ -59,6 +59,7 @@ from exactly.coordinator.txn.metadata import (
     IllegalTransitionStateError,
     ProducerFencedError,
     TransactionMetadata,
+    TWO_PHASE_COMMIT_TIMEOUT_MS,
     TxnTransitMetadata,
     is_epoch_exhausted,
 )
@@ -103,10 +104,25 @@ class TransactionCoordinator(TransactionStateManager):
         producer_id: int = NO_PRODUCER_ID,
         producer_epoch: int = NO_PRODUCER_EPOCH,
         request_version: int = INIT_PRODUCER_ID_VERSION,
+        enable_2pc: bool = False,
+        keep_prepared_txn: bool = False,
     ) -> CoordinatorResult[InitProducerIdResult]:
         """Create or load the id, abort an open transaction, bump the epoch (or rotate the id).
 
         ``producer_id``/``producer_epoch`` are KIP-360's "I still hold this" fields (v3+).
+
+        KIP-939 (v6): ``enable_2pc`` makes the id a two-phase-commit producer -- refused with
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED unless ``transaction.two.phase.commit.enable`` is
+        set (as Kafka does: the client cannot tell a disabled broker from a missing permission);
+        its timeout is stored as :data:`TWO_PHASE_COMMIT_TIMEOUT_MS` (the request's timeout is
+        not checked), so its transactions are never timed out. ``keep_prepared_txn`` (only with
+        ``enable_2pc``, else INVALID_REQUEST) keeps an open transaction instead of aborting it:
+        the epoch is bumped (fencing the producer that wrote it) and the answer carries the
+        transaction's producer id and epoch in ``ongoing_txn_*``; the caller then ends it with
+        EndTxn under the new epoch. Deliberate difference: Kafka lets only a transaction that
+        was already 2PC be kept; here any open transaction can be adopted (and becomes 2PC),
+        because librdkafka cannot start a 2PC transaction -- the Spark sink writes with
+        librdkafka and adopts the transaction right after flushing it.
         """
 
         def fail(error: ErrorCode) -> CoordinatorResult[InitProducerIdResult]:
@@ -119,7 +135,13 @@ class TransactionCoordinator(TransactionStateManager):
             )
         if not transactional_id:
             return fail(E.invalid_request)
-        if not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
+        if enable_2pc and not self.config.two_phase_commit_enable:
+            return fail(E.transactional_id_authorization_failed)
+        if keep_prepared_txn and not enable_2pc:
+            return fail(E.invalid_request)
+        if enable_2pc:
+            transaction_timeout_ms = TWO_PHASE_COMMIT_TIMEOUT_MS
+        elif not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
             return fail(E.invalid_transaction_timeout)
         if self._loading:
             return fail(E.coordinator_load_in_progress)
@@ -140,6 +162,11 @@ class TransactionCoordinator(TransactionStateManager):
             return fail(E.producer_fenced)
         if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
             return fail(E.concurrent_transactions)
+        if md.state is S.ONGOING and keep_prepared_txn:
+            if md.is_producer_epoch_exhausted:  # no epoch left to fence the writer with
+                return fail(E.invalid_txn_state)
+            transit = md.prepare_keep_prepared(transaction_timeout_ms, now_ms)
+            return self._append(md, transit, AppendPurpose.KEEP_PREPARED, request_version)
         if md.state is S.ONGOING:
             # Abort the open transaction under a bumped epoch; the client retries after
             # CONCURRENT_TRANSACTIONS and then gets a second bump (or a new producer id).

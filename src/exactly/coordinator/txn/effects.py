@@ -34,6 +34,7 @@ class AppendPurpose(enum.Enum):
 
     INIT_PRODUCER_ID = "init_producer_id"  # Empty/Complete* -> Empty, answers InitProducerId
     FENCE = "fence"  # InitProducerId hit an Ongoing txn: fence + abort, answers CONCURRENT_TRANSACTIONS
+    KEEP_PREPARED = "keep_prepared"  # KIP-939: Ongoing -> Ongoing with epoch + 1, txn kept open
     ADD_PARTITIONS = "add_partitions"  # -> Ongoing, answers AddPartitionsToTxn
     ADD_OFFSETS = "add_offsets"  # -> Ongoing, answers AddOffsetsToTxn
     END_TXN = "end_txn"  # Ongoing -> Prepare*, answers EndTxn and starts the markers
@@ -87,9 +88,14 @@ Effect = AppendTxnLog | WriteMarkers
 
 @dataclass(frozen=True, slots=True)
 class InitProducerIdResult:
+    """``ongoing_txn_*`` (InitProducerId v6, KIP-939): the producer id and epoch under which the
+    transaction kept open by ``keep_prepared_txn`` was written; -1 when none was kept."""
+
     error: ErrorCode
     producer_id: ProducerId = NO_PRODUCER_ID
     producer_epoch: ProducerEpoch = NO_PRODUCER_EPOCH
+    ongoing_txn_producer_id: ProducerId = NO_PRODUCER_ID
+    ongoing_txn_producer_epoch: ProducerEpoch = NO_PRODUCER_EPOCH
 
 
 @dataclass(frozen=True, slots=True)

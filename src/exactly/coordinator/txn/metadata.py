@@ -38,6 +38,15 @@ from exactly.types import (
 
 S = TransactionState
 
+#: KIP-939: the transaction timeout stored for a two-phase-commit producer. Kafka marks a 2PC
+#: transaction by this value in the already-persisted ``TransactionTimeoutMs`` (no new log field),
+#: so the mark survives a coordinator failover and the replay of any log format.
+TWO_PHASE_COMMIT_TIMEOUT_MS = 2**31 - 1
+
+
+def is_two_phase_commit_timeout(txn_timeout_ms: int) -> bool:
+    return txn_timeout_ms == TWO_PHASE_COMMIT_TIMEOUT_MS
+
 
 class ProducerFencedError(Exception):
     """The request's epoch is neither the current one nor a retry of the last bump."""
@@ -153,6 +162,11 @@ class TransactionMetadata:
     @property
     def is_producer_epoch_exhausted(self) -> bool:
         return is_epoch_exhausted(self.producer_epoch)
+
+    @property
+    def is_two_phase_commit(self) -> bool:
+        """KIP-939: the producer enabled 2PC; its transactions are never aborted on a timeout."""
+        return is_two_phase_commit_timeout(self.txn_timeout_ms)
 
     def snapshot(self) -> TxnTransitMetadata:
         """The current state as a transit, without preparing anything (Kafka's prepareNoTransit)."""
@@ -280,6 +294,27 @@ class TransactionMetadata:
             epoch_fence=True,
         )
 
+    def prepare_keep_prepared(self, txn_timeout_ms: int, now_ms: int) -> TxnTransitMetadata:
+        """KIP-939 ``keep_prepared_txn``: ``Ongoing`` -> ``Ongoing`` with epoch + 1, same partitions.
+
+        The new holder of the transactional.id takes over the open (prepared) transaction: the
+        bump fences the producer that wrote it, and the holder ends the transaction with EndTxn
+        under the new epoch. ``last_producer_epoch`` keeps the epoch the transaction was written
+        with (the InitProducerId response reports it as ``ongoing_txn_producer_epoch``).
+        Written as an ``epoch_fence`` transit, which :meth:`complete_transition` accepts on an
+        Ongoing -> Ongoing step only with exactly one bump and unchanged partitions.
+        """
+        if self.state is not S.ONGOING:
+            raise IllegalTransitionStateError(f"{self.transactional_id}: no open transaction to keep")
+        return self._prepare(
+            S.ONGOING,
+            producer_epoch=self._bumped_client_epoch(),
+            last_producer_epoch=self.producer_epoch,
+            txn_timeout_ms=txn_timeout_ms,
+            txn_last_update_timestamp=now_ms,
+            epoch_fence=True,
+        )
+
     def prepare_complete(self, now_ms: int) -> TxnTransitMetadata:
         """``PrepareCommit`` -> ``CompleteCommit`` (or Abort) once every marker is written."""
         if not self.state.is_prepare:
@@ -308,7 +343,15 @@ class TransactionMetadata:
             ):
                 self._fail(transit)
         elif target is S.ONGOING:
-            if (
+            kept = (  # keep_prepared_txn: one bump, same transaction (its timeout may become 2PC)
+                transit.epoch_fence
+                and self.state is S.ONGOING
+                and transit.producer_id == self.producer_id
+                and transit.producer_epoch == self.producer_epoch + 1
+                and transit.partitions == self.partitions
+                and transit.txn_start_timestamp == self.txn_start_timestamp
+            )
+            if not kept and (
                 not self._same_producer(transit)
                 or not transit.partitions >= self.partitions
                 or transit.txn_timeout_ms != self.txn_timeout_ms

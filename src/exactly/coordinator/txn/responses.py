@@ -22,12 +22,12 @@ from exactly.coordinator.txn.effects import (
 E = ErrorCode
 
 # Newest request versions modelled; a request without a version is treated as the newest.
-INIT_PRODUCER_ID_VERSION = 5
+INIT_PRODUCER_ID_VERSION = 6
 ADD_PARTITIONS_VERSION = 5
 ADD_OFFSETS_VERSION = 4
 END_TXN_VERSION = 4
 
-_INIT_PURPOSES = (AppendPurpose.INIT_PRODUCER_ID, AppendPurpose.FENCE)
+_INIT_PURPOSES = (AppendPurpose.INIT_PRODUCER_ID, AppendPurpose.FENCE, AppendPurpose.KEEP_PREPARED)
 
 
 def append_error_to_coordinator_error(error: ErrorCode) -> ErrorCode:
@@ -74,6 +74,17 @@ def response_for_append(append: AppendTxnLog, error: ErrorCode) -> Response | No
     if purpose is AppendPurpose.INIT_PRODUCER_ID:
         if ok:
             return InitProducerIdResult(E.none, transit.producer_id, transit.producer_epoch)
+        return InitProducerIdResult(error)
+    if purpose is AppendPurpose.KEEP_PREPARED:
+        # The kept transaction was written under the epoch the transit remembers as the last one.
+        if ok:
+            return InitProducerIdResult(
+                E.none,
+                transit.producer_id,
+                transit.producer_epoch,
+                transit.producer_id,
+                transit.last_producer_epoch,
+            )
         return InitProducerIdResult(error)
     if purpose is AppendPurpose.FENCE:
         # The abort of the old instance's transaction is under way: retry once it completes.

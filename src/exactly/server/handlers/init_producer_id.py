@@ -3,7 +3,9 @@
 Without a transactional.id Kafka "blindly accepts" the request: a fresh producer id from the
 persistent block allocator, epoch 0, whatever producer id/epoch (KIP-360) the client sent. With one,
 the transaction coordinator maps the id to its producer id, aborts an open transaction of the
-previous incarnation and bumps the epoch, which fences zombies.
+previous incarnation and bumps the epoch, which fences zombies. v6 adds KIP-939's ``enable_2pc``
+and ``keep_prepared_txn`` (see ``TransactionCoordinator.init_producer_id``) and answers the kept
+transaction's producer id and epoch in ``ongoing_txn_producer_id``/``ongoing_txn_producer_epoch``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 producer_id=getattr(request, "producer_id", -1),
                 producer_epoch=getattr(request, "producer_epoch", -1),
                 request_version=ctx.version,
+                enable_2pc=bool(getattr(request, "enable2_pc", False)),
+                keep_prepared_txn=bool(getattr(request, "keep_prepared_txn", False)),
             )
         )
     except OSError:
@@ -72,9 +76,16 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             ctx.api.response_type, error_code=ErrorCode.kafka_storage_error, producer_id=-1, producer_epoch=-1
         )
     broker.metrics.error(API_KEY, result.error)
+    ongoing: dict[str, int] = {}
+    if ctx.version >= 6:
+        ongoing = {
+            "ongoing_txn_producer_id": result.ongoing_txn_producer_id,
+            "ongoing_txn_producer_epoch": result.ongoing_txn_producer_epoch,
+        }
     return build(
         ctx.api.response_type,
         error_code=result.error,
         producer_id=result.producer_id,
         producer_epoch=result.producer_epoch,
+        **ongoing,
     )
