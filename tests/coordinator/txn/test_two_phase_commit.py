@@ -126,7 +126,7 @@ def test_keep_prepared_adopts_a_plain_transaction_as_2pc() -> None:
 
 def test_without_keep_prepared_a_2pc_transaction_is_aborted_as_usual() -> None:
     shell = Shell(config=ENABLED)
-    pid, epoch = prepared(shell)
+    _pid, epoch = prepared(shell)
     assert shell.init(TID, enable_2pc=True).error == E.concurrent_transactions
     assert shell.markers[-1].result is ControlType.ABORT
     r = shell.init(TID, enable_2pc=True)

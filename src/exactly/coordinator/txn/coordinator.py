@@ -56,10 +56,10 @@ from exactly.coordinator.txn.effects import (
     Response,
 )
 from exactly.coordinator.txn.metadata import (
+    TWO_PHASE_COMMIT_TIMEOUT_MS,
     IllegalTransitionStateError,
     ProducerFencedError,
     TransactionMetadata,
-    TWO_PHASE_COMMIT_TIMEOUT_MS,
     TxnTransitMetadata,
     is_epoch_exhausted,
 )
