@@ -1,0 +1,133 @@
+"""KIP-939 two-phase commit on the real broker, driven as the Spark sink drives it: librdkafka writes
+and flushes a transaction, then the project's wire client adopts it (InitProducerId v6 with
+enable_2pc + keep_prepared_txn) and decides it later -- after the writer died, after a SIGKILL of
+the broker, and long after the writer's transaction.timeout.ms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from exactly.client.broker_pool import BrokerPool
+from exactly.client.two_phase import (
+    PreparedTxn,
+    TwoPhaseError,
+    adopt_prepared,
+    end_prepared,
+    supports_two_phase_commit,
+)
+from exactly.client.txn_admin import describe_one, fence_transactional_id, list_transactions
+from tests.conftest import BrokerFactory
+from tests.support.broker import Broker
+from tests.support.clients import create_topic
+from tests.support.txn_helpers import (
+    READ_COMMITTED,
+    end_offsets,
+    fresh_config,
+    produce_flush,
+    read_to_end,
+    txn_producer,
+    values,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+TWO_PC = {"transaction.two.phase.commit.enable": "true"}
+SHORT_TIMEOUT_MS = 1500
+
+
+def _flushed_txn(
+    bootstrap: str, tid: str, topic: str, n: int, timeout_ms: int = SHORT_TIMEOUT_MS
+) -> tuple[int, int]:
+    """A librdkafka producer writes ``n`` records in a transaction, flushes, and is dropped
+    without committing: the (producer id, epoch) the open transaction has at its coordinator."""
+    p = txn_producer(
+        bootstrap, tid, **{"transaction.timeout.ms": timeout_ms, "message.timeout.ms": timeout_ms}
+    )
+    p.init_transactions(15)
+    p.begin_transaction()
+    produce_flush(p, [(topic, i % 2, f"{tid}-{i}".encode()) for i in range(n)])
+    with BrokerPool.connect(bootstrap, timeout=10) as pool:
+        state = describe_one(pool, tid)
+    assert state.transaction_state == "Ongoing"
+    del p  # the writer is gone; its transaction stays open
+    return state.producer_id, state.producer_epoch
+
+
+def test_enable_2pc_is_refused_unless_the_broker_allows_it(
+    broker: Broker, unique_name: Callable[[str], str]
+) -> None:
+    topic = unique_name("no2pc")
+    create_topic(broker.bootstrap, topic, partitions=2)
+    tid = unique_name("no2pc-tx")
+    _flushed_txn(broker.bootstrap, tid, topic, 4, timeout_ms=60_000)
+    with BrokerPool.connect(broker.bootstrap, timeout=10) as pool:
+        assert not supports_two_phase_commit(pool)
+        with pytest.raises(TwoPhaseError, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+            adopt_prepared(pool, tid, timeout_s=10)
+        assert describe_one(pool, tid).transaction_state == "Ongoing"  # untouched
+
+
+def test_prepared_txn_survives_writer_death_broker_kill_and_its_timeout(
+    fresh_broker: BrokerFactory, unique_name: Callable[[str], str]
+) -> None:
+    b = fresh_broker(**fresh_config(**TWO_PC))
+    topic = unique_name("p2pc")
+    create_topic(b.bootstrap, topic, partitions=2)
+    tid, control = unique_name("prepared"), unique_name("plain")
+    pid, epoch = _flushed_txn(b.bootstrap, tid, topic, 10)
+    with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
+        assert supports_two_phase_commit(pool)
+        adopted = adopt_prepared(pool, tid, timeout_s=15)
+    # the answer names the transaction the writer left open, and a new holder epoch
+    assert (adopted.ongoing_producer_id, adopted.ongoing_producer_epoch) == (pid, epoch)
+    assert (adopted.holder.producer_id, adopted.holder.producer_epoch) == (pid, epoch + 1)
+
+    b.kill()
+    b.restart()
+    # a plain transaction with the same 1.5 s timeout, started after the restart: once the
+    # coordinator has aborted it, the 2PC transaction has been through the same timeout scans
+    _flushed_txn(b.bootstrap, control, topic, 2)
+    with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
+        wait_until(
+            lambda: describe_one(pool, control).transaction_state == "CompleteAbort",
+            30,
+            "the plain transaction timed out",
+        )
+        state = describe_one(pool, tid)
+        assert (state.transaction_state, state.producer_epoch) == ("Ongoing", epoch + 1)
+        assert state.transaction_timeout_ms == 2**31 - 1  # the 2PC mark, replayed from the log
+        listed = {t.transactional_id: t.state for t in list_transactions(pool, states=("Ongoing",))}
+        assert listed.get(tid) == "Ongoing"
+        assert values(read_to_end(b.bootstrap, topic, [0, 1], READ_COMMITTED)) == []
+
+        # repeated commits by the holder are harmless; the old epoch is fenced
+        with pytest.raises(TwoPhaseError, match="PRODUCER_FENCED"):
+            end_prepared(pool, PreparedTxn(tid, pid, epoch), commit=True, timeout_s=10)
+        end_prepared(pool, adopted.holder, commit=True, timeout_s=15)
+        end_prepared(pool, adopted.holder, commit=True, timeout_s=15)
+        with pytest.raises(TwoPhaseError, match="INVALID_TXN_STATE"):
+            end_prepared(pool, adopted.holder, commit=False, timeout_s=10)
+    got = sorted(values(read_to_end(b.bootstrap, topic, [0, 1], READ_COMMITTED)))
+    assert got == sorted(f"{tid}-{i}".encode() for i in range(10))
+    ends = end_offsets(b.bootstrap, topic, [0, 1], READ_COMMITTED)
+    assert sum(ends.values()) > 10  # records + markers: the LSO is past the whole transaction
+
+
+def test_prepared_txn_can_be_aborted_by_hand(
+    fresh_broker: BrokerFactory, unique_name: Callable[[str], str]
+) -> None:
+    """``exactly txn abort --transactional-id`` ends a prepared (2PC) transaction too."""
+    b = fresh_broker(**fresh_config(**TWO_PC))
+    topic = unique_name("a2pc")
+    create_topic(b.bootstrap, topic, partitions=2)
+    tid = unique_name("abort-by-hand")
+    _flushed_txn(b.bootstrap, tid, topic, 6)
+    with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
+        adopt_prepared(pool, tid, timeout_s=15)
+        result = fence_transactional_id(pool, tid, timeout_s=15)
+        assert result.before.transaction_state == "Ongoing"
+        assert describe_one(pool, tid).transaction_state == "Empty"  # aborted, then the epoch bumped
+    assert values(read_to_end(b.bootstrap, topic, [0, 1], READ_COMMITTED)) == []
