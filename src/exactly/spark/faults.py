@@ -14,6 +14,11 @@ Spark Python worker, not in the test process:
   and hangs right after its commit; a task that reaches its commit after that hangs *before* it
   (``paused-B-<p>``, its transaction left open). The test then SIGKILLs the driver: some tasks
   committed, some left open transactions, and Spark never wrote its commit log for B.
+* ``testing.failAfterPrepare=P`` - two-phase mode: every attempt of the task of Spark partition P
+  raises right after it prepared its transaction (a task that fails for good).
+* ``testing.crashAfterDecision=true`` - two-phase mode: the driver's first ``commit`` of each
+  batch raises right after its decision is durable and before any transaction is committed
+  (``crashed-after-decision-<batch>`` marks it done), as a driver dying there would leave it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class Faults:
     pause_before_commit: bool = False
     pause_batch: int | None = None
     hang_batch: int | None = None
+    fail_after_prepare: int | None = None
+    crash_after_decision: bool = False
 
     @property
     def active(self) -> bool:
@@ -77,6 +84,18 @@ class Faults:
             self._touch(f"paused-{batch}-{partition}")
             self._wait_for("never")
 
+    def after_prepare(self, batch: int, partition: int) -> None:
+        if self.active and self.fail_after_prepare == partition:
+            raise InjectedFault(f"injected failure after prepare (batch {batch}, partition {partition})")
+
+    def after_decision(self, batch: int) -> None:
+        if not self.active or not self.crash_after_decision:
+            return
+        name = f"crashed-after-decision-{batch}"
+        if not self._path(name).exists():
+            self._touch(name)
+            raise InjectedFault(f"injected driver crash after the decision of batch {batch}")
+
     def after_commit(self, batch: int, partition: int) -> None:
         if not self.active:
             return
@@ -94,6 +113,7 @@ class Faults:
 def parse_faults(get: dict[str, str]) -> Faults:
     """From the lower-cased writer options."""
     hang = get.get("testing.hangbatch")
+    fail_prepared = get.get("testing.failafterprepare")
     pause = get.get("testing.pausebatch")
     return Faults(
         hook_dir=get.get("testing.hookdir"),
@@ -101,4 +121,6 @@ def parse_faults(get: dict[str, str]) -> Faults:
         pause_before_commit=get.get("testing.pausebeforecommit", "false").lower() == "true",
         pause_batch=int(pause) if pause is not None else None,
         hang_batch=int(hang) if hang is not None else None,
+        fail_after_prepare=int(fail_prepared) if fail_prepared is not None else None,
+        crash_after_decision=get.get("testing.crashafterdecision", "false").lower() == "true",
     )

@@ -264,6 +264,8 @@ class SinkOptions:
     transaction_timeout_ms: int
     progress_wait_s: float
     faults: Faults = field(default_factory=Faults)
+    # atomicBatches: "auto" (two-phase where the broker supports KIP-939), "true" or "false"
+    atomic_batches: str = "auto"
 
     @property
     def exactly_once(self) -> bool:
@@ -277,6 +279,9 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     client = client_config(options)
     timeout_ms = int(client.pop("transaction.timeout.ms", "60000"))
     partitions = _int(options, "progressTopicPartitions", 16) or 16
+    atomic = (_get(options, "atomicBatches", "auto") or "auto").lower()
+    if atomic not in ("auto", "true", "false"):
+        raise OptionError(f"atomicBatches must be auto, true or false, got {atomic!r}")
     return SinkOptions(
         client=client,
         topic=_get(options, "topic"),
@@ -290,4 +295,5 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         faults=parse_faults(
             {k.lower(): str(v) for k, v in options.items() if k.lower().startswith("testing.")}
         ),
+        atomic_batches=atomic,
     )

@@ -32,10 +32,11 @@ import json
 import logging
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from exactly.spark.retries import call_retrying, retriable
@@ -221,3 +222,61 @@ def _scan(
             )
     consumer.unassign()
     return newest
+
+
+# ---------------------------------------------------------------------------- decisions
+# The two-phase (atomic) sink records the driver's commit decisions in the progress topic too:
+# key ``<transactionalIdPrefix>-<write id>-decision``, written outside any transaction (an
+# idempotent producer, acks=all) and read with read_uncommitted, because the prepared transactions
+# it decides hold the progress partitions' LSO until they are committed.
+
+
+def decision_key(prefix: str, write_id: str) -> str:
+    return f"{prefix}-{write_id}-decision"
+
+
+def decision_partition(key: str, partitions: int) -> int:
+    return zlib.crc32(key.encode()) % partitions
+
+
+def write_decision(client_conf: dict[str, str], topic: str, partition: int, key: str, value: bytes) -> None:
+    """Append one decision record and wait until it is acknowledged by all in-sync replicas."""
+    producer = Producer({"log_level": 3, **client_conf, "enable.idempotence": True, "acks": "all"})
+    errors: list[Any] = []
+    producer.produce(
+        topic, key=key.encode(), value=value, partition=partition, on_delivery=lambda e, _m: errors.append(e)
+    )
+    remaining = producer.flush(60)
+    if remaining or not errors or errors[0] is not None:
+        raise KafkaException(
+            errors[0] if errors and errors[0] is not None else "decision not acknowledged in 60 s"
+        )
+
+
+def latest_decision(client_conf: dict[str, str], topic: str, partition: int, key: str) -> Marker | None:
+    """The newest decision record with ``key`` (its value has the decided ``batch``), or None."""
+    consumer = Consumer(
+        {
+            "log_level": 3,
+            **client_conf,
+            "group.id": "exactly-spark-progress-reader",
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        low, high = _watermarks_uncommitted(client_conf, topic, partition)
+        stop, window = high, _FIRST_WINDOW
+        while stop > low:
+            begin = max(low, stop - window)
+            found = _scan(consumer, topic, partition, begin, stop, key.encode(), 60.0)
+            if found is not None:
+                return found
+            stop = begin
+            window *= 8
+        return None
+    finally:
+        consumer.close()

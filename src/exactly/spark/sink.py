@@ -79,7 +79,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
-from exactly.spark import progress
+from exactly.spark import progress, two_phase
 from exactly.spark.options import OptionError, SinkOptions
 from exactly.spark.retries import call_retrying
 
@@ -99,6 +99,8 @@ class SinkCommitMessage(WriterCommitMessage):
     skipped: bool = False  # the batch was already committed by an earlier attempt
     transactional_id: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    write_id: str | None = None
+    prepared: tuple[str, int, int] | None = None  # two-phase mode: (txn id, holder pid, epoch)
 
 
 def validate_schema(schema: StructType, options: SinkOptions) -> None:
@@ -210,7 +212,13 @@ def _task() -> tuple[int, int, str | None, int | None]:
 
 
 def write_exactly_once(
-    options: SinkOptions, progress_partitions: int, write_id: str, batch_id: int, rows: Iterator[Row]
+    options: SinkOptions,
+    progress_partitions: int,
+    write_id: str,
+    batch_id: int,
+    rows: Iterator[Row],
+    *,
+    atomic: bool = False,
 ) -> SinkCommitMessage:
     partition, attempt, _query, _batch = _task()
     first = next(rows, None)
@@ -219,6 +227,8 @@ def write_exactly_once(
     txn_id = f"{options.transactional_id_prefix}-{write_id}-{partition}"
     timings: dict[str, float] = {}
     t0 = time.monotonic()
+    if atomic:  # a transaction decided before the driver stopped must be committed, not aborted
+        two_phase.resolve_leftover(options, write_id, txn_id, progress_partitions)
     producer = Producer(
         {
             **_producer_conf(options),
@@ -243,7 +253,7 @@ def write_exactly_once(
             )
         else:
             log.info("%s: batch %d already committed by an earlier attempt; skipping", txn_id, batch_id)
-        return SinkCommitMessage(partition, attempt, batch_id, 0, True, txn_id, timings)
+        return SinkCommitMessage(partition, attempt, batch_id, 0, True, txn_id, timings, write_id)
     deliveries = _Deliveries()
     producer.begin_transaction()
     count = 0
@@ -264,6 +274,16 @@ def write_exactly_once(
         timings["produce"] = time.monotonic() - t0 - timings["init"] - timings["lookup"]
         producer.flush(timeout)  # commit_transaction would flush too; explicit so faults see it all sent
         options.faults.before_commit(batch_id, partition)
+        if atomic:
+            if deliveries.error is not None:
+                raise KafkaException(deliveries.error)
+            held = two_phase.prepare(options, txn_id)  # the driver decides; librdkafka is fenced
+            timings["total"] = time.monotonic() - t0
+            options.faults.after_prepare(batch_id, partition)
+            prepared = (held.transactional_id, held.producer_id, held.producer_epoch)
+            return SinkCommitMessage(
+                partition, attempt, batch_id, count, False, txn_id, timings, write_id, prepared
+            )
         # retriable (the coordinator moved, the commit's outcome unknown): the same call again,
         # as librdkafka documents; the coordinator answers a repeated EndTxn idempotently
         call_retrying(lambda: producer.commit_transaction(timeout), timeout, f"{txn_id}: commit")
@@ -288,7 +308,7 @@ def write_exactly_once(
             deliveries.marker_offset,
             batch_id,
         )
-    return SinkCommitMessage(partition, attempt, batch_id, count, False, txn_id, timings)
+    return SinkCommitMessage(partition, attempt, batch_id, count, False, txn_id, timings, write_id)
 
 
 def write_at_least_once(options: SinkOptions, batch_id: int, rows: Iterator[Row]) -> SinkCommitMessage:
@@ -321,10 +341,12 @@ class _WriterBase:
         validate_schema(schema, options)
         self.options = options
         self.progress_partitions = 1
+        self.atomic = False
         if options.exactly_once:  # driver side, before any task: create the progress topic
             self.progress_partitions = progress.ensure_progress_topic(
                 options.client, options.progress_topic, options.progress_partitions
             )
+            self.atomic = two_phase.resolve_atomic(options)
 
     def _write(self, iterator: Iterator[pa.RecordBatch], write_id: str | None) -> SinkCommitMessage:
         _partition, _attempt, query, batch = _task()
@@ -335,7 +357,25 @@ class _WriterBase:
         wid = write_id or query
         if wid is None:
             raise RuntimeError("streaming write task without a query id (sql.streaming.queryId)")
-        return write_exactly_once(self.options, self.progress_partitions, wid, batch_id, rows)
+        return write_exactly_once(
+            self.options, self.progress_partitions, wid, batch_id, rows, atomic=self.atomic
+        )
+
+    def _commit(self, messages: list[Any], batch_id: int, write_id: str | None) -> None:
+        if self.atomic:
+            reported, prepared = two_phase.prepared_of(messages)
+            wid = reported or write_id
+            if wid is not None:
+                two_phase.commit(self.options, wid, self.progress_partitions, batch_id, prepared)
+        self._report(messages, batch_id, "committed")
+
+    def _abort(self, messages: list[Any], batch_id: int, write_id: str | None) -> None:
+        if self.atomic:
+            reported, prepared = two_phase.prepared_of(messages)
+            two_phase.abort(self.options, reported or write_id, self.progress_partitions, batch_id, prepared)
+            self._report(messages, batch_id, "aborted (nothing of it is visible)")
+        else:
+            self._report(messages, batch_id, "aborted (tasks that committed stay visible)")
 
     @staticmethod
     def _report(messages: list[Any], batch_id: int, verb: str) -> None:
@@ -359,16 +399,19 @@ class ExactlyStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         return self._write(iterator, None)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Idempotent: the tasks committed their own transactions; a repeat call changes nothing."""
-        self._report(list(messages), batchId, "committed")
+        """Idempotent. Per-task mode: the tasks committed their own transactions, this only
+        reports. Two-phase mode: record the decision, then commit every prepared transaction."""
+        self._commit(list(messages), batchId, None)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Tasks that committed stay committed; the replay of this batch id skips them."""
-        self._report(list(messages), batchId, "aborted (tasks that committed stay visible)")
+        """Per-task mode: tasks that committed stay committed; the replay of this batch id skips
+        them. Two-phase mode: nothing of the batch becomes visible (unless already decided)."""
+        self._abort(list(messages), batchId, None)
 
 
 class ExactlyBatchWriter(_WriterBase, DataSourceArrowWriter):
-    """Batch sink (``df.write.format("exactly")``): per-task transactions under a random write id."""
+    """Batch sink (``df.write.format("exactly")``): per-task transactions under a random write id
+    (two-phase mode: one decision for the whole job)."""
 
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         super().__init__(options, schema)
@@ -378,7 +421,7 @@ class ExactlyBatchWriter(_WriterBase, DataSourceArrowWriter):
         return self._write(iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._report(list(messages), 0, "committed")
+        self._commit(list(messages), 0, self.write_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._report(list(messages), 0, "aborted (tasks that committed stay visible)")
+        self._abort(list(messages), 0, self.write_id)
