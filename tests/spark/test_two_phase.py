@@ -9,6 +9,7 @@ the sink picks the atomic mode by itself. The crash tests run the write tasks an
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from exactly.spark.faults import InjectedFault
 from exactly.spark.options import SinkOptions, parse_sink_options
 from tests.spark.helpers import read_all
 from tests.support.broker import Broker
-from tests.support.clients import create_topic
+from tests.support.clients import create_topic, produce_values
 from tests.support.txn_helpers import txn_broker_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -197,3 +198,50 @@ def test_batch_job_whose_last_task_fails_for_good_leaves_nothing_and_its_retry_w
     write()
     values = sorted(g.value for g in read_all(bootstrap, topic, range(3)))
     assert values == sorted(b"v%d" % i for i in range(300))
+
+
+def test_streaming_micro_batches_are_atomic_and_a_replay_is_skipped(
+    spark: Any, bootstrap: str, unique_name: Any, tmp_path: Path
+) -> None:
+    """A real streaming query in two-phase mode; then Spark's replay of its last batch (the commit
+    log entry removed, as a driver dying after the sink's commit leaves it) writes nothing again."""
+    source, target = unique_name("atomic-in"), unique_name("atomic-out")
+    create_topic(bootstrap, source)
+    create_topic(bootstrap, target, partitions=2)
+    produce_values(bootstrap, source, [b"r%03d" % i for i in range(100)])
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> Any:
+        query = (
+            spark.readStream.format("exactly")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", source)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "40")
+            .load()
+            .selectExpr("key", "upper(cast(value as string)) as value")
+            .repartition(2)
+            .writeStream.format("exactly")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", target)
+            .option("atomicBatches", "true")
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180)
+        assert query.exception() is None
+        return query
+
+    run()
+    expected = Counter(b"R%03d" % i for i in range(100))
+    assert Counter(g.value for g in read_all(bootstrap, target, range(2))) == expected
+    commits = [p for p in (ckpt / "commits").iterdir() if p.name.isdigit()]
+    last = max(commits, key=lambda p: int(p.name))
+    last.unlink()
+    crc = ckpt / "commits" / f".{last.name}.crc"
+    if crc.exists():
+        crc.unlink()
+    replay = run()
+    assert any(p["batchId"] == int(last.name) and p["numInputRows"] > 0 for p in replay.recentProgress)
+    assert Counter(g.value for g in read_all(bootstrap, target, range(2))) == expected
