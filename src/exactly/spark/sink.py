@@ -55,6 +55,13 @@ whether the failed attempt's commit made it. Task retries need ``spark.task.maxF
 (``local[N,F]`` on a local master: plain ``local[*]`` fails the query on the first task failure,
 and a restart of the query from its checkpoint is the recovery).
 
+Two-phase mode (``atomicBatches``; default ``auto``: on where the broker allows KIP-939)
+-----------------------------------------------------------------------------------------
+Steps 1-2 as above; step 3 flushes and then *prepares* instead of committing (the transaction is
+adopted as a KIP-939 two-phase-commit transaction), and the driver's ``commit`` records its
+decision and commits every task's transaction; see ``two_phase.py`` for the protocol, the
+recovery and the guarantee (every batch all-or-nothing).
+
 At-least-once mode (``deliveryGuarantee=at_least_once``) uses a plain idempotent producer: no
 duplicates from producer retries, but a replayed batch is written again.
 """
