@@ -24,7 +24,8 @@ between ``format("kafka")`` and ``format("exactly")`` by changing the format str
 
 Writer options (see ``sink.py``): ``topic``, ``deliveryGuarantee`` (``exactly_once`` default |
 ``at_least_once``), ``transactionalIdPrefix``, ``progressTopic``, ``progressTopicPartitions``,
-``kafka.transaction.timeout.ms``.
+``kafka.transaction.timeout.ms``, ``atomicBatches`` (``auto`` default: two-phase where the broker
+allows KIP-939 | ``true``: required | ``false``: per-task transactions; see ``two_phase.py``).
 """
 
 from __future__ import annotations
