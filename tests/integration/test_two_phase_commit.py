@@ -5,6 +5,8 @@ the broker, and long after the writer's transaction.timeout.ms."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -17,9 +19,9 @@ from exactly.client.two_phase import (
     end_prepared,
     supports_two_phase_commit,
 )
-from exactly.client.txn_admin import describe_one, fence_transactional_id, list_transactions
+from exactly.client.txn_admin import describe_one, list_transactions
 from tests.conftest import BrokerFactory
-from tests.support.broker import Broker
+from tests.support.broker import Broker, child_env
 from tests.support.clients import create_topic
 from tests.support.txn_helpers import (
     READ_COMMITTED,
@@ -116,10 +118,23 @@ def test_prepared_txn_survives_writer_death_broker_kill_and_its_timeout(
     assert sum(ends.values()) > 10  # records + markers: the LSO is past the whole transaction
 
 
-def test_prepared_txn_can_be_aborted_by_hand(
+def _cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "exactly", *args], capture_output=True, timeout=60, env=child_env(), input=b""
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.decode()
+
+
+def _rows(text: str) -> list[dict[str, str]]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0].split("\t")
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
+
+
+def test_exactly_txn_shows_a_prepared_transaction_and_aborts_it_by_hand(
     fresh_broker: BrokerFactory, unique_name: Callable[[str], str]
 ) -> None:
-    """``exactly txn abort --transactional-id`` ends a prepared (2PC) transaction too."""
     b = fresh_broker(**fresh_config(**TWO_PC))
     topic = unique_name("a2pc")
     create_topic(b.bootstrap, topic, partitions=2)
@@ -127,7 +142,14 @@ def test_prepared_txn_can_be_aborted_by_hand(
     _flushed_txn(b.bootstrap, tid, topic, 6)
     with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
         adopt_prepared(pool, tid, timeout_s=15)
-        result = fence_transactional_id(pool, tid, timeout_s=15)
-        assert result.before.transaction_state == "Ongoing"
+    bs = ("--bootstrap-server", b.bootstrap)
+    listed = {r["TransactionalId"]: r for r in _rows(_cli("txn", "list", "--state", "Ongoing", *bs))}
+    assert tid in listed
+    (row,) = _rows(_cli("txn", "describe", tid, *bs))
+    assert row["TransactionState"] == "Ongoing"
+    assert row["TransactionTimeoutMs"] == str(2**31 - 1)  # the 2PC mark
+    assert int(row["TransactionDurationMs"]) >= 0  # its age
+    assert "Aborted the Ongoing transaction" in _cli("txn", "abort", "--transactional-id", tid, *bs)
+    with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
         assert describe_one(pool, tid).transaction_state == "Empty"  # aborted, then the epoch bumped
     assert values(read_to_end(b.bootstrap, topic, [0, 1], READ_COMMITTED)) == []
