@@ -119,10 +119,14 @@ class TransactionCoordinator(TransactionStateManager):
         ``enable_2pc``, else INVALID_REQUEST) keeps an open transaction instead of aborting it:
         the epoch is bumped (fencing the producer that wrote it) and the answer carries the
         transaction's producer id and epoch in ``ongoing_txn_*``; the caller then ends it with
-        EndTxn under the new epoch. Deliberate difference: Kafka lets only a transaction that
-        was already 2PC be kept; here any open transaction can be adopted (and becomes 2PC),
-        because librdkafka cannot start a 2PC transaction -- the Spark sink writes with
-        librdkafka and adopts the transaction right after flushing it.
+        EndTxn under the new epoch. Deliberate differences: Kafka 4.1 still answers
+        INVALID_REQUEST to every ``keep_prepared_txn`` (its recovery flow came later, and keeps
+        only a transaction begun as 2PC, with a second producer identity under TV2); here the
+        KIP's keep is implemented for TV1 (one identity, one bump), and any open transaction can
+        be adopted (it becomes 2PC), because librdkafka cannot begin a 2PC transaction -- the
+        Spark sink writes with librdkafka and adopts the transaction right after flushing it.
+        The KIP allows ``keep_prepared_txn`` without ``enable_2pc``; that is refused here, since
+        a kept transaction that the timeout may still abort cannot be decided later.
         """
 
         def fail(error: ErrorCode) -> CoordinatorResult[InitProducerIdResult]:
