@@ -20,6 +20,9 @@ from exactly.client.two_phase import (
     supports_two_phase_commit,
 )
 from exactly.client.txn_admin import describe_one, list_transactions
+from exactly.security import acl
+from exactly.security.acl_store import ACL_FILE, AclStore
+from exactly.security.authorizer import Authorizer, AuthorizerConfig
 from tests.conftest import BrokerFactory
 from tests.support.broker import Broker, child_env
 from tests.support.clients import create_topic
@@ -37,6 +40,7 @@ from tests.support.txn_helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 TWO_PC = {"transaction.two.phase.commit.enable": "true"}
+ANON = "User:ANONYMOUS"
 SHORT_TIMEOUT_MS = 1500
 
 
@@ -153,3 +157,42 @@ def test_exactly_txn_shows_a_prepared_transaction_and_aborts_it_by_hand(
     with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
         assert describe_one(pool, tid).transaction_state == "Empty"  # aborted, then the epoch bumped
     assert values(read_to_end(b.bootstrap, topic, [0, 1], READ_COMMITTED)) == []
+
+
+def test_enable_2pc_needs_the_two_phase_commit_acl(fresh_broker: BrokerFactory) -> None:
+    """With an authorizer, KIP-939 needs TWO_PHASE_COMMIT on the transactional id besides WRITE."""
+    b = fresh_broker(
+        start=False,
+        **{
+            **TWO_PC,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        },
+    )
+    b.data_dir.mkdir(parents=True, exist_ok=True)
+    store = AclStore(b.data_dir / ACL_FILE, Authorizer(AuthorizerConfig(frozenset(), False)))
+    allow = acl.AclPermissionType.ALLOW
+    store.add(
+        [
+            *(
+                acl.binding(
+                    acl.ResourceType.TRANSACTIONAL_ID, prefix, 4, ANON, "*", acl.AclOperation.WRITE, allow
+                )
+                for prefix in ("write-only-", "two-phase-")
+            ),
+            acl.binding(
+                acl.ResourceType.TRANSACTIONAL_ID,
+                "two-phase-",
+                4,
+                ANON,
+                "*",
+                acl.AclOperation.TWO_PHASE_COMMIT,
+                allow,
+            ),
+        ]
+    )
+    b.start()
+    with BrokerPool.connect(b.bootstrap, timeout=15) as pool:
+        with pytest.raises(TwoPhaseError, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+            adopt_prepared(pool, "write-only-1", timeout_s=10)
+        adopted = adopt_prepared(pool, "two-phase-1", timeout_s=10)
+    assert adopted.holder.producer_epoch == 0 and not adopted.kept

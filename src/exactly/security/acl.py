@@ -60,6 +60,7 @@ class AclOperation(enum.IntEnum):
     IDEMPOTENT_WRITE = 12
     CREATE_TOKENS = 13
     DESCRIBE_TOKENS = 14
+    TWO_PHASE_COMMIT = 15  # KIP-939 (Kafka 4.1): on a TransactionalId, InitProducerId enable_2pc
 
 
 class AclPermissionType(enum.IntEnum):

@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 from exactly.protocol.apis import ApiKey, build
 from exactly.server.authz import (
     IDEMPOTENT_WRITE,
+    TWO_PHASE_COMMIT,
     TXN_ID,
     WRITE,
     authorize,
@@ -32,11 +33,14 @@ if TYPE_CHECKING:
 API_KEY = ApiKey.INIT_PRODUCER_ID
 
 
-def _authorized(broker: Broker, ctx: RequestContext, tid: str | None) -> ErrorCode:
-    """Kafka: WRITE on the transactional id; an idempotent producer needs IDEMPOTENT_WRITE on the
+def _authorized(broker: Broker, ctx: RequestContext, tid: str | None, enable_2pc: bool) -> ErrorCode:
+    """Kafka: WRITE on the transactional id, and TWO_PHASE_COMMIT on it too when the producer
+    asks for two-phase commit (KIP-939); an idempotent producer needs IDEMPOTENT_WRITE on the
     cluster or WRITE on some topic (KIP-679)."""
     if tid is not None:
-        if authorize(broker, ctx, WRITE, TXN_ID, tid):
+        if authorize(broker, ctx, WRITE, TXN_ID, tid) and (
+            not enable_2pc or authorize(broker, ctx, TWO_PHASE_COMMIT, TXN_ID, tid)
+        ):
             return ErrorCode.none
         return ErrorCode.transactional_id_authorization_failed
     if authorize_cluster(broker, ctx, IDEMPOTENT_WRITE, log_denied=False) or authorize_any_topic(
@@ -48,7 +52,8 @@ def _authorized(broker: Broker, ctx: RequestContext, tid: str | None) -> ErrorCo
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     tid = request.transactional_id or None
-    if (denied := _authorized(broker, ctx, tid)) is not ErrorCode.none:
+    enable_2pc = bool(getattr(request, "enable2_pc", False))
+    if (denied := _authorized(broker, ctx, tid, enable_2pc)) is not ErrorCode.none:
         broker.metrics.error(API_KEY, denied)
         return build(ctx.api.response_type, error_code=denied, producer_id=-1, producer_epoch=-1)
     if tid is not None and (error := broker.txn.owner_error(tid)) is not ErrorCode.none:
@@ -64,7 +69,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 producer_id=getattr(request, "producer_id", -1),
                 producer_epoch=getattr(request, "producer_epoch", -1),
                 request_version=ctx.version,
-                enable_2pc=bool(getattr(request, "enable2_pc", False)),
+                enable_2pc=enable_2pc,
                 keep_prepared_txn=bool(getattr(request, "keep_prepared_txn", False)),
             )
         )
