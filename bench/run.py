@@ -2,7 +2,10 @@
 """Benchmark harness for the exactly broker.  See bench/README.md.
 
 python bench/run.py [--quick] [--only NAME_OR_GLOB ...] [--repeat N] [--out bench/results]
-                    [--peer tansu] [--profile] [--list]
+                    [--peer tansu] [--profile] [--list] [--quiet]
+
+Progress over the planned runs (workloads x brokers x repeats) goes to stderr: a bar with rate
+and ETA on a terminal, a plain line now and then in a log; --quiet turns it off.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from benchlib import (
 )
 from benchlib.brokers import BrokerProcess
 from benchlib.workloads import REGISTRY, Context, Workload
+from exactly.cli.progress import Tracker, progress
 
 BENCH = Path(__file__).resolve().parent
 
@@ -97,6 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--keep", action="store_true", help="keep the /tmp scratch dir (data, broker logs)")
     ap.add_argument("--list", action="store_true", help="list workloads and exit")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -201,6 +206,26 @@ def run_workload(
     args: argparse.Namespace,
     raw_dir: Path,
     stamp: str,
+    tracker: Tracker,
+) -> dict[str, Any]:
+    """Set up, run the repeats, tear down; ``tracker`` advances by one per planned run (those
+    skipped after a failed setup or a dead broker too, so the ETA stays honest)."""
+    planned = wl.repeats(ctx)
+    before = tracker.completed
+    try:
+        return _run_workload(wl, ctx, broker, args, raw_dir, stamp, tracker)
+    finally:
+        tracker.update(before + planned)
+
+
+def _run_workload(
+    wl: Workload,
+    ctx: Context,
+    broker: BrokerProcess | None,
+    args: argparse.Namespace,
+    raw_dir: Path,
+    stamp: str,
+    tracker: Tracker,
 ) -> dict[str, Any]:
     bname = broker.name if broker else ("exactly" if wl.own_broker else "-")
     entry: dict[str, Any] = {
@@ -238,6 +263,7 @@ def run_workload(
                     entry["profile" + (f"-{label}" if label else "")] = prof.stop()
             sample["rep"] = rep
             entry["samples"].append(sample)
+            tracker.advance(1)
             brief = ", ".join(
                 f"{k}={v:.3g}"
                 for k, v in sample.items()
@@ -393,40 +419,47 @@ def main(argv: list[str] | None = None) -> int:
             md, _ = report.write(args.out, meta, out)
             print(f"-- wrote {md}", flush=True)
 
+        # one run per repeat on each broker the workload runs on (peers only for shared brokers)
+        planned = sum(
+            w.repeats(ctx) * (1 + len(peers) if w.needs_broker and not w.own_broker and w.peer_ok else 1)
+            for w in chosen
+        )
         try:
-            # Physical probes first, on a machine with no broker running.
-            for wl in [w for w in chosen if not w.needs_broker]:
-                entries.append(run_workload(wl, ctx, None, args, raw_dir, stamp))
-            shared = [w for w in chosen if w.needs_broker and not w.own_broker]
-            for wl in shared:
-                for bname in [args.primary, *(peers if wl.peer_ok else [])]:
-                    try:
-                        broker = session.get(bname)
-                    except Exception as exc:
-                        entries.append(
-                            {
-                                "workload": wl.name,
-                                "kind": wl.kind,
-                                "title": wl.title,
-                                "broker": bname,
-                                "samples": [],
-                                "setup_error": f"broker did not start: {exc}"[:1500],
-                            }
-                        )
-                        print(f"!! {bname} did not start: {exc}", flush=True)
-                        continue
-                    if bname == "exactly" and not any(b["name"] == "exactly" for b in meta["brokers"]):
-                        meta["brokers"].insert(0, {"name": "exactly", "detail": broker.info["cmd"]})
-                    entries.append(run_workload(wl, ctx, broker, args, raw_dir, stamp))
+            with progress("bench", planned, unit="runs", quiet=args.quiet, interval=30.0) as tracker:
+                # Physical probes first, on a machine with no broker running.
+                for wl in [w for w in chosen if not w.needs_broker]:
+                    entries.append(run_workload(wl, ctx, None, args, raw_dir, stamp, tracker))
+                shared = [w for w in chosen if w.needs_broker and not w.own_broker]
+                for wl in shared:
+                    for bname in [args.primary, *(peers if wl.peer_ok else [])]:
+                        try:
+                            broker = session.get(bname)
+                        except Exception as exc:
+                            entries.append(
+                                {
+                                    "workload": wl.name,
+                                    "kind": wl.kind,
+                                    "title": wl.title,
+                                    "broker": bname,
+                                    "samples": [],
+                                    "setup_error": f"broker did not start: {exc}"[:1500],
+                                }
+                            )
+                            print(f"!! {bname} did not start: {exc}", flush=True)
+                            tracker.advance(wl.repeats(ctx))
+                            continue
+                        if bname == "exactly" and not any(b["name"] == "exactly" for b in meta["brokers"]):
+                            meta["brokers"].insert(0, {"name": "exactly", "detail": broker.info["cmd"]})
+                        entries.append(run_workload(wl, ctx, broker, args, raw_dir, stamp, tracker))
+                        save()
+                    # consume data sets are per broker; drop them once no later workload needs them
+                    if not any(w.name.startswith("consume-") for w in shared[shared.index(wl) + 1 :]):
+                        for b in session.brokers.values():
+                            if b.alive():
+                                ctx.drop_datasets(b)
+                for wl in [w for w in chosen if w.own_broker]:
+                    entries.append(run_workload(wl, ctx, None, args, raw_dir, stamp, tracker))
                     save()
-                # consume data sets are per broker; drop them once no later workload needs them
-                if not any(w.name.startswith("consume-") for w in shared[shared.index(wl) + 1 :]):
-                    for b in session.brokers.values():
-                        if b.alive():
-                            ctx.drop_datasets(b)
-            for wl in [w for w in chosen if w.own_broker]:
-                entries.append(run_workload(wl, ctx, None, args, raw_dir, stamp))
-                save()
         finally:
             session.close()
             for name, b in session.brokers.items():

@@ -1,10 +1,13 @@
 """``exactly produce`` and ``exactly consume``: console clients (confluent-kafka underneath).
 
 produce
-    Reads stdin line by line, one record per line (the trailing newline is not part of the value).
+    Reads stdin (or ``--file PATH``) line by line, one record per line (the trailing newline is not
+    part of the value).
     With ``--key-separator SEP`` each line is ``KEY<SEP>VALUE`` (split at the first SEP; a line
     without SEP is an error). Idempotent with acks=all by default. Exits 1 if any record was not
-    acknowledged.
+    acknowledged. Progress goes to stderr (see ``exactly.cli.progress``): by bytes with a bar
+    and ETA when the input's size is known (a file, or stdin redirected from one), else a count of
+    records; none when stdin is a terminal or with ``--quiet``.
 
 consume
     Assigns the topic's partitions (or ``--partition P``) - no consumer group - and prints one
@@ -17,11 +20,15 @@ consume
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import stat
 import sys
 import time
 import uuid
-from typing import Any
+from typing import IO, Any
 
+from exactly.cli.progress import Tracker, progress
 from exactly.cli.topics import (
     CliError,
     ErrorLog,
@@ -114,10 +121,51 @@ def cmd_produce(args: argparse.Namespace) -> int:
     if args.partition is not None and partitions and args.partition not in partitions:
         raise CliError(f"topic '{args.topic}' has no partition {args.partition} (it has {len(partitions)})")
 
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(_open_input(args.file)) if args.file else sys.stdin.buffer
+        size = _input_size(source)
+        tracker = stack.enter_context(
+            progress(
+                f"produce {args.topic}",
+                size,
+                unit="bytes" if size else "records",
+                quiet=args.quiet or source.isatty(),
+            )
+        )
+        deliveries = _produce_lines(args, producer, source, tracker)
+    remaining = producer.flush(args.request_timeout + 5)
+    if deliveries.failed:
+        raise CliError(f"{deliveries.failed} record(s) not written: {deliveries.first_error}")
+    if remaining:
+        hint = errors.hint(args.bootstrap_server)
+        raise CliError(f"{remaining} record(s) not acknowledged in time ({hint})")
+    return 0
+
+
+def _open_input(path: str) -> IO[bytes]:
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _input_size(source: IO[bytes]) -> int | None:
+    """Bytes in the input when it is a regular file (a pipe's length is unknown)."""
+    try:
+        info = os.fstat(source.fileno())
+    except (OSError, ValueError):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) and info.st_size > 0 else None
+
+
+def _produce_lines(
+    args: argparse.Namespace, producer: Any, source: IO[bytes], tracker: Tracker
+) -> _Deliveries:
     deliveries = _Deliveries()
     separator = args.key_separator.encode() if args.key_separator is not None else None
     extra: dict[str, Any] = {} if args.partition is None else {"partition": args.partition}
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
+    by_bytes = tracker.total is not None
+    for number, raw in enumerate(source, start=1):
         line = raw[:-1] if raw.endswith(b"\n") else raw
         if line.endswith(b"\r"):
             line = line[:-1]
@@ -129,15 +177,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
             except BufferError:  # local queue full: let deliveries drain
                 producer.poll(0.1)
         producer.poll(0)
+        tracker.advance(len(raw) if by_bytes else 1)
         if deliveries.failed:
             break
-    remaining = producer.flush(args.request_timeout + 5)
-    if deliveries.failed:
-        raise CliError(f"{deliveries.failed} record(s) not written: {deliveries.first_error}")
-    if remaining:
-        hint = errors.hint(args.bootstrap_server)
-        raise CliError(f"{remaining} record(s) not acknowledged in time ({hint})")
-    return 0
+    return deliveries
 
 
 # ---------------------------------------------------------------------- consume
@@ -218,8 +261,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    produce = strict(subparsers.add_parser("produce", help="write stdin lines to a topic"))
+    produce = strict(subparsers.add_parser("produce", help="write stdin (or a file's) lines to a topic"))
     produce.add_argument("topic", metavar="TOPIC")
+    produce.add_argument("--file", metavar="PATH", help="read the lines from this file instead of stdin")
+    produce.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     produce.add_argument("--key-separator", metavar="SEP", help="lines are KEY<SEP>VALUE")
     produce.add_argument("--partition", type=non_negative_int, metavar="P", help="write to this partition")
     produce.add_argument("--acks", type=_acks, default="all", help="0, 1 or all (default all)")

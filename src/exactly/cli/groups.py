@@ -9,6 +9,12 @@ describe GROUP
     watermark), LAG and the owning member (``-`` when none); members with no partitions get a
     row of their own.
 
+``--json`` prints one JSON document instead: ``{"groups": [{"group_id", "state"}]}`` for list;
+for describe ``{"group_id", "state", "assignor", "coordinator", "members": [{"member_id",
+"client_id", "host", "partitions": [{"topic", "partition"}]}], "offsets": [{"topic",
+"partition", "committed_offset", "log_end_offset", "lag", "member_id"}]}`` (null where the table
+shows ``-``).
+
 Every failure is one line on stderr, ``exactly groups <action>: error: ...``, exit code 1.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from exactly.cli.output import add_json_option, print_json
 from exactly.cli.topics import (
     CliError,
     ErrorLog,
@@ -70,6 +77,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             raise CliError(f"ListGroups failed ({errors.hint(args.bootstrap_server)})")
         raise CliError(f"ListGroups failed: {name}")
     rows = sorted((g.group_id, _state_name(g.state)) for g in result.valid)
+    if args.json:
+        print_json({"groups": [{"group_id": group, "state": state} for group, state in rows]})
+        return 0
     print_table(("GROUP", "STATE"), rows)
     return 0
 
@@ -120,26 +130,67 @@ def cmd_describe(args: argparse.Namespace) -> int:
                 if kafka_error_of(exc) is None and not isinstance(exc, TimeoutError):
                     raise
 
-    coordinator = desc.coordinator.id if desc.coordinator is not None else "None"
-    print(
-        f"Group: {group}\tState: {state}\tAssignor: {desc.partition_assignor or '-'}\t"
-        f"Coordinator: {coordinator}\tMembers: {len(desc.members)}",
-        flush=True,
-    )
-    rows: list[tuple[Any, ...]] = []
+    coordinator = desc.coordinator.id if desc.coordinator is not None else None
+    offsets_doc: list[dict[str, Any]] = []
     for key in keys:
         current = committed.get(key)
         end = ends.get(key)
-        cur_text = str(current) if current is not None and current >= 0 else "-"
-        end_text = str(end) if end is not None and end >= 0 else "-"
-        if cur_text != "-" and end_text != "-":
-            assert current is not None and end is not None
-            lag = str(max(end - current, 0))
-        else:
-            lag = "-"
+        current = current if current is not None and current >= 0 else None
+        end = end if end is not None and end >= 0 else None
         m = owner.get(key)
+        offsets_doc.append(
+            {
+                "topic": key[0],
+                "partition": key[1],
+                "committed_offset": current,
+                "log_end_offset": end,
+                "lag": max(end - current, 0) if current is not None and end is not None else None,
+                "member_id": m.member_id if m is not None else None,
+            }
+        )
+    if args.json:
+        print_json(
+            {
+                "group_id": group,
+                "state": state,
+                "assignor": desc.partition_assignor or None,
+                "coordinator": coordinator,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "client_id": m.client_id,
+                        "host": m.host,
+                        "partitions": [
+                            {"topic": tp.topic, "partition": tp.partition}
+                            for tp in (m.assignment.topic_partitions if m.assignment else [])
+                        ],
+                    }
+                    for m in sorted(desc.members, key=lambda m: m.member_id)
+                ],
+                "offsets": offsets_doc,
+            }
+        )
+        return 0
+    print(
+        f"Group: {group}\tState: {state}\tAssignor: {desc.partition_assignor or '-'}\t"
+        f"Coordinator: {_dash(coordinator, 'None')}\tMembers: {len(desc.members)}",
+        flush=True,
+    )
+    rows: list[tuple[Any, ...]] = []
+    for entry in offsets_doc:
+        m = owner.get((entry["topic"], entry["partition"]))
         who = (m.member_id, m.host, m.client_id) if m is not None else ("-", "-", "-")
-        rows.append((group, key[0], key[1], cur_text, end_text, lag, *who))
+        rows.append(
+            (
+                group,
+                entry["topic"],
+                entry["partition"],
+                _dash(entry["committed_offset"]),
+                _dash(entry["log_end_offset"]),
+                _dash(entry["lag"]),
+                *who,
+            )
+        )
     for m in idle_members:
         rows.append((group, "-", "-", "-", "-", "-", m.member_id, m.host, m.client_id))
     print_table(
@@ -159,12 +210,17 @@ def cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dash(value: Any, absent: str = "-") -> str:
+    return absent if value is None else str(value)
+
+
 def register(subparsers: Any) -> None:
     groups = strict(subparsers.add_parser("groups", help="list and describe consumer groups"))
     actions = groups.add_subparsers(dest="groups_action", metavar="ACTION", parser_class=StrictParser)
     actions.required = True
 
     list_ = actions.add_parser("list", help="consumer groups and their states")
+    add_json_option(list_)
     add_connection_options(list_)
     list_.set_defaults(func=cmd_list)
 
@@ -172,5 +228,6 @@ def register(subparsers: Any) -> None:
         "describe", help="members, assignments, committed offsets and lag of a group"
     )
     describe.add_argument("group", metavar="GROUP")
+    add_json_option(describe)
     add_connection_options(describe)
     describe.set_defaults(func=cmd_describe)

@@ -7,6 +7,10 @@ ZooKeeper for the cluster mode), web_console (``exactly console``, the live web 
 Start-up cost matters (tests and scripts run the CLI many times, and the Kafka schema library
 alone takes about a second to import), so only the module of the command being run is imported;
 ``exactly --help`` or an unknown command imports them all to list every command.
+
+``exactly --version`` prints the installed distribution's version (package metadata, what pip
+installed), falling back to ``exactly.__version__`` when run from a source tree that is not
+installed. Every command's ``--help`` ends with an example (``exactly.cli.examples``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import exactly
+from exactly.cli import examples
 
 _COMMAND_MODULES = (
     "exactly.cli.serve",
@@ -46,8 +55,32 @@ _COMMAND_OWNER = {
 }
 
 
+def installed_version() -> str:
+    """The version pip installed (the distribution's metadata), else the source tree's."""
+    # imported here, not at the top: importlib.metadata costs every command (the broker's start
+    # included) about 15 ms, and only --version needs it
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("exactly")
+    except PackageNotFoundError:
+        return f"{exactly.__version__} (source tree, not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's own, but reads the version only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> NoReturn:
+        print(f"exactly {installed_version()}")
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exactly", description="Kafka-compatible exactly-once broker")
+    parser.add_argument("--version", action=_VersionAction, help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     owner = _COMMAND_OWNER.get(command or "")
@@ -59,6 +92,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 continue  # area not built yet
             raise
         module.register(sub)
+    examples.attach(parser)
     return parser
 
 

@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from exactly.cli import pipeline_demo
+from exactly.cli.progress import progress
 from exactly.cli.topics import add_connection_options, positive_int, strict
 
 
@@ -45,6 +46,7 @@ def register(subparsers: Any) -> None:
     )
     gen.add_argument("--seed", type=int, default=7)
     gen.add_argument("--first-order-id", type=int, default=0)
+    _quiet(gen)
     gen.set_defaults(func=_generate)
 
     run = strict(sub.add_parser("run", help="run the Structured Streaming job"))
@@ -66,6 +68,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--until-caught-up", action="store_true", help="processingTime: stop once caught up")
     run.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--sink-option", action="append", default=[], metavar="KEY=VALUE")
+    _quiet(run)
     run.set_defaults(func=_run)
 
     demo = strict(
@@ -88,6 +91,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic-prefix", default="", help="prefix for the three topic names")
 
 
+def _quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
 def _pairs(items: list[str]) -> list[tuple[str, str]]:
     out = []
     for item in items:
@@ -103,16 +110,18 @@ def _generate(args: argparse.Namespace) -> int:
 
     topics = Topics.with_prefix(args.topic_prefix)
     create_topics(args.bootstrap_server, topics, partitions=args.partitions)
-    result = generate(
-        args.bootstrap_server,
-        topics,
-        args.orders,
-        transactional=args.mode == "transactional",
-        txn_size=args.txn_size,
-        abort_every=args.abort_every,
-        seed=args.seed,
-        first_order_id=args.first_order_id,
-    )
+    with progress(f"generate {topics.orders}", args.orders, unit="orders", quiet=args.quiet) as tracker:
+        result = generate(
+            args.bootstrap_server,
+            topics,
+            args.orders,
+            transactional=args.mode == "transactional",
+            txn_size=args.txn_size,
+            abort_every=args.abort_every,
+            seed=args.seed,
+            first_order_id=args.first_order_id,
+            progress=lambda done: tracker.update(done.committed),
+        )
     print(
         f"generated {result.committed} committed orders ({result.aborted} more in "
         f"{result.aborted_transactions} aborted transactions) to {topics.orders} in {result.seconds:.1f}s"
@@ -146,13 +155,17 @@ def _run(args: argparse.Namespace) -> int:
         extra_sink_options=tuple(_pairs(args.sink_option)),
     )
     try:
-        summary = run(
-            spark,
-            config,
-            timeout=args.timeout,
-            until_caught_up=args.until_caught_up,
-            on_progress=lambda line: print(line, flush=True),
-        )
+        # the input's size is unknown to a stream (and a resumed checkpoint skips part of it):
+        # count and rate, no ETA
+        with progress("pipeline run", unit="orders", quiet=args.quiet) as tracker:
+            summary = run(
+                spark,
+                config,
+                timeout=args.timeout,
+                until_caught_up=args.until_caught_up,
+                on_progress=lambda line: print(line, flush=True),
+                on_rows=tracker.update,
+            )
     except KeyboardInterrupt:
         print("stopped", flush=True)
         return 130

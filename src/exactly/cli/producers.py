@@ -1,5 +1,7 @@
 """``exactly producers TOPIC PARTITION``: the partition's active producers (DescribeProducers,
-KIP-664), as a tab-separated table with a header line.
+KIP-664), as a tab-separated table with a header line, or with ``--json`` one JSON document:
+``{"topic", "partition", "producers": [{"producer_id", "producer_epoch", "last_sequence",
+"last_timestamp", "coordinator_epoch", "current_txn_start_offset"}]}`` (null for "None").
 
 CurrentTransactionStartOffset is the first offset of the producer's open transaction (``None``
 when it has none): the partition's last stable offset cannot pass it until the transaction ends.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from exactly.cli.output import add_json_option, print_json
 from exactly.cli.topics import add_connection_options, non_negative_int, strict
 from exactly.cli.txn import print_table, wire_command
 from exactly.client import txn_admin
@@ -22,7 +25,30 @@ def _opt(value: int) -> str:
 
 @wire_command("exactly producers")
 def cmd_producers(args: argparse.Namespace, pool: BrokerPool) -> int:
-    producers = txn_admin.describe_producers(pool, args.topic, args.partition)
+    producers = sorted(
+        txn_admin.describe_producers(pool, args.topic, args.partition), key=lambda p: p.producer_id
+    )
+    if args.json:
+        print_json(
+            {
+                "topic": args.topic,
+                "partition": args.partition,
+                "producers": [
+                    {
+                        "producer_id": p.producer_id,
+                        "producer_epoch": p.producer_epoch,
+                        "last_sequence": p.last_sequence,
+                        "last_timestamp": p.last_timestamp,
+                        "coordinator_epoch": p.coordinator_epoch if p.coordinator_epoch >= 0 else None,
+                        "current_txn_start_offset": (
+                            p.current_txn_start_offset if p.current_txn_start_offset >= 0 else None
+                        ),
+                    }
+                    for p in producers
+                ],
+            }
+        )
+        return 0
     print_table(
         (
             "ProducerId",
@@ -41,7 +67,7 @@ def cmd_producers(args: argparse.Namespace, pool: BrokerPool) -> int:
                 _opt(p.coordinator_epoch),
                 _opt(p.current_txn_start_offset),
             )
-            for p in sorted(producers, key=lambda p: p.producer_id)
+            for p in producers
         ],
     )
     return 0
@@ -51,5 +77,6 @@ def register(subparsers: Any) -> None:
     p = strict(subparsers.add_parser("producers", help="active producers of a partition (DescribeProducers)"))
     p.add_argument("topic", metavar="TOPIC")
     p.add_argument("partition", type=non_negative_int, metavar="PARTITION")
+    add_json_option(p)
     add_connection_options(p)
     p.set_defaults(func=cmd_producers)

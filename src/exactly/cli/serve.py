@@ -52,7 +52,6 @@ def _without_hypothesis() -> None:
 def run(args: argparse.Namespace) -> int:
     _without_hypothesis()
     from exactly.server.config import BrokerConfig, ConfigError
-    from exactly.server.prometheus import metrics_port
 
     logging.basicConfig(
         level=getattr(logging, args.log_level),
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["metrics.port"] = str(args.metrics_port)
     try:
         config = BrokerConfig.load(args.config, overrides)
-        metrics_port(config)  # validate metrics.port before anything starts
+        config.metrics_port()  # validate metrics.port before anything starts
     except (ConfigError, OSError) as exc:
         print(f"exactly serve: {exc}", file=sys.stderr)
         return 2

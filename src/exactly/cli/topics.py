@@ -2,7 +2,10 @@
 the Kafka protocol.
 
 ``alter NAME --partitions N`` grows a topic to N partitions (CreatePartitions), like
-``kafka-topics --alter --partitions N``; ``delete-records NAME --offset O`` moves partitions' log
+``kafka-topics --alter --partitions N``; ``describe --json`` prints ``{"topics": [{"name",
+"partition_count", "replication_factor", "configs", "compacted", "partitions": [{"partition",
+"leader", "replicas", "isr", "dirty_ratio"}]}]}`` (``dirty_ratio`` null unless compacted and
+known); ``delete-records NAME --offset O`` moves partitions' log
 start offsets (DeleteRecords), like ``kafka-delete-records``.
 
 Uses confluent-kafka's AdminClient, so it works against any Kafka-compatible broker. Every
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from exactly.cli.output import add_json_option, print_json
 from exactly.client.dirty_ratios import read_dirty_ratios
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -302,29 +306,56 @@ def cmd_describe(args: argparse.Namespace) -> int:
             if p.leader >= 0:
                 leaders.setdefault(p.leader, set()).add(name)
     compacted, ratios = read_dirty_ratios(args.bootstrap_server, leaders, timeout_s=args.request_timeout)
-    lines: list[str] = []
+    described = []
     for name in names:
         tmeta = metadata.topics[name]
         partitions = [tmeta.partitions[p] for p in sorted(tmeta.partitions)]
-        rf = max((len(p.replicas) for p in partitions), default=0)
-        configs = _topic_configs(admin, name, args, errors)
-        config_text = ",".join(f"{k}={v}" for k, v in sorted(configs.items()))
-        lines.append(
-            f"Topic: {name}\tPartitionCount: {len(partitions)}\tReplicationFactor: {rf}\t"
-            f"Configs: {config_text}"
+        described.append(
+            {
+                "name": name,
+                "partition_count": len(partitions),
+                "replication_factor": max((len(p.replicas) for p in partitions), default=0),
+                "configs": _topic_configs(admin, name, args, errors),
+                "compacted": name in compacted,
+                "partitions": [
+                    {
+                        "partition": p.id,
+                        "leader": p.leader,
+                        "replicas": list(p.replicas),
+                        "isr": list(p.isrs),
+                        "dirty_ratio": ratios.get((name, p.id)),
+                    }
+                    for p in partitions
+                ],
+            }
         )
-        for p in partitions:
+    if args.json:
+        print_json({"topics": described})
+    elif described:
+        print("\n".join(_describe_lines(described)))
+    return 0
+
+
+def _describe_lines(described: list[dict[str, Any]]) -> list[str]:
+    """kafka-topics --describe's layout, plus DirtyRatio on compacted topics' partitions."""
+    lines: list[str] = []
+    for topic in described:
+        name = topic["name"]
+        config_text = ",".join(f"{k}={v}" for k, v in sorted(topic["configs"].items()))
+        lines.append(
+            f"Topic: {name}\tPartitionCount: {topic['partition_count']}\t"
+            f"ReplicationFactor: {topic['replication_factor']}\tConfigs: {config_text}"
+        )
+        for p in topic["partitions"]:
             line = (
-                f"\tTopic: {name}\tPartition: {p.id}\tLeader: {p.leader}\t"
-                f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isrs))}"
+                f"\tTopic: {name}\tPartition: {p['partition']}\tLeader: {p['leader']}\t"
+                f"Replicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}"
             )
-            if name in compacted:
-                ratio = ratios.get((name, p.id))
+            if topic["compacted"]:
+                ratio = p["dirty_ratio"]
                 line += f"\tDirtyRatio: {'-' if ratio is None else f'{ratio:.4f}'}"
             lines.append(line)
-    if lines:
-        print("\n".join(lines))
-    return 0
+    return lines
 
 
 @guarded("exactly topics alter")
@@ -422,6 +453,7 @@ def register(subparsers: Any) -> None:
 
     describe = actions.add_parser("describe", help="partitions, leaders and configs of topics")
     describe.add_argument("name", metavar="NAME", nargs="?", help="one topic (default: all)")
+    add_json_option(describe)
     add_connection_options(describe)
     describe.set_defaults(func=cmd_describe)
 

@@ -2,7 +2,8 @@
 
 Speaks the Kafka protocol directly (``exactly.client``): ListTransactions, DescribeTransactions,
 DescribeProducers, InitProducerId and WriteTxnMarkers, which librdkafka's AdminClient does not
-offer. Output is tab-separated with a header line. Every failure is one line on stderr,
+offer. Output is tab-separated with a header line, or with ``--json`` (list, describe,
+find-hanging) one JSON document with stable keys (``exactly.cli.output``). Every failure is one line on stderr,
 ``exactly txn <action>: error: ...``, and exit code 1.
 
 Two ways to abort:
@@ -33,6 +34,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from exactly.cli.output import add_json_option, print_json
 from exactly.cli.topics import (
     CliError,
     StrictParser,
@@ -73,12 +75,25 @@ def print_table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
     print("\n".join(lines), flush=True)
 
 
-def _start_and_age(state: DescribedTransactionState, now: int) -> tuple[str, str]:
+def _none(value: Any) -> str:
+    return "None" if value is None else str(value)
+
+
+def _described(state: DescribedTransactionState, now: int) -> dict[str, Any]:
+    """One DescribeTransactions entry as the JSON document's keys (the table shows the same).
+    The start time is null without a transaction, the duration null unless one is open."""
     start = state.transaction_start_time_ms
-    if start < 0:
-        return "None", "None"
-    age = str(max(now - start, 0)) if txn_admin.is_open(state) else "None"
-    return str(start), age
+    open_ = start >= 0 and txn_admin.is_open(state)
+    return {
+        "transactional_id": state.transactional_id,
+        "producer_id": state.producer_id,
+        "producer_epoch": state.producer_epoch,
+        "state": state.transaction_state,
+        "timeout_ms": state.transaction_timeout_ms,
+        "start_time_ms": start if start >= 0 else None,
+        "duration_ms": max(now - start, 0) if open_ else None,
+        "partitions": [{"topic": t.topic, "partition": p} for t in state.topics for p in t.partitions],
+    }
 
 
 # ---------------------------------------------------------------------- commands
@@ -90,6 +105,16 @@ def cmd_list(args: argparse.Namespace, pool: BrokerPool) -> int:
         producer_ids=tuple(args.producer_id or ()),
         duration_ms=-1 if args.duration_ms is None else args.duration_ms,
     )
+    if args.json:
+        print_json(
+            {
+                "transactions": [
+                    {"transactional_id": t.transactional_id, "producer_id": t.producer_id, "state": t.state}
+                    for t in listed
+                ]
+            }
+        )
+        return 0
     print_table(
         ("TransactionalId", "ProducerId", "TransactionState"),
         [(t.transactional_id, t.producer_id, t.state) for t in listed],
@@ -102,7 +127,7 @@ def cmd_describe(args: argparse.Namespace, pool: BrokerPool) -> int:
     ids = list(dict.fromkeys(args.transactional_ids))
     states = txn_admin.describe_transactions(pool, ids)
     now = txn_admin.now_ms()
-    rows: list[tuple[Any, ...]] = []
+    rows: list[dict[str, Any]] = []
     missing: list[str] = []
     failed: list[str] = []
     for state in states:
@@ -113,20 +138,10 @@ def cmd_describe(args: argparse.Namespace, pool: BrokerPool) -> int:
             else:
                 failed.append(f"{state.transactional_id}: {code}")
             continue
-        start, age = _start_and_age(state, now)
-        rows.append(
-            (
-                state.transactional_id,
-                state.producer_id,
-                state.producer_epoch,
-                state.transaction_state,
-                state.transaction_timeout_ms,
-                start,
-                age,
-                txn_admin.partitions_text(state),
-            )
-        )
-    if rows:
+        rows.append(_described(state, now))
+    if args.json:
+        print_json({"transactions": rows})
+    elif rows:
         print_table(
             (
                 "TransactionalId",
@@ -138,7 +153,19 @@ def cmd_describe(args: argparse.Namespace, pool: BrokerPool) -> int:
                 "TransactionDurationMs",
                 "TopicPartitions",
             ),
-            rows,
+            [
+                (
+                    r["transactional_id"],
+                    r["producer_id"],
+                    r["producer_epoch"],
+                    r["state"],
+                    r["timeout_ms"],
+                    _none(r["start_time_ms"]),
+                    _none(r["duration_ms"]),
+                    ",".join(f"{p['topic']}-{p['partition']}" for p in r["partitions"]) or "None",
+                )
+                for r in rows
+            ],
         )
     problems = []
     if missing:
@@ -199,6 +226,26 @@ def cmd_find_hanging(args: argparse.Namespace, pool: BrokerPool) -> int:
     hanging = txn_admin.find_hanging(
         pool, args.max_age_ms, topic=args.topic, partition=args.partition, broker_id=args.broker_id
     )
+    if args.json:
+        print_json(
+            {
+                "hanging": [
+                    {
+                        "topic": h.tp.topic,
+                        "partition": h.tp.partition,
+                        "producer_id": h.producer.producer_id,
+                        "producer_epoch": h.producer.producer_epoch,
+                        "coordinator_epoch": h.producer.coordinator_epoch,
+                        "start_offset": h.producer.current_txn_start_offset,
+                        "last_timestamp": h.producer.last_timestamp,
+                        "duration_ms": h.duration_ms,
+                        "transactional_id": h.transactional_id,
+                    }
+                    for h in hanging
+                ]
+            }
+        )
+        return 0
     print_table(
         (
             "Topic",
@@ -296,6 +343,7 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="only transactions running longer than N ms (ListTransactions v1)",
     )
+    add_json_option(list_)
     add_connection_options(list_)
     list_.set_defaults(func=cmd_list)
 
@@ -303,6 +351,7 @@ def register(subparsers: Any) -> None:
         "describe", help="state, producer, timeout, start time and partitions (DescribeTransactions)"
     )
     describe.add_argument("transactional_ids", nargs="+", metavar="ID")
+    add_json_option(describe)
     add_connection_options(describe)
     describe.set_defaults(func=cmd_describe)
 
@@ -344,5 +393,6 @@ def register(subparsers: Any) -> None:
     hanging.add_argument(
         "--broker-id", type=non_negative_int, metavar="N", help="only partitions with a replica on broker N"
     )
+    add_json_option(hanging)
     add_connection_options(hanging)
     hanging.set_defaults(func=cmd_find_hanging)

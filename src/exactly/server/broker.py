@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from exactly.cluster.producer_ids import ZkProducerIdManager
-from exactly.cluster.zk_acls import ZkAclStore
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.security.acl_store import ACL_FILE, AclStore, AclStoreLike
 from exactly.security.authorizer import Authorizer, authorizer_from_config
@@ -37,8 +36,6 @@ from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
-from exactly.server.prometheus import METRICS_HOST, start_metrics
-from exactly.server.replica_manager import ReplicaManager
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.cleaner.cleaner import CleaningAbortedError
@@ -48,6 +45,11 @@ from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
 from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.cluster.producer_ids import ZkProducerIdManager
+    from exactly.cluster.zk_acls import ZkAclStore
+    from exactly.server.replica_manager import ReplicaManager
 
 log = logging.getLogger("exactly.broker")
 
@@ -96,7 +98,13 @@ class Broker:
         self.metrics = Metrics()
         self.waiters = AppendWaiters()
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
-        self.replicas: ReplicaManager | None = ReplicaManager(self) if config.cluster_mode else None
+        self.replicas: ReplicaManager | None = None
+        if config.cluster_mode:
+            # imported here, not at the top: the cluster mode's modules and kazoo are a tenth of a
+            # single broker's start-up time, and a broker without zookeeper.connect never uses them
+            from exactly.server.replica_manager import ReplicaManager
+
+            self.replicas = ReplicaManager(self)
         self.producer_ids: ProducerIdManager | ZkProducerIdManager = (
             self.replicas.producer_ids
             if self.replicas is not None
@@ -107,12 +115,12 @@ class Broker:
         self.authorizer: Authorizer | None = authorizer_from_config(config.values)
         # (cluster mode: in ZooKeeper, shared by every broker; loaded and watched from start())
         self.acls: AclStoreLike | None = None
+        self._zk_acls: ZkAclStore | None = None
         if self.authorizer is not None:
-            self.acls = (
-                AclStore(data_dir / ACL_FILE, self.authorizer)
-                if self.replicas is None
-                else ZkAclStore(self.replicas.zk.client, self.authorizer)
-            )
+            if self.replicas is None:
+                self.acls = AclStore(data_dir / ACL_FILE, self.authorizer)
+            else:
+                self.acls = self._zk_acls = self.replicas.acl_store(self.authorizer)
         self.listen = parse_listener(config.get("listeners"))
         self.advertised: Endpoint | None = None
         self.max_request_size = config.get_int("socket.request.max.bytes")
@@ -215,14 +223,19 @@ class Broker:
         self.advertised = parse_listener(adv) if adv else bound
         metrics_address = self.data_dir / "metrics-address"
         metrics_address.unlink(missing_ok=True)
-        metrics = await start_metrics(self)  # Prometheus /metrics, when metrics.port is set
-        if metrics is not None:
-            metrics_address.write_text(f"{METRICS_HOST}:{metrics[0]}\n")
-            self._tasks.append(metrics[1])
+        if self.config.metrics_port() is not None:  # Prometheus /metrics, when metrics.port is set
+            # imported here, not at the top: prometheus_client (and the http/email modules it
+            # loads) costs every broker's start-up and only serves an endpoint that is off by default
+            from exactly.server.prometheus import METRICS_HOST, start_metrics
+
+            metrics = await start_metrics(self)
+            if metrics is not None:
+                metrics_address.write_text(f"{METRICS_HOST}:{metrics[0]}\n")
+                self._tasks.append(metrics[1])
         if self.replicas is not None:
             await self.replicas.start(self.advertised.host, self.advertised.port)
-            if isinstance(self.acls, ZkAclStore):  # the cluster's ACLs before the first request
-                await loop.run_in_executor(None, self.acls.watch)
+            if self._zk_acls is not None:  # the cluster's ACLs before the first request
+                await loop.run_in_executor(None, self._zk_acls.watch)
             await self._server.start_serving()
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         if self.cleaner is not None:

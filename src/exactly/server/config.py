@@ -178,6 +178,20 @@ class BrokerConfig:
             return self.get_int("broker.id")
         return self.get_int("node.id")
 
+    def metrics_port(self) -> int | None:
+        """``metrics.port`` (the Prometheus endpoint): None when unset (no endpoint), else
+        0-65535 (0 = any free port)."""
+        raw = self.values["metrics.port"].strip()
+        if not raw:
+            return None
+        try:
+            port = int(raw)
+        except ValueError:
+            raise ConfigError(f"metrics.port must be a port number, got {raw!r}") from None
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"metrics.port must be between 0 and 65535, got {port}")
+        return port
+
     @property
     def cluster_mode(self) -> bool:
         """A replicated cluster coordinated by ZooKeeper: ``zookeeper.connect`` is set."""

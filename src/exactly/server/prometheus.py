@@ -76,7 +76,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from exactly.server.clock import now_ms
-from exactly.server.config import BrokerConfig, ConfigError
+from exactly.server.config import BrokerConfig
 from exactly.server.metrics import api_name, error_name
 from exactly.types import TopicPartition
 
@@ -93,16 +93,7 @@ _MAX_HEADER_LINES = 100
 
 def metrics_port(config: BrokerConfig) -> int | None:
     """``metrics.port``: None when unset (no endpoint), else 0-65535 (0 = any free port)."""
-    raw = config.get("metrics.port").strip()
-    if not raw:
-        return None
-    try:
-        port = int(raw)
-    except ValueError:
-        raise ConfigError(f"metrics.port must be a port number, got {raw!r}") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"metrics.port must be between 0 and 65535, got {port}")
-    return port
+    return config.metrics_port()
 
 
 class BrokerCollector(Collector):

@@ -36,6 +36,7 @@ from kio.schema.errors import ErrorCode
 from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalance, topic_unclean_election
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
+from exactly.cluster.zk_acls import ZkAclStore
 from exactly.cluster.znodes import BrokerRegistration, Endpoint
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
 from exactly.replication.leader import LeaderPartition
@@ -52,6 +53,7 @@ from exactly.topics import INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
+    from exactly.security.authorizer import Authorizer
     from exactly.server.broker import Broker
 
 log = logging.getLogger("exactly.replica_manager")
@@ -168,6 +170,10 @@ class ReplicaManager:
         self.controller.shutdown_requests.watch(lambda ids: self._hop(self._set_shutting_down, ids))
         self.controller.start()
         self.producer_ids.prefetch()
+
+    def acl_store(self, authorizer: Authorizer) -> ZkAclStore:
+        """The cluster's ACLs, kept in ZooKeeper and shared by every broker."""
+        return ZkAclStore(self.zk.client, authorizer)
 
     async def stop(self) -> None:
         if self._stopped:

@@ -85,7 +85,8 @@ def generate(
     transactional_id: str | None = None,
     progress: Callable[[Generated], None] | None = None,
 ) -> Generated:
-    """Write ``orders`` committed order-completed events.
+    """Write ``orders`` committed order-completed events; ``progress`` gets the running result
+    after each transaction (idempotent mode: every ``txn_size`` orders).
 
     Transactional mode: transactions of ``txn_size`` orders; every ``abort_every``-th transaction
     (0 = never) is flushed to the broker and then **aborted**: its extra orders are in the log but
@@ -133,6 +134,8 @@ def generate(
             _produce(producer, topics.orders, key, value, on_delivery)
             result.committed += 1
             result.cents[category] += amount
+            if progress is not None and (result.committed % txn_size == 0 or result.committed == orders):
+                progress(result)
             continue
         result.transactions += 1
         abort = abort_every > 0 and result.transactions % abort_every == 0

@@ -167,10 +167,12 @@ def run(
     timeout: float | None = None,
     until_caught_up: bool = False,
     on_progress: Callable[[str], None] | None = print,
+    on_rows: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the query until it ends (availableNow), is caught up (``until_caught_up``), or times out.
 
-    Returns a summary: batches, input rows, seconds, and whether it finished."""
+    ``on_progress`` gets one line per micro-batch, ``on_rows`` the input rows so far (both after
+    each batch). Returns a summary: batches, input rows, seconds, and whether it finished."""
     query = start(spark, config)
     started = time.monotonic()
     seen: set[int] = set()
@@ -190,6 +192,8 @@ def run(
                     line = describe_progress(progress)
                     if on_progress is not None and line:
                         on_progress(line)
+                    if on_rows is not None:
+                        on_rows(rows)
             if ended:
                 finished = True
                 break
