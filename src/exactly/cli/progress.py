@@ -3,7 +3,8 @@ benchmarks), always on stderr so that stdout stays what scripts parse.
 
 Three shapes, picked by :func:`progress`:
 
-* a terminal (the stream is a TTY): a ``rich`` bar with count, rate and ETA, redrawn in place;
+* a terminal (the stream is a TTY): a ``rich`` bar with count, rate and ETA, redrawn in place
+  (``exactly.cli.progress_bar``);
 * anything else (a pipe, a CI log, a file): one plain line every ``interval`` seconds and a last
   line at the end - no carriage returns or colour codes in logs;
 * ``quiet``: nothing at all.
@@ -19,18 +20,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.text import Text
 
 __all__ = ["Tracker", "human_rate", "progress"]
 
@@ -104,56 +93,22 @@ class _Lines(Tracker):
         print(f"{self.description}: {', '.join(parts)}", file=self.stream, flush=True)
 
 
-def _speed(task: Task) -> float | None:
-    """rich's windowed speed once it has two samples, else the average since the start (a
-    command that reports rarely, once per transaction, still shows a rate and an ETA)."""
-    if task.finished_speed or task.speed:
-        return task.finished_speed or task.speed
-    elapsed = task.elapsed
-    return task.completed / elapsed if elapsed and task.completed else None
+class _Terminal(Tracker):
+    """The rich bar of :mod:`exactly.cli.progress_bar`."""
 
-
-class _RateColumn(ProgressColumn):
-    """``N unit/s`` (rich has no such column for counts)."""
-
-    def __init__(self, unit: str) -> None:
-        super().__init__()
-        self.unit = unit
-
-    def render(self, task: Task) -> Text:
-        speed = _speed(task)
-        return Text("-" if speed is None else human_rate(speed, self.unit), style="progress.data.speed")
-
-
-class _EtaColumn(ProgressColumn):
-    """``ETA H:MM:SS`` from :func:`_speed`."""
-
-    def render(self, task: Task) -> Text:
-        speed = _speed(task)
-        if task.total is None or not speed:
-            return Text("ETA -:--:--", style="progress.remaining")
-        left = int(max(task.total - task.completed, 0) / speed)
-        return Text(f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}", style="progress.remaining")
-
-
-class _Bar(Tracker):
     def __init__(self, description: str, total: float | None, unit: str, stream: IO[str]):
         super().__init__(total)
-        columns: list[ProgressColumn | str] = [TextColumn("[progress.description]{task.description}")]
-        if total:
-            columns += [BarColumn(), MofNCompleteColumn(), _RateColumn(unit), _EtaColumn()]
-        else:
-            columns += [TextColumn("{task.completed:,.0f} " + unit), _RateColumn(unit), TimeElapsedColumn()]
-        self._progress = Progress(*columns, console=Console(file=stream), transient=False)
-        self._task = self._progress.add_task(description, total=total)
-        self._progress.start()
+        # imported here, not at the top: rich costs every command that imports this module
+        # (produce, consume, pipeline) about 60 ms, and only a terminal needs the bar
+        from exactly.cli.progress_bar import Bar
+
+        self._bar = Bar(description, total, unit, stream, lambda speed: human_rate(speed, unit))
 
     def _changed(self) -> None:
-        self._progress.update(self._task, completed=self.completed)
+        self._bar.show(self.completed)
 
     def _close(self) -> None:
-        self._progress.update(self._task, completed=self.completed)
-        self._progress.stop()
+        self._bar.close(self.completed)
 
 
 @contextmanager
@@ -174,7 +129,7 @@ def progress(
     if quiet:
         tracker = Tracker(total)
     elif out.isatty():
-        tracker = _Bar(description, total, unit, out)
+        tracker = _Terminal(description, total, unit, out)
     else:
         tracker = _Lines(description, total, unit, out, interval)
     try:
