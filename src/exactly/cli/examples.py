@@ -51,6 +51,7 @@ EXAMPLES: dict[str, str] = {
     "pipeline demo": "exactly pipeline demo --orders 5000\n  exactly pipeline demo --cluster 3 --kill-broker-after 5",
     "pipeline verify": f"exactly pipeline verify {_BS} --json",
     "zookeeper": "exactly zookeeper --data-dir ./zk --port 2181",
+    "console": f"exactly console {_BS} --port 8090   # then open http://127.0.0.1:8090/",
     "cluster": "exactly cluster --brokers 3 --data-dir ./cluster",
     "cluster verify-replicas": f"exactly cluster verify-replicas {_BS} --topic orders",
     "cluster status": f"exactly cluster status {_BS} --json",
