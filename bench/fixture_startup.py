@@ -9,7 +9,9 @@ Per start (``broker()``'s steps, run by its launcher so that another checkout's 
 started the same way: temp dir, start, ApiVersions, close, rmtree): seconds from the start to
 (a) the ``exactly listening`` line (``Broker.listening_s``, measured from the ``Popen``) and (b) the first ApiVersions v0 answer
 on a fresh TCP connection (what a client's first request needs), and the teardown (``with`` exit:
-SIGTERM, wait, directory removed). Then where the start goes: the interpreter alone, and the
+SIGTERM, wait, directory removed), and the CPU seconds the broker process had used when it
+answered (what the start costs; on a busy machine the wall times wait for a core, this does not).
+Then where the start goes: the interpreter alone, and the
 import of the broker's modules (``python -X importtime``), split by package, with ``hypothesis``
 hidden as ``exactly serve`` hides it (kio imports it, when present, only to register strategies
 for its types). The report states the 1-minute load average
@@ -99,6 +101,12 @@ def _launched(src: Path, env: dict[str, str]) -> Iterator[Broker]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds a process has used so far (/proc/PID/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def one_start_of(src: Path, env: dict[str, str] | None = None) -> dict[str, float]:
     t0 = time.perf_counter()
     with _launched(src, env or {}) as launcher:
@@ -108,7 +116,9 @@ def one_start_of(src: Path, env: dict[str, str] | None = None) -> dict[str, floa
         if error:
             raise RuntimeError(f"ApiVersions error {error}")
         listening = launcher.listening_s
+        cpu = cpu_seconds(int(launcher.pid or 0))
     return {
+        "cpu_s": cpu,
         "listening_s": listening,
         "with_s": entered - t0,
         "api_versions_s": answered - t0,
@@ -195,6 +205,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--cold-repeat", type=int, default=5, help="starts without bytecode caches")
     parser.add_argument("--baseline", type=Path, help="another checkout's src, measured side by side")
+    parser.add_argument("--baseline-label", default="", help="what the baseline is (e.g. its commit)")
     parser.add_argument("--out", type=Path, default=RESULTS / "fixture-startup.md")
     args = parser.parse_args()
 
@@ -228,7 +239,7 @@ def main() -> int:
         f"warm-up{', the trees alternating' if len(trees) > 1 else ''}, Python {sys.version.split()[0]}, "
         f"{os.cpu_count()} cores, 1-min load average {load_before:.2f} before, {load_after:.2f} after. "
         "Median (min-max). Bytecode compiled first, as an installed wheel has it."
-        + (f" Baseline: `{args.baseline}`." if args.baseline else ""),
+        + (f" Baseline: {args.baseline_label or f'`{args.baseline}`'}." if args.baseline else ""),
         "",
         header,
         "| --- |" + " --- |" * len(names),
@@ -239,6 +250,11 @@ def main() -> int:
         row("`with broker()` entered (the listening line read)", "with_s"),
         row("of which `Popen` -> listening line", "listening_s"),
         row("teardown (SIGTERM, wait, rmtree)", "teardown_s"),
+        row(
+            "CPU the broker process used up to the answer (user + system; what the start costs, "
+            "less moved by other work on the machine than the wall times above)",
+            "cpu_s",
+        ),
         row(
             f"-> ApiVersions without bytecode caches ({args.cold_repeat} starts: a source tree under "
             "`PYTHONDONTWRITEBYTECODE=1` compiles every module at every start)",

@@ -17,6 +17,7 @@ CLUSTER_AND_METRICS = (
     "prometheus_client",
     "exactly.cluster.zk",
     "exactly.server.replica_manager",
+    "exactly.server.controlled_shutdown",
     "exactly.server.prometheus",
 )
 

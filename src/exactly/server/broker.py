@@ -31,7 +31,6 @@ from exactly.security.authorizer import Authorizer, authorizer_from_config
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
 from exactly.server.connection import KafkaConnection
-from exactly.server.controlled_shutdown import controlled_shutdown, resign_leaderships
 from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics
@@ -289,13 +288,13 @@ class Broker:
         log.info("shutting down")
         if self.replicas is not None:
             try:
-                await controlled_shutdown(self.replicas)
+                await self.replicas.controlled_shutdown()
             except Exception:  # the broker must still close
                 log.exception("controlled shutdown failed")
         if self._server is not None:
             self._server.close()
         if self.replicas is not None:
-            resign_leaderships(self.replicas)
+            self.replicas.resign_leaderships()
             draining = [asyncio.ensure_future(conn.drain()) for conn in list(self.connections)]
             if draining:
                 await asyncio.wait(draining, timeout=DRAIN_TIMEOUT_S)

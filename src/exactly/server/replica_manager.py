@@ -43,6 +43,7 @@ from exactly.replication.leader import LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.cluster_topics import ClusterTopics
+from exactly.server.controlled_shutdown import controlled_shutdown, resign_leaderships
 from exactly.server.delayed_produce import DelayedProduces
 from exactly.server.isr_writer import IsrWriter
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
@@ -186,6 +187,13 @@ class ReplicaManager:
             await fetcher.stop()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._stop_blocking)
+
+    async def controlled_shutdown(self) -> bool:
+        """SIGTERM's first step, see :func:`exactly.server.controlled_shutdown.controlled_shutdown`."""
+        return await controlled_shutdown(self)
+
+    def resign_leaderships(self) -> None:
+        resign_leaderships(self)
 
     def _stop_blocking(self) -> None:
         try:
