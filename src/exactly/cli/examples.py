@@ -52,6 +52,11 @@ EXAMPLES: dict[str, str] = {
     "pipeline verify": f"exactly pipeline verify {_BS} --json",
     "zookeeper": "exactly zookeeper --data-dir ./zk --port 2181",
     "console": f"exactly console {_BS} --port 8090   # then open http://127.0.0.1:8090/",
+    "acls": (
+        f"exactly acls --add --allow-principal User:billing --producer --topic orders "
+        f"--transactional-id billing- --resource-pattern-type prefixed {_BS}\n"
+        "  exactly acls --list --topic orders"
+    ),
     "cluster": "exactly cluster --brokers 3 --data-dir ./cluster",
     "cluster verify-replicas": f"exactly cluster verify-replicas {_BS} --topic orders",
     "cluster status": f"exactly cluster status {_BS} --json",
