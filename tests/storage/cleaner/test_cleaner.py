@@ -7,6 +7,7 @@ from pathlib import Path
 
 from exactly.records.rebuild import delete_horizon_of
 from exactly.storage.cleaner.cleanable import group_segments_by_size
+from exactly.storage.cleaner.job import source_of
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import (
@@ -164,7 +165,7 @@ def test_segments_are_grouped_up_to_the_segment_size(tmp_path: Path) -> None:
     assert len(sizes_after) < len(sizes_before)
     assert all(size <= 1000 for size in sizes_after)
     assert offsets_in(log) == list(range(60))
-    groups = group_segments_by_size(log.segments[:-1], 10_000, 10_000, log.segments[-1].base_offset)
+    groups = group_segments_by_size([source_of(s) for s in log.segments[:-1]], 10_000, 10_000, log.segments[-1].base_offset)
     assert [len(g) for g in groups] == [len(sizes_after)]
     log.close()
 
@@ -179,11 +180,12 @@ def test_grouping_respects_the_index_size(tmp_path: Path) -> None:
     entries = [len(s.offset_index) for s in segments]
     assert min(entries) > 0
     per_group = 2
+    sources = [source_of(s) for s in segments]
     groups = group_segments_by_size(
-        segments, 1 << 30, per_group * max(entries) * 8, log.segments[-1].base_offset
+        sources, 1 << 30, per_group * max(entries) * 8, log.segments[-1].base_offset
     )
-    assert all(sum(len(s.offset_index) * 8 for s in g) <= per_group * max(entries) * 8 for g in groups)
-    assert [s for g in groups for s in g] == list(segments)
+    assert all(sum(s.offset_index_bytes for s in g) <= per_group * max(entries) * 8 for g in groups)
+    assert [s for g in groups for s in g] == sources
     assert len(groups) >= len(segments) // per_group
     log.close()
 

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exactly.storage.cleaner.manager import LogCleanerManager
-from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner, Throttler
+from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner
+from exactly.storage.cleaner.worker import Throttler
 from exactly.storage.cleaner.swap import SwapStep
 from tests.storage.cleaner.helpers import NOW, append_keyed, key_values, offsets_in, open_compacted
 
@@ -141,20 +142,3 @@ def test_throttler_holds_the_rate() -> None:
     slept.clear()
     unlimited(10**9)
     assert slept == []
-
-
-def test_throttler_yields_the_gil_once_per_slice_of_cleaning() -> None:
-    clock = [0.0]
-    slept: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        clock[0] += seconds
-
-    throttle = Throttler(
-        1.7976931348623157e308, slice_s=0.002, yield_s=0.0002, clock=lambda: clock[0], sleep=sleep
-    )
-    for _ in range(10):  # 10 batches of 0.5 ms each: 5 ms of work
-        clock[0] += 0.0005
-        throttle(100)
-    assert slept == [0.0002, 0.0002]  # after 2 ms, and 2 ms after that yield

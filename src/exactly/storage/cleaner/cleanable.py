@@ -29,9 +29,9 @@ import bisect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from exactly.storage.config import LogConfig
-from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY
 from exactly.storage.segment import LogSegment
 
 log = logging.getLogger(__name__)
@@ -153,20 +153,35 @@ def log_to_clean(
     return LogToClean(dirty, first_uncleanable, clean_bytes, cleanable_bytes, delay)
 
 
-def _index_bytes(segment: LogSegment) -> tuple[int, int]:
-    segment.ensure_indexes()
-    return len(segment.offset_index) * OFFSET_ENTRY.size, len(segment.time_index) * TIME_ENTRY.size
+class GroupableSegment(Protocol):
+    """What grouping reads of a segment (``job.SegmentSource`` in a cleaning pass)."""
+
+    @property
+    def base_offset(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def offset_index_bytes(self) -> int: ...
+    @property
+    def time_index_bytes(self) -> int: ...
+
+
+S = TypeVar("S", bound=GroupableSegment)
+
+
+def _index_bytes(segment: GroupableSegment) -> tuple[int, int]:
+    return segment.offset_index_bytes, segment.time_index_bytes
 
 
 def group_segments_by_size(
-    segments: Sequence[LogSegment], max_size: int, max_index_size: int, first_uncleanable_offset: int
-) -> list[list[LogSegment]]:
+    segments: Sequence[S], max_size: int, max_index_size: int, first_uncleanable_offset: int
+) -> list[list[S]]:
     """Consecutive groups, each rewritten into one segment: a group grows while its log bytes
     stay within ``segment.bytes``, each of its indexes within ``segment.index.bytes`` and its offset
     span within Int32 (relative offsets in the indexes are 32-bit). The span of a segment is
     bounded by the next segment's base (or the first uncleanable offset for the last one); an
     empty segment adds no span."""
-    groups: list[list[LogSegment]] = []
+    groups: list[list[S]] = []
     i = 0
     while i < len(segments):
         group = [segments[i]]

@@ -15,9 +15,13 @@ Theory of operation
    each active producer's last batch. Aborted-transaction entries still needed are re-emitted into
    the new segment's transaction index; its offset and time indexes are built as it is written.
 3. *Swap*: the new segment is flushed, given its last source segment's modification time, and
-   swapped in crash-safely (``PartitionLog.replace_segments`` / ``swap``).
+   swapped in crash-safely (``PartitionLog.replace_segments`` / ``swap``) by the log's owner.
 
-The pass returns the end offset, the caller's next first dirty offset (the cleaner checkpoint).
+Steps 1 and 2 (``run_pass``) work on a ``job.CleaningJob``, plain values the broker describes from
+the log, and touch no ``PartitionLog``: in the broker they run in a worker process (``worker``),
+which hands each ``.cleaned`` segment back for step 3 (``swap_in``). ``Cleaner`` runs all three in
+the calling process (tests and tools). The pass returns the end offset, the caller's next first
+dirty offset (the cleaner checkpoint).
 
 Decoding: the offset map needs only each record's offset and key (``records.rebuild.record_keys``);
 the recopy decodes the batches it rewrites (keys, values, timestamps, headers). Only
@@ -32,17 +36,27 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, iter_batches
 from exactly.storage.cleaner.batch_filter import (
     FilterContext,
-    LastRecord,
     UncleanableBatchError,
     control_type_of,
     filter_batch,
     map_keys,
 )
 from exactly.storage.cleaner.cleanable import LogToClean, group_segments_by_size
+from exactly.storage.cleaner.job import (
+    CleanedSegment,
+    CleaningJob,
+    SegmentSource,
+    describe_pass,
+    open_cleaned,
+    remove_cleaned_files,
+    segments_replaced,
+)
 from exactly.storage.cleaner.offset_map import OffsetMap
 from exactly.storage.cleaner.swap import CLEANED_SUFFIX, SwapHook
 from exactly.storage.cleaner.txn_metadata import CleanedTransactionMetadata
@@ -80,15 +94,23 @@ class CleanerStats:
         return max(self.end_s - self.start_s, 0.0)
 
 
+class ReadableSegment(Protocol):
+    """What reading a segment's batches needs (a ``LogSegment`` or a ``job.SegmentSource``)."""
+
+    @property
+    def log_path(self) -> Path: ...
+    @property
+    def size(self) -> int: ...
+
+
 def segment_batches(
-    segment: LogSegment, position: int = 0, chunk: int = DEFAULT_IO_BUFFER_SIZE
+    segment: ReadableSegment, position: int = 0, chunk: int = DEFAULT_IO_BUFFER_SIZE
 ) -> Iterator[tuple[bytes, BatchHeader]]:
     """(buffer, header) of each batch from ``position`` (``header.position`` is relative to the
     buffer), read ``chunk`` bytes at a time; a batch larger than the chunk is read alone.
 
-    The file is read through a descriptor of its own, opened here: the cleaner runs on a thread
-    of its own, and the log's owner may close the segment's descriptor meanwhile (retention, topic
-    deletion), after which the number could even name another file. Raises FileNotFoundError when
+    The file is read through a descriptor of its own, opened here: the cleaner runs in a process
+    of its own, and the log's owner may delete the segment meanwhile (retention, topic deletion). Raises FileNotFoundError when
     the segment is already gone, UncleanableBatchError at bytes that are not a whole batch (the log
     was recovered, so that means corruption)."""
     fd = os.open(segment.log_path, os.O_RDONLY)
@@ -117,30 +139,14 @@ def segment_batches(
         os.close(fd)
 
 
-def read_next_offset(segment: LogSegment) -> int:
-    """One past the segment's last offset, from its last index entry on (a segment trusted at
-    load time was never scanned, so its ``next_offset`` is not known)."""
-    segment.ensure_indexes()
-    entry_offset, position = segment.offset_index.last_entry()
-    next_offset = max(entry_offset, segment.base_offset)
-    for _buf, header in segment_batches(segment, position):
-        next_offset = header.next_offset
-    return next_offset
-
-
-def collect_aborted(segments: Sequence[LogSegment], start: int, upper: int) -> list[AbortedTxnEntry]:
+def collect_aborted(aborted: Sequence[AbortedTxnEntry], start: int, upper: int) -> list[AbortedTxnEntry]:
     """Aborted transactions overlapping [start, upper), with all their index fields."""
-    found: list[AbortedTxnEntry] = []
-    for segment in segments:
-        for entry in segment.txn_index.entries:
-            if entry.last_offset >= start and entry.first_offset < upper:
-                found.append(entry)
-    return found
+    return [e for e in aborted if e.last_offset >= start and e.first_offset < upper]
 
 
-def segments_between(segments: Sequence[LogSegment], start: int, end: int) -> list[LogSegment]:
+def segments_between(segments: Sequence[SegmentSource], start: int, end: int) -> list[SegmentSource]:
     """Segments overlapping [start, end): from the one holding ``start`` to those based below ``end``."""
-    out: list[LogSegment] = []
+    out: list[SegmentSource] = []
     for i, segment in enumerate(segments):
         next_base = segments[i + 1].base_offset if i + 1 < len(segments) else None
         if next_base is not None and next_base <= start:
@@ -151,8 +157,8 @@ def segments_between(segments: Sequence[LogSegment], start: int, end: int) -> li
     return out
 
 
-SwapFn = Callable[[PartitionLog, LogSegment, Sequence[LogSegment]], None]
 Throttle = Callable[[int], None]
+OnCleaned = Callable[[CleanedSegment], None]
 
 
 class CleaningAbortedError(Exception):
@@ -160,13 +166,164 @@ class CleaningAbortedError(Exception):
     partition stays cleanable."""
 
 
-class Cleaner:
-    """Cleans one log at a time with its own offset map (one per cleaner thread).
+def run_pass(
+    job: CleaningJob,
+    offset_map: OffsetMap,
+    on_cleaned: OnCleaned,
+    *,
+    io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
+    throttle: Throttle = _no_throttle,
+) -> tuple[int, CleanerStats]:
+    """One pass over the job's segments, touching no ``PartitionLog``: build the offset map,
+    group, write each group as a flushed ``.cleaned`` segment and hand it to ``on_cleaned``
+    (which swaps it in, at once or later) before the next group. Returns the new first dirty
+    offset and the statistics. Runs in a worker process (``worker``) or in the caller's."""
+    stats = CleanerStats()
+    upper = job.first_uncleanable_offset
+    build_offset_map(job, offset_map, stats, io_buffer_size=io_buffer_size, throttle=throttle)
+    end_offset = offset_map.latest_offset + 1
+    ctx = FilterContext(offset_map, job.active_producers, upper, job.now_ms, job.delete_retention_ms)
+    txn = CleanedTransactionMetadata()
+    to_rewrite = [s for s in job.segments if s.base_offset < end_offset]
+    for group in group_segments_by_size(to_rewrite, job.segment_bytes, job.segment_index_bytes, upper):
+        on_cleaned(
+            clean_segments(job, group, ctx, txn, stats, io_buffer_size=io_buffer_size, throttle=throttle)
+        )
+        stats.segments_cleaned += len(group)
+    stats.map_utilization = offset_map.utilization
+    stats.end_s = time.monotonic()
+    return end_offset, stats
 
-    ``swap`` performs the last step, ``PartitionLog.replace_segments``; by default directly, and
-    on the thread that owns the log when the cleaner runs on a thread of its own (``runner``).
-    ``throttle(n)`` is called for every ``n`` bytes read or written
-    (``log.cleaner.io.max.bytes.per.second``). ``hook`` (tests) is passed to every swap."""
+
+# --- step 1: the offset map -------------------------------------------------------------------
+def build_offset_map(
+    job: CleaningJob,
+    offset_map: OffsetMap,
+    stats: CleanerStats,
+    *,
+    io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
+    throttle: Throttle = _no_throttle,
+) -> None:
+    offset_map.clear()
+    start, end = job.first_dirty_offset, job.first_uncleanable_offset
+    dirty = segments_between(job.segments, start, end)
+    txn = CleanedTransactionMetadata()
+    txn.add_aborted_transactions(collect_aborted(job.aborted, start, end))
+    for i, segment in enumerate(dirty):
+        next_start = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
+        if _map_segment(offset_map, segment, start, next_start, txn, stats, io_buffer_size, throttle):
+            log.debug("%s: offset map full in the segment at %d", job.tp, segment.base_offset)
+            return
+
+
+def _map_segment(
+    offset_map: OffsetMap,
+    segment: SegmentSource,
+    start: int,
+    next_start: int,
+    txn: CleanedTransactionMetadata,
+    stats: CleanerStats,
+    io_buffer_size: int,
+    throttle: Throttle,
+) -> bool:
+    """Add one segment's keys at or after ``start``; True when the map filled up."""
+    position = segment.dirty_position if start > segment.base_offset else 0
+    for buf, header in segment_batches(segment, position, io_buffer_size):
+        if header.base_offset >= next_start:
+            break
+        stats.map_bytes_read += header.size
+        throttle(header.size)
+        if header.is_control:
+            txn.on_control_batch_read(header, control_type_of(buf, header))
+        elif not txn.on_batch_read(header):
+            for offset, key in map_keys(buf, header):
+                if key is not None and offset >= start:
+                    if offset_map.is_full:
+                        return True  # as Kafka: even a key already mapped ends the pass here
+                    offset_map.put(key, offset)
+                stats.map_records_read += 1
+        if header.last_offset >= start:
+            offset_map.update_latest_offset(header.last_offset)
+    offset_map.update_latest_offset(next_start - 1)
+    return False
+
+
+# --- steps 2 and 3: rewrite a group ------------------------------------------------------------
+def clean_segments(
+    job: CleaningJob,
+    group: Sequence[SegmentSource],
+    ctx: FilterContext,
+    txn: CleanedTransactionMetadata,
+    stats: CleanerStats,
+    *,
+    io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
+    throttle: Throttle = _no_throttle,
+) -> CleanedSegment:
+    """Write ``group`` into one flushed ``.cleaned`` segment (closed again: the swap reopens it),
+    with the mtime of the group's last segment. On an error the files are removed."""
+    cleaned = LogSegment.create(
+        job.directory,
+        group[0].base_offset,
+        index_interval_bytes=job.index_interval_bytes,
+        index_max_bytes=job.segment_index_bytes,
+        now_ms=job.now_ms,
+        file_suffix=CLEANED_SUFFIX,
+    )
+    txn.on_retained_abort = cleaned.txn_index.append
+    try:
+        for i, segment in enumerate(group):
+            upper = group[i + 1].base_offset if i + 1 < len(group) else segment.next_offset
+            txn.add_aborted_transactions(collect_aborted(job.aborted, segment.base_offset, upper))
+            for buf, header in segment_batches(segment, 0, io_buffer_size):
+                stats.bytes_read += header.size
+                throttle(header.size)
+                result = filter_batch(buf, header, ctx, txn)
+                stats.records_read += result.records_read
+                if result.data is None:
+                    continue
+                written = BatchHeader.parse(result.data)
+                cleaned.append(result.data, written)
+                stats.records_written += result.records_kept
+                stats.bytes_written += written.size
+                stats.batches_rebuilt += int(result.rebuilt)
+        cleaned.on_become_inactive()
+        cleaned.unflushed = True
+        cleaned.flush()
+        cleaned.set_last_modified(group[-1].last_modified_ns)
+        cleaned.close()
+    except BaseException:
+        cleaned.delete()
+        raise
+    finally:
+        txn.on_retained_abort = None
+    return CleanedSegment(group[0].base_offset, tuple(s.base_offset for s in group))
+
+
+def swap_in(
+    plog: PartitionLog, job: CleaningJob, cleaned: CleanedSegment, hook: SwapHook | None = None
+) -> None:
+    """The broker's step: swap a cleaned segment in for the segments it replaces, only if they are
+    still the log's as the job read them (else CleaningAbortedError, the files removed)."""
+    if plog.closed:
+        remove_cleaned_files(job.directory, [cleaned.base_offset])
+        raise CleaningAbortedError(f"{plog.tp} was closed during cleaning")
+    try:
+        old = segments_replaced(plog, job, cleaned)
+        segment = open_cleaned(job, cleaned)
+    except (ValueError, OSError) as exc:
+        remove_cleaned_files(job.directory, [cleaned.base_offset])
+        raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
+    try:
+        plog.replace_segments(segment, old, hook)
+    except ValueError as exc:
+        segment.delete()
+        raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
+
+
+class Cleaner:
+    """Cleans one log at a time in the calling process, with its own offset map: each group is
+    swapped in as soon as it is written (tests, tools; the broker runs ``run_pass`` in worker
+    processes instead, see ``runner``). ``hook`` (tests) is passed to every swap."""
 
     def __init__(
         self,
@@ -174,132 +331,20 @@ class Cleaner:
         *,
         io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
         hook: SwapHook | None = None,
-        swap: SwapFn | None = None,
         throttle: Throttle | None = None,
     ) -> None:
         self.offset_map = offset_map
         self.io_buffer_size = io_buffer_size
         self.hook = hook
-        self.swap: SwapFn = swap or self._swap_directly
         self.throttle: Throttle = throttle or _no_throttle
-
-    def _swap_directly(self, plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment]) -> None:
-        plog.replace_segments(cleaned, group, self.hook)
 
     def clean(self, plog: PartitionLog, to_clean: LogToClean, now_ms: int) -> tuple[int, CleanerStats]:
         """One pass; returns the new first dirty offset and the pass's statistics."""
-        stats = CleanerStats()
-        upper = to_clean.first_uncleanable_offset
-        self.build_offset_map(plog, to_clean.first_dirty_offset, upper, stats)
-        end_offset = self.offset_map.latest_offset + 1
-        config = plog.config
-        producers = {
-            pid: LastRecord(entry.last_data_offset, entry.producer_epoch)
-            for pid, entry in plog.producer_state.active_producers().items()
-        }
-        ctx = FilterContext(self.offset_map, producers, upper, now_ms, config.delete_retention_ms)
-        txn = CleanedTransactionMetadata()
-        to_rewrite = [s for s in plog.segments[:-1] if s.base_offset < end_offset]
-        for group in group_segments_by_size(
-            to_rewrite, config.segment_bytes, config.segment_index_bytes, upper
-        ):
-            self.clean_segments(plog, group, ctx, txn, stats, now_ms)
-        stats.map_utilization = self.offset_map.utilization
-        stats.end_s = time.monotonic()
-        return end_offset, stats
-
-    # --- step 1: the offset map ---------------------------------------------------------------
-    def build_offset_map(self, plog: PartitionLog, start: int, end: int, stats: CleanerStats) -> None:
-        offset_map = self.offset_map
-        offset_map.clear()
-        segments = plog.segments
-        dirty = segments_between(segments, start, end)
-        txn = CleanedTransactionMetadata()
-        txn.add_aborted_transactions(collect_aborted(segments, start, end))
-        for i, segment in enumerate(dirty):
-            next_start = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
-            if self._map_segment(segment, start, next_start, txn, stats):
-                log.debug("%s: offset map full in the segment at %d", plog.tp, segment.base_offset)
-                return
-
-    def _map_segment(
-        self,
-        segment: LogSegment,
-        start: int,
-        next_start: int,
-        txn: CleanedTransactionMetadata,
-        stats: CleanerStats,
-    ) -> bool:
-        """Add one segment's keys at or after ``start``; True when the map filled up."""
-        offset_map = self.offset_map
-        segment.ensure_indexes()
-        _o, position = segment.offset_index.lookup(start)
-        for buf, header in segment_batches(segment, position, self.io_buffer_size):
-            if header.base_offset >= next_start:
-                break
-            stats.map_bytes_read += header.size
-            self.throttle(header.size)
-            if header.is_control:
-                txn.on_control_batch_read(header, control_type_of(buf, header))
-            elif not txn.on_batch_read(header):
-                for offset, key in map_keys(buf, header):
-                    if key is not None and offset >= start:
-                        if offset_map.is_full:
-                            return True  # as Kafka: even a key already mapped ends the pass here
-                        offset_map.put(key, offset)
-                    stats.map_records_read += 1
-            if header.last_offset >= start:
-                offset_map.update_latest_offset(header.last_offset)
-        offset_map.update_latest_offset(next_start - 1)
-        return False
-
-    # --- steps 2 and 3: rewrite a group and swap it in ---------------------------------------
-    def clean_segments(
-        self,
-        plog: PartitionLog,
-        group: Sequence[LogSegment],
-        ctx: FilterContext,
-        txn: CleanedTransactionMetadata,
-        stats: CleanerStats,
-        now_ms: int,
-    ) -> None:
-        config = plog.config
-        cleaned = LogSegment.create(
-            plog.directory,
-            group[0].base_offset,
-            index_interval_bytes=config.index_interval_bytes,
-            index_max_bytes=config.segment_index_bytes,
-            now_ms=now_ms,
-            file_suffix=CLEANED_SUFFIX,
+        job = describe_pass(plog, to_clean, now_ms)
+        return run_pass(
+            job,
+            self.offset_map,
+            lambda cleaned: swap_in(plog, job, cleaned, self.hook),
+            io_buffer_size=self.io_buffer_size,
+            throttle=self.throttle,
         )
-        txn.on_retained_abort = cleaned.txn_index.append
-        try:
-            for i, segment in enumerate(group):
-                upper = group[i + 1].base_offset if i + 1 < len(group) else read_next_offset(segment)
-                txn.add_aborted_transactions(collect_aborted(plog.segments, segment.base_offset, upper))
-                for buf, header in segment_batches(segment, 0, self.io_buffer_size):
-                    stats.bytes_read += header.size
-                    self.throttle(header.size)
-                    result = filter_batch(buf, header, ctx, txn)
-                    stats.records_read += result.records_read
-                    if result.data is None:
-                        continue
-                    written = BatchHeader.parse(result.data)
-                    cleaned.append(result.data, written)
-                    stats.records_written += result.records_kept
-                    stats.bytes_written += written.size
-                    stats.batches_rebuilt += int(result.rebuilt)
-            cleaned.on_become_inactive()
-            cleaned.unflushed = True
-            cleaned.flush()
-            cleaned.set_last_modified(group[-1].last_modified_ns)
-            self.swap(plog, cleaned, group)
-        except Exception:
-            # An error before the commit: drop the uncommitted segment (recovery would too).
-            # Anything else (the process ending) leaves the files to recovery at the next load.
-            if cleaned.file_suffix == CLEANED_SUFFIX:
-                cleaned.delete()
-            raise
-        finally:
-            txn.on_retained_abort = None
-        stats.segments_cleaned += len(group)

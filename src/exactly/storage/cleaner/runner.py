@@ -1,28 +1,38 @@
-"""The log cleaner's threads (Kafka's LogCleaner and CleanerThread) and its broker-level settings
-(Kafka's CleanerConfig).
+"""The log cleaner's threads and worker processes (Kafka's LogCleaner and CleanerThread) and its
+broker-level settings (Kafka's CleanerConfig).
 
 Theory of operation
 -------------------
-Cleaning reads and rewrites whole segments, decodes records and fsyncs: far too slow for the
-broker's single event loop. So each cleaner thread (``log.cleaner.threads``) runs passes on its
-own, with its own offset map (``log.cleaner.dedupe.buffer.size`` split between the threads), its
-own file descriptors (``cleaner.segment_batches``) and a shared I/O throttle
-(``log.cleaner.io.max.bytes.per.second``). When no log is eligible a thread sleeps
-``log.cleaner.backoff.ms``.
+Cleaning reads and rewrites whole segments and decodes every record: far too slow for the
+broker's event loop, and, in CPython, too slow for a thread of the broker too (a thread decoding
+records holds the GIL the event loop needs for every syscall it returns from). So each of the
+``log.cleaner.threads`` cleaner threads drives a worker *process* of its own (``worker``), and
+the thread itself only waits:
 
-Sharing a log with its owner (the event loop): the owner appends to the active segment, which the
-cleaner never touches, and may delete or truncate segments (retention, DeleteRecords, a follower's
-truncation, topic deletion) at any time. The cleaner thread only *reads* segments until its
-``.cleaned`` segment is complete and flushed; the swap (``PartitionLog.replace_segments``: the
-renames and the segment-list update) is the one step that changes the log, and it runs on the
-owner's thread through ``run_on_owner``, so the owner never sees a half-updated segment list. The
-owner first checks that the segments the pass rewrote are still the log's; if not (they were
-deleted or truncated meanwhile), the pass is dropped (``CleaningAbortedError``) and the partition
-simply stays dirty. The owner's part costs a few renames and two directory fsyncs per group.
+1. on the owner (``run_on_owner``, the event loop): load the segments' lazy metadata, pick the
+   filthiest eligible log (``LogCleanerManager.grab_filthiest``: the cleanable range from the
+   LSO, the active segment and the compaction lag) and describe the pass as plain values
+   (``job.describe_pass``: segment paths and sizes, aborted transactions, active producers'
+   last batches, configs). Short: no record is read.
+2. in the worker (the thread blocks on a pipe, holding no GIL): the offset map, the filtering and
+   rebuilding of batches, the ``.cleaned`` segments written and flushed
+   (``cleaner.run_pass``), with the worker's share of ``log.cleaner.io.max.bytes.per.second``
+   and ``log.cleaner.dedupe.buffer.size``.
+3. on the owner, once per cleaned segment: the swap (``cleaner.swap_in``: the segments it
+   replaces must still be the log's, unchanged; renames, two directory fsyncs, the segment
+   list), then the cleaner checkpoint (``done_cleaning``).
 
-``run_on_owner(fn)`` must run ``fn`` on the owning thread and return its result (or raise its
-exception) to the calling cleaner thread; the server builds it on the event loop. Its stop must
-not block that thread while a cleaner waits on it (the server stops the runner from an executor).
+The log's owner may delete or truncate segments (retention, DeleteRecords, a follower's
+truncation, topic deletion) during step 2; the swap then finds them changed and the pass is
+dropped (``CleaningAbortedError``), the partition simply stays dirty. A worker that dies
+mid-pass (killed, out of memory) loses nothing: its ``.cleaned`` files are removed, a new worker
+is started, and the partition is retried; after ``MAX_WORKER_DEATHS`` deaths in a row on the same
+partition it is marked uncleanable with a log line. The broker keeps serving throughout.
+
+``run_on_owner(fn)`` must run ``fn`` on the owning thread and return when it has (raising its
+exception in the calling cleaner thread); the server builds it on the event loop. Its stop must
+not block that thread while a cleaner waits on it (the server stops the runner from an executor);
+stopping kills a worker in the middle of a pass (its work is dropped).
 """
 
 from __future__ import annotations
@@ -30,22 +40,30 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from exactly.storage.cleaner.cleaner import Cleaner, CleaningAbortedError
-from exactly.storage.cleaner.manager import LogCleanerManager, PassResult, clean_filthiest
-from exactly.storage.cleaner.offset_map import OffsetMap
+from exactly.storage.cleaner.cleaner import CleaningAbortedError, swap_in
+from exactly.storage.cleaner.job import CleaningJob, describe_pass, remove_cleaned_files
+from exactly.storage.cleaner.manager import Candidate, LogCleanerManager, PassResult
 from exactly.storage.cleaner.swap import SwapHook
+from exactly.storage.cleaner.worker import (
+    CleaningStoppedError,
+    WorkerDiedError,
+    WorkerProcess,
+    WorkRequest,
+    WorkResponse,
+)
 from exactly.storage.partition_log import PartitionLog
-from exactly.storage.segment import LogSegment
+from exactly.types import TopicPartition
 
 log = logging.getLogger(__name__)
 
 RunOnOwner = Callable[[Callable[[], None]], None]
 
 MAX_MAP_MEMORY_PER_THREAD = 2**31 - 1  # as Kafka: a thread's map is at most 2 GiB
+#: A partition whose pass killed its worker this many times in a row is marked uncleanable.
+MAX_WORKER_DEATHS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,64 +83,6 @@ class CleanerConfig:
         return min(self.dedupe_buffer_size // max(self.num_threads, 1), MAX_MAP_MEMORY_PER_THREAD)
 
 
-#: A cleaner thread hands the GIL to the event loop at least this often (see Throttler)
-GIL_SLICE_S = 0.002
-#: ... by sleeping this long: long enough for the waiting thread to be woken and take it
-GIL_YIELD_S = 0.0002
-
-
-class Throttler:
-    """Keeps the bytes read and written at or under a rate, by sleeping the calling thread
-    (Kafka's Throttler), and yields the GIL every ``GIL_SLICE_S`` of cleaning. Shared by the
-    cleaner threads, hence the lock; called once per batch read or written.
-
-    Why the yield: a cleaner thread decoding records holds CPython's GIL; the event loop, back
-    from each syscall (epoll, recv, send), waits for it up to the interpreter's switch interval
-    (5 ms). A produce round trip takes several such turns, so without the yield a busy cleaner
-    raised the produce p99 at 1,000 msg/s from ~20 ms to seconds (bench ``cleaner-produce-latency``).
-    A short sleep releases the GIL at once; the loop takes it and the cleaner waits its turn.
-    Costs at most GIL_YIELD_S / GIL_SLICE_S of the cleaner's speed (~10%, less when the
-    loop is idle and the sleep returns on time). A throttle pause counts as a yield."""
-
-    def __init__(
-        self,
-        bytes_per_second: float,
-        *,
-        window_s: float = 0.3,
-        slice_s: float = GIL_SLICE_S,
-        yield_s: float = GIL_YIELD_S,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.rate = bytes_per_second
-        self.window_s = window_s
-        self.slice_s = slice_s
-        self.yield_s = yield_s
-        self._clock = clock
-        self._sleep = sleep
-        self._lock = threading.Lock()
-        self._start = clock()
-        self._bytes = 0
-        self._last_yield = self._start  # shared by the threads: a race only moves one yield
-
-    def __call__(self, nbytes: int) -> None:
-        if self.rate < 1e300:
-            with self._lock:
-                self._bytes += nbytes
-                now = self._clock()
-                elapsed = now - self._start
-                pause = self._bytes / self.rate - elapsed
-                if pause <= 0 and elapsed >= self.window_s:
-                    self._start, self._bytes = now, 0
-            if pause > 0:
-                self._sleep(pause)
-                self._last_yield = self._clock()
-                return
-        if self._clock() - self._last_yield >= self.slice_s:
-            self._sleep(self.yield_s)
-            self._last_yield = self._clock()
-
-
 @dataclass(slots=True)
 class CleanerMetrics:
     """What ``/metrics`` shows (Kafka's cleaner metrics); updated by the threads, read by the
@@ -137,6 +97,7 @@ class CleanerMetrics:
     last_ratio: float = 0.0
     last_recopy_ratio: float = 0.0
     max_pass_s: float = 0.0
+    worker_deaths: int = 0
 
     def record(self, result: PassResult) -> None:
         stats = result.stats
@@ -163,24 +124,13 @@ def load_segment_metadata(logs: Iterable[PartitionLog]) -> None:
             _ = segment.first_batch_timestamp
 
 
-def replace_on_owner(
-    plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment], hook: SwapHook | None
-) -> None:
-    """The swap as the owner runs it: only if the rewritten segments are still the log's."""
-    if plog.closed:
-        raise CleaningAbortedError(f"{plog.tp} was closed during cleaning")
-    try:
-        plog.replace_segments(cleaned, group, hook)
-    except ValueError as exc:
-        raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
-
-
 class LogCleaner:
-    """The cleaner threads of one data directory.
+    """The cleaner threads of one data directory, each with its worker process.
 
-    Owns the threads, their offset maps and the throttle. Lifecycle: ``start`` (after the logs are
-    loaded), ``stop`` (before they are closed; waits for the threads, whose current pass may need
-    the owner to run its swap). ``logs`` returns the logs to consider, called on each thread."""
+    Lifecycle: ``start`` (after the logs are loaded), ``stop`` (before they are closed; waits for
+    the threads, whose current pass may need the owner to run its swap, and kills the workers).
+    ``logs`` returns the logs to consider, called on the owner. ``worker_fault`` (tests) is handed
+    to every worker (``worker.FAULT_*``)."""
 
     def __init__(
         self,
@@ -190,52 +140,153 @@ class LogCleaner:
         *,
         clock_ms: Callable[[], int],
         hook: SwapHook | None = None,
+        worker_fault: str = "",
     ) -> None:
         self.config = config
         self.manager = manager
         self._logs = logs
         self._clock_ms = clock_ms
         self._hook = hook
+        self._worker_fault = worker_fault
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.throttler = Throttler(config.max_io_bytes_per_second)
+        self._workers: list[WorkerProcess] = []
+        self._deaths: dict[TopicPartition, int] = {}
+        self._deaths_lock = threading.Lock()
         self.metrics = CleanerMetrics()
 
     def start(self, run_on_owner: RunOnOwner) -> None:
         for i in range(max(self.config.num_threads, 1)):
-            cleaner = self._new_cleaner(run_on_owner)
+            worker = WorkerProcess(f"log-cleaner-{i}")
             thread = threading.Thread(
-                target=self._run, args=(cleaner, run_on_owner), name=f"log-cleaner-{i}", daemon=True
+                target=self._run, args=(worker, run_on_owner), name=f"log-cleaner-{i}", daemon=True
             )
+            self._workers.append(worker)
             self._threads.append(thread)
             thread.start()
         log.info("started %d log cleaner thread(s)", len(self._threads))
 
-    def _new_cleaner(self, run_on_owner: RunOnOwner) -> Cleaner:
-        hook = self._hook
-
-        def swap(plog: PartitionLog, cleaned: LogSegment, group: Sequence[LogSegment]) -> None:
-            run_on_owner(lambda: replace_on_owner(plog, cleaned, group, hook))
-
-        offset_map = OffsetMap(self.config.map_memory_per_thread, self.config.io_buffer_load_factor)
-        return Cleaner(
-            offset_map, io_buffer_size=self.config.io_buffer_size, swap=swap, throttle=self.throttler
-        )
-
-    def _run(self, cleaner: Cleaner, run_on_owner: RunOnOwner) -> None:
+    def _run(self, worker: WorkerProcess, run_on_owner: RunOnOwner) -> None:
         backoff_s = self.config.backoff_ms / 1000
-        while not self._stop.is_set():
-            result: PassResult | None = None
+        try:
+            while not self._stop.is_set():
+                result: PassResult | None = None
+                try:
+                    result = self._clean_filthiest(worker, run_on_owner)
+                except CleaningStoppedError:
+                    return
+                except Exception:  # the thread must live on
+                    log.exception("log cleaner pass failed")
+                if result is None:
+                    self._stop.wait(backoff_s)
+                else:
+                    self.metrics.record(result)
+        finally:
+            worker.kill()
+
+    def _choose(self, now_ms: int) -> tuple[Candidate, CleaningJob] | None:
+        """On the owner: the filthiest eligible log, described for a worker."""
+        logs = list(self._logs())
+        load_segment_metadata(logs)
+        candidate = self.manager.grab_filthiest(logs, now_ms)
+        if candidate is None:
+            return None
+        try:
+            return candidate, describe_pass(candidate.log, candidate.to_clean, now_ms)
+        except Exception:
+            self.manager.abort_cleaning(candidate.tp)
+            raise
+
+    def _clean_filthiest(self, worker: WorkerProcess, run_on_owner: RunOnOwner) -> PassResult | None:
+        now_ms = self._clock_ms()
+        chosen: list[tuple[Candidate, CleaningJob] | None] = [None]
+
+        def choose() -> None:
+            chosen[0] = self._choose(now_ms)
+
+        run_on_owner(choose)
+        if chosen[0] is None:
+            return None
+        candidate, job = chosen[0]
+        tp = candidate.tp
+        bases = [s.base_offset for s in job.segments]
+        request = WorkRequest(
+            job,
+            self.config.map_memory_per_thread,
+            self.config.io_buffer_load_factor,
+            self.config.io_buffer_size,
+            self.config.max_io_bytes_per_second / max(self.config.num_threads, 1),
+            self._worker_fault,
+        )
+        try:
+            response = worker.run(request, self._stop)
+        except CleaningStoppedError:
+            remove_cleaned_files(job.directory, bases)
+            self.manager.abort_cleaning(tp)
+            raise
+        except WorkerDiedError as exc:
+            remove_cleaned_files(job.directory, bases)
+            self._worker_died(tp, exc)
+            return None
+        if response.error == "aborted":
+            log.info("cleaning %s aborted: %s", tp, response.message)
+            self.manager.abort_cleaning(tp)
+            return None
+        if response.error or response.stats is None:
+            log.error("cleaning %s failed; marking it uncleanable: %s", tp, response.message)
+            self.manager.mark_uncleanable(tp, response.message)
+            return None
+        with self._deaths_lock:
+            self._deaths.pop(tp, None)
+        return self._swap_all(candidate, job, response, run_on_owner)
+
+    def _worker_died(self, tp: TopicPartition, exc: WorkerDiedError) -> None:
+        self.metrics.worker_deaths += 1
+        with self._deaths_lock:
+            deaths = self._deaths[tp] = self._deaths.get(tp, 0) + 1
+        if deaths >= MAX_WORKER_DEATHS:
+            log.error("cleaning %s: %s, %d times in a row; marking it uncleanable", tp, exc, deaths)
+            self.manager.mark_uncleanable(tp, f"the cleaner worker died {deaths} times: {exc}")
+            with self._deaths_lock:
+                self._deaths.pop(tp, None)
+        else:
+            log.warning("cleaning %s: %s; the pass is dropped and will be retried", tp, exc)
+            self.manager.abort_cleaning(tp)
+
+    def _swap_all(
+        self,
+        candidate: Candidate,
+        job: CleaningJob,
+        response: WorkResponse,
+        run_on_owner: RunOnOwner,
+    ) -> PassResult | None:
+        tp, plog, hook = candidate.tp, candidate.log, self._hook
+        stats = response.stats
+        assert stats is not None
+        for i, cleaned in enumerate(response.cleaned):
             try:
-                logs = list(self._logs())
-                run_on_owner(functools.partial(load_segment_metadata, logs))
-                result = clean_filthiest(self.manager, cleaner, logs, self._clock_ms(), retention=False)
-            except Exception:  # the thread must live on
-                log.exception("log cleaner pass failed")
-            if result is None:
-                self._stop.wait(backoff_s)
-            else:
-                self.metrics.record(result)
+                run_on_owner(functools.partial(swap_in, plog, job, cleaned, hook))
+            except Exception as exc:
+                remove_cleaned_files(job.directory, [c.base_offset for c in response.cleaned[i:]])
+                if isinstance(exc, CleaningAbortedError | FileNotFoundError):
+                    log.info("cleaning %s aborted: %s", tp, exc)
+                    self.manager.abort_cleaning(tp)
+                else:
+                    log.exception("swapping in the cleaned segments of %s failed; marking it uncleanable", tp)
+                    self.manager.mark_uncleanable(tp, f"{type(exc).__name__}: {exc}")
+                return None
+        self.manager.done_cleaning(tp, response.end_offset)
+        log.info(
+            "cleaned %s up to %d: %d -> %d bytes, %d -> %d records in %.3f s",
+            tp,
+            response.end_offset,
+            stats.bytes_read,
+            stats.bytes_written,
+            stats.records_read,
+            stats.records_written,
+            stats.elapsed_s,
+        )
+        return PassResult(tp, response.end_offset, stats, candidate.to_clean.cleanable_ratio)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()
@@ -243,7 +294,15 @@ class LogCleaner:
             thread.join(timeout_s)
             if thread.is_alive():
                 log.warning("%s did not stop within %.0f s", thread.name, timeout_s)
+        for worker in self._workers:
+            worker.kill()
         self._threads.clear()
+        self._workers.clear()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The running workers' process ids (tests, diagnostics)."""
+        return [pid for w in self._workers if (pid := w.pid) is not None]
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,289 @@
+"""The cleaner's worker processes: a pass's heavy part (``cleaner.run_pass``: reading the dirty
+segments, the offset map, filtering and rebuilding batches, writing ``.cleaned`` segments) runs
+in a process of its own, so it never holds the broker's GIL.
+
+Theory of operation
+-------------------
+``WorkerProcess`` (broker side, one per cleaner thread) starts ``python -m
+exactly.storage.cleaner.worker_main <fd>`` on first use -- a fresh interpreter, never a fork of the
+broker with its event loop and threads -- and talks to it over a socket pair with
+``multiprocessing.connection`` framing: one ``WorkRequest`` (a ``job.CleaningJob`` and the
+cleaner's settings) in, one ``WorkResponse`` out. The worker keeps nothing between requests but
+its offset map's memory; it writes only ``.cleaned`` files, which the broker swaps in.
+
+Failure: an exception in the pass comes back as a response (``error`` set, the ``.cleaned`` files
+removed); a worker that dies (killed, out of memory) is seen as the end of its pipe
+(``WorkerDiedError``), its leftovers are removed by the caller and a new worker is started for
+the next request. The worker exits when its pipe closes, so it never outlives the broker.
+
+Throttle: each worker keeps its own share of ``log.cleaner.io.max.bytes.per.second`` (the rate
+divided by the number of workers; Kafka's threads share one throttler, which a set of processes
+cannot without a shared clock and counter).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import exactly
+from exactly.storage.cleaner.batch_filter import UncleanableBatchError
+from exactly.storage.cleaner.cleaner import CleanerStats, run_pass
+from exactly.storage.cleaner.job import CleanedSegment, CleaningJob, remove_cleaned_files
+from exactly.storage.cleaner.offset_map import OffsetMap
+
+log = logging.getLogger(__name__)
+
+#: Test fault: the worker exits abruptly once it has written its first ``.cleaned`` segment.
+FAULT_EXIT_AFTER_FIRST_GROUP = "exit_after_first_group"
+POLL_S = 0.1
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRequest:
+    job: CleaningJob
+    map_memory: int
+    load_factor: float
+    io_buffer_size: int
+    io_bytes_per_second: float
+    fault: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkResponse:
+    """A pass's outcome: the cleaned segments to swap in (in offset order), the new first dirty
+    offset and the statistics; or ``error`` (``aborted``: the log changed under the pass, a
+    source segment was deleted; ``failed``: the partition cannot be cleaned) and its message."""
+
+    cleaned: tuple[CleanedSegment, ...] = ()
+    end_offset: int = -1
+    stats: CleanerStats | None = None
+    error: str = ""
+    message: str = ""
+
+
+class WorkerDiedError(Exception):
+    """The worker process ended without answering."""
+
+
+class Throttler:
+    """Keeps the bytes read and written at or under a rate by sleeping (Kafka's Throttler);
+    called once per batch read or written."""
+
+    def __init__(
+        self,
+        bytes_per_second: float,
+        *,
+        window_s: float = 0.3,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rate = bytes_per_second
+        self.window_s = window_s
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._start = clock()
+        self._bytes = 0
+
+    def __call__(self, nbytes: int) -> None:
+        if self.rate >= 1e300:
+            return
+        with self._lock:
+            self._bytes += nbytes
+            now = self._clock()
+            elapsed = now - self._start
+            pause = self._bytes / self.rate - elapsed
+            if pause <= 0 and elapsed >= self.window_s:
+                self._start, self._bytes = now, 0
+        if pause > 0:
+            self._sleep(pause)
+
+
+# --- the worker's side ---------------------------------------------------------------------------
+class _Work:
+    """The worker's state between requests: the offset map (reused while its size fits)."""
+
+    def __init__(self) -> None:
+        self.offset_map: OffsetMap | None = None
+        self.map_size = (0, 0.0)
+        self.throttler: Throttler | None = None
+
+    def handle(self, request: WorkRequest) -> WorkResponse:
+        if self.offset_map is None or self.map_size != (request.map_memory, request.load_factor):
+            self.offset_map = OffsetMap(request.map_memory, request.load_factor)
+            self.map_size = (request.map_memory, request.load_factor)
+        if self.throttler is None or self.throttler.rate != request.io_bytes_per_second:
+            self.throttler = Throttler(request.io_bytes_per_second)
+        job = request.job
+        written: list[CleanedSegment] = []
+
+        def on_cleaned(cleaned: CleanedSegment) -> None:
+            written.append(cleaned)
+            if request.fault == FAULT_EXIT_AFTER_FIRST_GROUP:
+                os._exit(70)
+
+        try:
+            end_offset, stats = run_pass(
+                job,
+                self.offset_map,
+                on_cleaned,
+                io_buffer_size=request.io_buffer_size,
+                throttle=self.throttler,
+            )
+        except FileNotFoundError as exc:
+            remove_cleaned_files(job.directory, [c.base_offset for c in written])
+            return WorkResponse(error="aborted", message=f"a segment went away: {exc}")
+        except (UncleanableBatchError, OSError, ValueError, MemoryError) as exc:
+            remove_cleaned_files(job.directory, [c.base_offset for c in written])
+            return WorkResponse(error="failed", message=f"{type(exc).__name__}: {exc}")
+        return WorkResponse(tuple(written), end_offset, stats)
+
+
+def serve(conn: Connection) -> None:
+    """Answer requests until the broker closes the pipe."""
+    work = _Work()
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            response = work.handle(request)
+        except Exception as exc:  # answer rather than die: the broker marks the partition
+            log.exception("cleaning %s failed", request.job.tp)
+            response = WorkResponse(error="failed", message=f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(response)
+        except OSError:
+            return
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: be killed when the broker dies (its pipe's end is seen only at the next read, and a
+    worker still writing ``.cleaned`` files after a kill -9 could meet the restarted broker's
+    recovery or next pass in the same directory)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the prctl
+        os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    """``worker_main <fd> <broker pid>``."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="cleaner-worker %(levelname)s %(name)s: %(message)s"
+    )
+    _die_with_parent(int(argv[2]))
+    serve(Connection(int(argv[1])))
+    return 0
+
+
+# --- the broker's side ---------------------------------------------------------------------------
+def _pythonpath() -> str:
+    """The worker imports this very ``exactly`` package, wherever the broker found it."""
+    src = str(Path(exactly.__file__).resolve().parents[1])
+    current = os.environ.get("PYTHONPATH", "")
+    return src if not current else f"{src}{os.pathsep}{current}"
+
+
+class WorkerProcess:
+    """One worker process, started on first use and again after it died. Used by one cleaner
+    thread at a time; ``kill`` may be called from another thread (the broker stopping)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _start(self) -> tuple[subprocess.Popen[bytes], Connection]:
+        ours, theirs = socket.socketpair()
+        try:
+            env = dict(os.environ, PYTHONPATH=_pythonpath())
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "exactly.storage.cleaner.worker_main",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        log.info("started log cleaner worker %s (pid %d)", self.name, proc.pid)
+        return proc, conn
+
+    def run(self, request: WorkRequest, stop: threading.Event) -> WorkResponse:
+        """Send one request and wait for its answer, polling ``stop`` (then the worker is killed
+        and CleaningStoppedError raised). Raises WorkerDiedError when the worker ended."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None or self._conn is None:
+                self._close_locked()
+                self._proc, self._conn = self._start()
+            proc, conn = self._proc, self._conn
+        try:
+            conn.send(request)
+            while not conn.poll(POLL_S):
+                if stop.is_set():
+                    self.kill()
+                    raise CleaningStoppedError("the cleaner is stopping")
+                if proc.poll() is not None and not conn.poll(0):
+                    raise WorkerDiedError(f"worker {self.name} exited with {proc.returncode}")
+            response: WorkResponse = conn.recv()
+            return response
+        except (EOFError, OSError) as exc:
+            code = proc.poll()
+            self.kill()
+            raise WorkerDiedError(f"worker {self.name} ended (exit code {code}): {exc!r}") from None
+        except WorkerDiedError:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+class CleaningStoppedError(Exception):
+    """The broker stopped while a pass ran: its work is dropped."""
