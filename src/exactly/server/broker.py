@@ -40,6 +40,7 @@ from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.cleaner.cleaner import CleaningAbortedError
 from exactly.storage.cleaner.runner import LogCleaner
 from exactly.storage.cleaner.swap import SwapHook, SwapStep
+from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
@@ -143,6 +144,7 @@ class Broker:
                 logs.compacted_logs,
                 clock_ms=now_ms,
                 hook=_swap_fault_hook(os.environ.get("EXACTLY_FAULT", "")),
+                worker_fault=_worker_fault(os.environ.get("EXACTLY_FAULT", "")),
             )
             if cleaner_config.enable and cleaner_config.num_threads > 0
             else None
@@ -346,6 +348,12 @@ def run_on_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]
         done.result()
 
     return run
+
+
+def _worker_fault(fault: str) -> str:
+    """``EXACTLY_FAULT=cleaner-worker-exit`` (tests only): every cleaner worker process exits
+    abruptly after writing its first cleaned segment, to show the broker survives it."""
+    return FAULT_EXIT_AFTER_FIRST_GROUP if fault == "cleaner-worker-exit" else ""
 
 
 def _swap_fault_hook(fault: str) -> SwapHook | None:

@@ -165,7 +165,9 @@ def test_segments_are_grouped_up_to_the_segment_size(tmp_path: Path) -> None:
     assert len(sizes_after) < len(sizes_before)
     assert all(size <= 1000 for size in sizes_after)
     assert offsets_in(log) == list(range(60))
-    groups = group_segments_by_size([source_of(s) for s in log.segments[:-1]], 10_000, 10_000, log.segments[-1].base_offset)
+    groups = group_segments_by_size(
+        [source_of(s) for s in log.segments[:-1]], 10_000, 10_000, log.segments[-1].base_offset
+    )
     assert [len(g) for g in groups] == [len(sizes_after)]
     log.close()
 

@@ -3,15 +3,20 @@ segments were deleted meanwhile is dropped (``runner``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import queue
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner
-from exactly.storage.cleaner.worker import Throttler
 from exactly.storage.cleaner.swap import SwapStep
+from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, Throttler
+from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import NOW, append_keyed, key_values, offsets_in, open_compacted
 
 CONFIG = CleanerConfig(backoff_ms=10, dedupe_buffer_size=1 << 20)
@@ -142,3 +147,115 @@ def test_throttler_holds_the_rate() -> None:
     slept.clear()
     unlimited(10**9)
     assert slept == []
+
+
+def _stop(cleaner: LogCleaner, owner: Owner) -> None:
+    stopper = threading.Thread(target=cleaner.stop)
+    stopper.start()
+    while stopper.is_alive():
+        owner.pump(0.01)
+
+
+def _compactable_log(tmp_path: Path, records: int = 60) -> PartitionLog:
+    log = open_compacted(tmp_path)
+    for i in range(records):
+        append_keyed(log, [(i % 5, i)])
+    log.roll(NOW)
+    return log
+
+
+def test_the_pass_runs_in_a_worker_process(tmp_path: Path) -> None:
+    log = _compactable_log(tmp_path)
+    manager = LogCleanerManager(tmp_path)
+    owner = Owner()
+    cleaner = LogCleaner(CONFIG, manager, lambda: [log], clock_ms=lambda: NOW)
+    cleaner.start(owner.run_on_owner)
+    try:
+        while cleaner.metrics.passes == 0:
+            owner.pump()
+        pids = cleaner.worker_pids
+    finally:
+        _stop(cleaner, owner)
+    assert len(pids) == 1 and pids[0] != os.getpid()
+    assert cleaner.worker_pids == []  # stopped with the cleaner
+    assert offsets_in(log) == [55, 56, 57, 58, 59]
+    log.close()
+
+
+def test_a_worker_dying_in_every_pass_marks_the_partition_uncleanable(tmp_path: Path) -> None:
+    # The worker exits abruptly after writing its first .cleaned segment, each time: the first
+    # death drops the pass (retried), the second marks the partition uncleanable. The log is
+    # untouched, the leftovers are gone and the cleaner thread lives on.
+    log = _compactable_log(tmp_path)
+    expected = (key_values(log), offsets_in(log))
+    manager = LogCleanerManager(tmp_path)
+    owner = Owner()
+    cleaner = LogCleaner(
+        CONFIG, manager, lambda: [log], clock_ms=lambda: NOW, worker_fault=FAULT_EXIT_AFTER_FIRST_GROUP
+    )
+    cleaner.start(owner.run_on_owner)
+    try:
+        while log.tp not in manager.uncleanable():
+            owner.pump()
+        assert cleaner.running and cleaner.dead_threads == 0
+    finally:
+        _stop(cleaner, owner)
+    assert cleaner.metrics.worker_deaths == 2 and cleaner.metrics.passes == 0
+    assert "died 2 times" in manager.uncleanable()[log.tp]
+    assert (key_values(log), offsets_in(log)) == expected
+    assert not list(tmp_path.glob("*.cleaned")) and not list(tmp_path.glob("*.swap"))
+    log.close()
+
+
+def test_a_worker_killed_mid_pass_is_replaced_and_the_pass_retried(tmp_path: Path) -> None:
+    log = _compactable_log(tmp_path, 300)
+    expected = key_values(log)
+    total = sum(s.size for s in log.segments[:-1])
+    # Throttled so the pass lasts a couple of seconds: the worker is surely busy when killed.
+    slow = dataclasses.replace(CONFIG, max_io_bytes_per_second=total)
+    manager = LogCleanerManager(tmp_path)
+    owner = Owner()
+    cleaner = LogCleaner(slow, manager, lambda: [log], clock_ms=lambda: NOW)
+    cleaner.start(owner.run_on_owner)
+    try:
+        _run_job(owner)  # the choice and description of the pass; the worker now runs it
+        while not cleaner.worker_pids:
+            time.sleep(0.01)
+        os.kill(cleaner.worker_pids[0], signal.SIGKILL)
+        while cleaner.metrics.passes == 0:
+            owner.pump()
+    finally:
+        _stop(cleaner, owner)
+    assert cleaner.metrics.worker_deaths == 1 and log.tp not in manager.uncleanable()
+    assert key_values(log) == expected and offsets_in(log) == [295, 296, 297, 298, 299]
+    assert not list(tmp_path.glob("*.cleaned"))
+    log.close()
+
+
+def test_stopping_kills_a_busy_worker_and_drops_its_pass(tmp_path: Path) -> None:
+    log = _compactable_log(tmp_path, 300)
+    expected = (key_values(log), offsets_in(log))
+    total = sum(s.size for s in log.segments[:-1])
+    slow = dataclasses.replace(CONFIG, max_io_bytes_per_second=total / 20)  # ~40 s per pass
+    manager = LogCleanerManager(tmp_path)
+    owner = Owner()
+    cleaner = LogCleaner(slow, manager, lambda: [log], clock_ms=lambda: NOW)
+    cleaner.start(owner.run_on_owner)
+    _run_job(owner)
+    while not cleaner.worker_pids:
+        time.sleep(0.01)
+    pid = cleaner.worker_pids[0]
+    _stop(cleaner, owner)
+    assert not cleaner.running and cleaner.worker_pids == []
+    assert not _alive(pid)
+    assert (key_values(log), offsets_in(log)) == expected
+    assert not list(tmp_path.glob("*.cleaned")) and log.tp not in manager.checkpoints()
+    log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
