@@ -251,3 +251,29 @@ def test_truncation_lowers_the_checkpoint_so_new_data_is_dirty(tmp_path: Path) -
     assert state.first_dirty_offset == 38 and manager.checkpoints()[log.tp] == 38
     assert manager.dirty_state(log, NOW).first_dirty_offset == 38  # taken once, kept in the file
     log.close()
+
+
+def test_a_replica_cleans_only_below_its_high_watermark(tmp_path: Path) -> None:
+    # Reference note B5: a replica (leader or follower) never cleans past its high watermark --
+    # the cleanable range ends at the LSO, which is at or below the HW -- so a follower does not
+    # compact data the leader may still cut away. Tombstones and markers are removed by time alone
+    # (delete.retention.ms past the pass that marked them), as in Kafka.
+    log = open_compacted(tmp_path)
+    manager = LogCleanerManager(tmp_path)
+    for i in range(30):
+        append_keyed(log, [(i % 3, i)])
+        if i % 10 == 9:
+            log.roll(NOW)
+    high_watermark = log.log_end_offset
+    for i in range(30, 60):  # appended, not yet replicated: the high watermark stays
+        batch = bytearray(build_batch([Record(key=b"%d" % (i % 3), value=b"%d" % i)], base_timestamp=NOW))
+        log.append(batch, BatchHeader.parse(batch), leader_epoch=0, now_ms=NOW)
+        if i % 10 == 9:
+            log.roll(NOW)
+    assert log.high_watermark == high_watermark == 30 and len(log.segments) == 7
+    state = manager.dirty_state(log, NOW)
+    assert state.first_uncleanable_offset == 30  # not the active segment's base, 60
+    end_offset, _stats = Cleaner(OffsetMap(1 << 20)).clean(log, state, NOW)
+    assert end_offset == 30
+    assert offsets_in_raw(log)[-33:] == [27, 28, 29, *range(30, 60)]  # the unreplicated tail untouched
+    log.close()

@@ -16,6 +16,12 @@ removed); a worker that dies (killed, out of memory) is seen as the end of its p
 (``WorkerDiedError``), its leftovers are removed by the caller and a new worker is started for
 the next request. The worker exits when its pipe closes, so it never outlives the broker.
 
+Priority: the worker lowers its own CPU priority (``WORKER_NICENESS`` and, on Linux, the
+``SCHED_BATCH`` policy): cleaning is background work, and on a box with fewer free cores than
+runnable processes an equal-priority worker takes the broker's time slices, which shows up
+directly as produce latency. Kafka's cleaner threads run at the JVM's priority; this is a
+deliberate difference (a cleaner starved by a saturated box only cleans later).
+
 Throttle: each worker keeps its own share of ``log.cleaner.io.max.bytes.per.second`` (the rate
 divided by the number of workers; Kafka's threads share one throttler, which a set of processes
 cannot without a shared clock and counter).
@@ -49,6 +55,8 @@ log = logging.getLogger(__name__)
 FAULT_EXIT_AFTER_FIRST_GROUP = "exit_after_first_group"
 POLL_S = 0.1
 PR_SET_PDEATHSIG = 1
+#: Added to the worker's nice value: it yields the CPU to the broker's event loop.
+WORKER_NICENESS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,12 +194,23 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+def _lower_priority() -> None:
+    """Background priority (see the module docstring); best effort."""
+    try:
+        if sys.platform.startswith("linux"):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        os.nice(WORKER_NICENESS)
+    except (OSError, AttributeError) as exc:
+        log.warning("could not lower the cleaner worker's priority: %s", exc)
+
+
 def main(argv: list[str]) -> int:
     """``worker_main <fd> <broker pid>``."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="cleaner-worker %(levelname)s %(name)s: %(message)s"
     )
     _die_with_parent(int(argv[2]))
+    _lower_priority()
     serve(Connection(int(argv[1])))
     return 0
 
