@@ -44,21 +44,28 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
             "| load avg (1 min) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for v in ("busy", "idle"):
+        for v in ("busy", "control", "idle"):
+            if not any(x.get(f"{v}_ack_p99_ms") for x in s):
+                continue
+            label = "cleaner off (control)" if v == "control" else f"cleaner {v}"
             out.append(
-                f"| cleaner {v} | {_cell(s, f'{v}_ack_p50_ms', 2)} | {_cell(s, f'{v}_ack_p99_ms', 2)} "
+                f"| {label} | {_cell(s, f'{v}_ack_p50_ms', 2)} | {_cell(s, f'{v}_ack_p99_ms', 2)} "
                 f"| {_cell(s, f'{v}_ack_p999_ms', 2)} | {_cell(s, f'{v}_ack_max_ms', 1)} "
                 f"| {_cell(s, f'{v}_broker_cores', 2)} | {_cell(s, f'{v}_load1', 2)} |"
             )
         busy = sum(1 for x in s if x.get("cleaner_busy_whole_window"))
         out += [
             "",
-            f"busy / idle p99 per repetition {_cell(s, 'p99_ratio', 2)}; the cleaner's pass covered the whole busy "
+            f"busy / idle p99 per repetition {_cell(s, 'p99_ratio', 2)}; busy / control p99 per repetition "
+            f"{_cell(s, 'p99_ratio_control', 2)}; the cleaner's pass covered the whole busy "
             f"window in {busy}/{len(s)} runs; runs ok {runs_ok(e)}. Targets: {_targets(e)}.",
             "",
             "`latency-1k`'s loop (linger.ms=0, acks=all, idempotent, 1 KB) to a fresh topic on a broker whose cleaner "
             "is in its first pass over a compacted backlog (**busy**), then on the same broker once the backlog is "
-            "clean (**idle**: the cleaner thread still polls every 100 ms and finds nothing).",
+            "clean (**idle**: the cleaner thread still polls every 100 ms and finds nothing). **Control** (when "
+            "present): a second broker on a copy of the same backlog, started at the same time with the cleaner "
+            "off, measured right before or after *busy* (order alternating per repetition) while the pass runs: "
+            "the same box load and a just-restarted broker, without cleaning.",
             "",
         ]
     for name in ("compaction-internal", "compaction-internal-aged"):

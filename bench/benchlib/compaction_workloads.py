@@ -112,9 +112,12 @@ def fill_compacted(bootstrap: str, topic: str, nbytes: int, pool: list[bytes]) -
     return records
 
 
-def backlog_broker(ctx: Context, work: Path, nbytes: int, value_size: int) -> tuple[BrokerProcess, int]:
+def backlog_broker(
+    ctx: Context, work: Path, nbytes: int, value_size: int, *, control: bool = False
+) -> tuple[BrokerProcess, int, BrokerProcess | None]:
     """A broker on ``work/data`` with a compacted topic holding ``nbytes`` never cleaned, restarted
-    with the cleaner on: its first pass starts right away."""
+    with the cleaner on: its first pass starts right away. With ``control``, also a copy of that
+    data dir served by a second broker with the cleaner off (the same backlog, just restarted)."""
     data = work / "data"
     off = brokers.start_exactly(data, [*ctx.broker_options, "log.cleaner.enable=false"], log_name="fill.log")
     try:
@@ -124,12 +127,20 @@ def backlog_broker(ctx: Context, work: Path, nbytes: int, value_size: int) -> tu
         records = fill_compacted(off.bootstrap, COMPACT_TOPIC, nbytes, ctx.pool_for(value_size))
     finally:
         off.stop()
+    twin: BrokerProcess | None = None
+    if control:
+        shutil.copytree(data, work / "control")
+        twin = brokers.start_exactly(
+            work / "control",
+            [*ctx.broker_options, "log.cleaner.enable=false", "metrics.port=0"],
+            log_name="control.log",
+        )
     on = brokers.start_exactly(
         data,
         [*ctx.broker_options, "log.cleaner.backoff.ms=100", "metrics.port=0"],
         log_name="cleaner.log",
     )
-    return on, records
+    return on, records, twin
 
 
 def wait_passes(broker: BrokerProcess, passes: int, timeout: float) -> dict[str, float]:
@@ -168,7 +179,7 @@ class CleanerThroughput(Workload):
     def run_once(self, ctx: Context, broker: BrokerProcess | None, state: Any, rep: int) -> dict[str, Any]:
         work = Path(ctx.scratch) / f"cleaner-{uuid.uuid4().hex[:6]}"
         l0 = load1()
-        b, records = backlog_broker(ctx, work, self.backlog_bytes(ctx), self.value_size)
+        b, records, _ = backlog_broker(ctx, work, self.backlog_bytes(ctx), self.value_size)
         try:
             cpu0 = b.cpu_seconds()
             m = wait_passes(b, 1, 1800)
@@ -218,39 +229,48 @@ class CleanerProduceLatency(Workload):
     value_size = 100  # per-record costs make the pass slow (~3 MB/s): it outlasts the window
 
     def backlog_bytes(self, ctx: Context) -> int:
-        # the pass must outlast the busy window: 15 MB per second of window, about twice what a
-        # pass reads per second on a quiet box
-        return int(max(40.0, 15 * ctx.latency_seconds) * 1_000_000)
+        # the pass must outlast two windows (busy and control): 15 MB per second of window each,
+        # about twice what a pass reads per second on a quiet box
+        return int(max(40.0, 30 * ctx.latency_seconds) * 1_000_000)
 
     def run_once(self, ctx: Context, broker: BrokerProcess | None, state: Any, rep: int) -> dict[str, Any]:
         work = Path(ctx.scratch) / f"cleaner-lat-{uuid.uuid4().hex[:6]}"
-        b, _records = backlog_broker(ctx, work, self.backlog_bytes(ctx), self.value_size)
+        b, _records, twin = backlog_broker(ctx, work, self.backlog_bytes(ctx), self.value_size, control=True)
+        assert twin is not None
         try:
             topics = {}
-            for phase in ("busy", "idle"):
+            for phase, target in (("busy", b), ("control", twin), ("idle", b)):
                 topics[phase] = f"lat-{phase}-{uuid.uuid4().hex[:6]}"
-                kafka.create_topic(b.bootstrap, topics[phase], 1)
-            l0 = load1()
-            busy = fixed_rate_latency(ctx, b, topics["busy"])
+                kafka.create_topic(target.bootstrap, topics[phase], 1)
+            runs: dict[str, dict[str, Any]] = {}
+            loads: dict[str, float] = {}
+            # busy and control back to back while the pass runs, their order alternating per
+            # repetition; the control broker has the same backlog and was started at the same
+            # time, but its cleaner is off: it shares the box's load, not the cleaning.
+            order = [("busy", b), ("control", twin)] if rep % 2 == 0 else [("control", twin), ("busy", b)]
+            for phase, target in order:
+                l0 = load1()
+                runs[phase] = fixed_rate_latency(ctx, target, topics[phase])
+                loads[phase] = (l0 + load1()) / 2
             m_busy = scrape(b)
-            busy_load = (l0 + load1()) / 2
             still_running = passes_of(m_busy) == 0
             wait_passes(b, 1, 1800)
             # idle: the backlog is clean; let one more back-off go by so the next check finds nothing
             time.sleep(0.5)
             p_before = passes_of(scrape(b))
             l0 = load1()
-            idle = fixed_rate_latency(ctx, b, topics["idle"])
-            idle_load = (l0 + load1()) / 2
+            runs["idle"] = fixed_rate_latency(ctx, b, topics["idle"])
+            loads["idle"] = (l0 + load1()) / 2
             idle_passes = passes_of(scrape(b)) - p_before
         finally:
             b.stop()
+            twin.stop()
             shutil.rmtree(work, ignore_errors=True)
-        errors = [f"{name}: {s['error']}" for name, s in (("busy", busy), ("idle", idle)) if not s["ok"]]
+        errors = [f"{name}: {s['error']}" for name, s in runs.items() if not s["ok"]]
         if not still_running:
-            errors.append("the cleaner's pass ended inside the busy window (backlog too small)")
+            errors.append("the cleaner's pass ended inside the busy and control windows (backlog too small)")
         sample: dict[str, Any] = {"ok": not errors, "error": "; ".join(errors)[:1000]}
-        for name, s in (("busy", busy), ("idle", idle)):
+        for name, s in runs.items():
             for key in (
                 "ack_p50_ms",
                 "ack_p99_ms",
@@ -260,13 +280,15 @@ class CleanerProduceLatency(Workload):
                 "broker_cores",
             ):
                 sample[f"{name}_{key}"] = s.get(key)
-        sample["busy_load1"], sample["idle_load1"] = busy_load, idle_load
-        sample["load1"] = (busy_load + idle_load) / 2
+            sample[f"{name}_load1"] = loads[name]
+        sample["load1"] = sum(loads.values()) / len(loads)
         sample["cleaner_busy_whole_window"] = still_running
+        sample["busy_first"] = rep % 2 == 0
         sample["idle_passes"] = idle_passes
         sample["cleaner_bytes_read_in_window"] = bytes_read_of(m_busy)
-        bp, ip = busy.get("ack_p99_ms"), idle.get("ack_p99_ms")
+        bp, ip, cp = (runs[v].get("ack_p99_ms") for v in ("busy", "idle", "control"))
         sample["p99_ratio"] = bp / ip if bp and ip else None
+        sample["p99_ratio_control"] = bp / cp if bp and cp else None
         return sample
 
 
