@@ -14,6 +14,13 @@ Sections of a compacted log
   is never below the first dirty offset. Cleaning works on whole segments, so the bytes counted
   as cleanable stop at the segment holding the first uncleanable offset.
 
+Replicas: each replica (leader or follower) cleans its own log, as Kafka's do. The cap at the
+LSO is also a cap at the replica's high watermark, so a follower never compacts data its leader
+may still make it truncate. Removing tombstones and markers is gated by time alone
+(``delete.retention.ms`` past the pass that marked them), as in Kafka: a follower or consumer
+that is away for longer can miss one (deleted keys reappear, or a transaction's fate is lost to
+it). Gating the removal on the slowest follower's fetch offset would close that; not done.
+
 A checkpoint below the log start (retention or DeleteRecords removed segments) or above the log
 end (a truncated tail) is reset to the log start, and the caller rewrites it.
 
