@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from benchlib import brokers, kafka
@@ -141,6 +141,16 @@ def backlog_broker(
         log_name="cleaner.log",
     )
     return on, records, twin
+
+
+def warm_coordinator(bootstrap: str, topic: str) -> None:
+    """Ask for a group's committed offset once, so the broker has created ``__consumer_offsets``
+    and loaded its coordinator before anything is measured."""
+    c = kafka.consumer(bootstrap)
+    try:
+        c.committed([TopicPartition(topic, 0)], timeout=60)
+    finally:
+        c.close()
 
 
 def wait_passes(broker: BrokerProcess, passes: int, timeout: float) -> dict[str, float]:
@@ -242,6 +252,11 @@ class CleanerProduceLatency(Workload):
             for phase, target in (("busy", b), ("control", twin), ("idle", b)):
                 topics[phase] = f"lat-{phase}-{uuid.uuid4().hex[:6]}"
                 kafka.create_topic(target.bootstrap, topics[phase], 1)
+            # Each broker's first group use creates __consumer_offsets (50 partitions) while it
+            # answers: the measured loop's consumer has a group.id, so without this the first
+            # window on each broker (busy, control) paid for it and idle never did.
+            for target in (b, twin):
+                warm_coordinator(target.bootstrap, topics["idle" if target is b else "control"])
             runs: dict[str, dict[str, Any]] = {}
             loads: dict[str, float] = {}
             # busy and control back to back while the pass runs, their order alternating per
