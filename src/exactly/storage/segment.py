@@ -35,6 +35,7 @@ from pathlib import Path
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_batches
 from exactly.storage.file_slice import FileSlice
 from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
+from exactly.storage.recent_batches import RecentBatches
 from exactly.storage.txn_index import TransactionIndex
 
 LOG_SUFFIX = ".log"
@@ -78,6 +79,7 @@ class LogSegment:
         "_first_batch_timestamp",
         "_max_timestamp",
         "_offset_of_max_timestamp",
+        "_recent",
         "base_offset",
         "created_ms",
         "directory",
@@ -131,6 +133,7 @@ class LogSegment:
         self._max_timestamp: int | None = -1
         self._offset_of_max_timestamp = base_offset
         self._first_batch_timestamp: int | None = None
+        self._recent = RecentBatches()  # what reads at the log end look up first
         if create:
             self.offset_index.reset()
             self.time_index.reset()
@@ -249,6 +252,7 @@ class LogSegment:
             os.ftruncate(self._fd, position)  # never leave a torn batch behind a failed write
             raise
         self._note_batch(header, position)
+        self._recent.note(position, header)
         self.unflushed = True
 
     def _note_batch(self, header: BatchHeader, position: int) -> None:
@@ -265,6 +269,7 @@ class LogSegment:
     def on_become_inactive(self) -> None:
         """At roll/close: record the final max timestamp so a reopened segment knows it from the
         time index alone."""
+        self._recent.clear()
         if self._max_timestamp is not None and self._max_timestamp >= 0:
             self.ensure_indexes()
             self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
@@ -303,7 +308,11 @@ class LogSegment:
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is >= ``offset`` (the batch
-        containing it, or the next one after a gap); None if the segment ends before it."""
+        containing it, or the next one after a gap); None if the segment ends before it.
+        The header's ``position`` field is not the file position; the returned position is."""
+        recent = self._recent.find(offset)
+        if recent is not None:  # a read at the log end: no index lookup, no header read
+            return recent
         self.ensure_indexes()
         _entry_offset, position = self.offset_index.lookup(offset)
         # Fetches usually start at a batch boundary that has an index entry: one header read.
@@ -429,6 +438,7 @@ class LogSegment:
 
     def _truncate_file(self, position: int) -> None:
         os.ftruncate(self._fd, position)
+        self._recent.clear()
         self.size = position
         self.unflushed = True
         if self.offset_index.loaded:
