@@ -33,6 +33,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
+from exactly.protocol.fetch_request_reader import parse_fetch_request
 from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
 from exactly.server.authz import CLUSTER_ACTION, READ, TOPIC, authorize, authorize_cluster
 from exactly.storage.leader_epoch import EpochEndOffset
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from exactly.server.dispatch import RequestContext
 
 API_KEY = ApiKey.FETCH
+parse_request = parse_fetch_request  # by hand: the request every append wakes
 
 READ_COMMITTED = 1
 # Kafka's FetchRequest.DEBUGGING_CONSUMER_ID: served by any replica (leader or follower) up to that
