@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import exactly  # the checkout on PYTHONPATH, before request_rate puts this one's src on sys.path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from request_rate import TOPIC, ProduceFrames, heartbeat_frame
@@ -69,6 +71,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--profile", choices=("produce", "fetch", "heartbeat"))
     args = ap.parse_args()
+    print(f"exactly from {Path(exactly.__file__).parent}")
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     with tempfile.TemporaryDirectory(prefix="exactly-micro-", dir="/dev/shm") as tmp:

@@ -63,60 +63,55 @@ class ProduceRequestData:
     topics: tuple[ProduceTopic, ...]
 
 
+def _length(view: memoryview, pos: int, flexible: bool, classic: struct.Struct) -> tuple[int, int]:
+    """(length, position after it): compact (uvarint of n + 1) or classic; -1 is null."""
+    if flexible:
+        n, pos = read_uvarint(view, pos)
+        return n - 1, pos
+    if pos + classic.size > len(view):
+        raise WireError("produce request is truncated")
+    return classic.unpack_from(view, pos)[0], pos + classic.size
+
+
+def _string(view: memoryview, pos: int, flexible: bool, nullable: bool) -> tuple[str | None, int]:
+    length, pos = _length(view, pos, flexible, _I16)
+    if length < 0:
+        if not nullable:
+            raise WireError("null string where a string is required")
+        return None, pos
+    end = pos + length
+    if end > len(view):
+        raise WireError("produce request is truncated")
+    return str(view[pos:end], "utf-8"), end
+
+
 def parse_produce_request(buf: bytes | bytearray, pos: int, version: int) -> ProduceRequestData:
+    """Module-level helpers, not closures: this runs once per Produce, and creating three
+    closures per call was a visible part of a one-record request's parse."""
     view = memoryview(buf)
     end = len(buf)
     flexible = version >= 9
-
-    def need(n: int) -> None:
-        if pos + n > end:
-            raise WireError("produce request is truncated")
-
-    def string(nullable: bool) -> str | None:
-        nonlocal pos
-        if flexible:
-            n, pos = read_uvarint(view, pos)
-            length = n - 1
-        else:
-            need(2)
-            length = _I16.unpack_from(buf, pos)[0]
-            pos += 2
-        if length < 0:
-            if not nullable:
-                raise WireError("null string where a string is required")
-            return None
-        need(length)
-        value = bytes(view[pos : pos + length]).decode("utf-8")
-        pos += length
-        return value
-
-    def count() -> int:
-        nonlocal pos
-        if flexible:
-            m, pos = read_uvarint(view, pos)
-            return m - 1
-        need(4)
-        n: int = _I32.unpack_from(buf, pos)[0]
-        pos += 4
-        return n
-
-    transactional_id = string(True)
-    need(6)
+    transactional_id, pos = _string(view, pos, flexible, True)
+    if pos + 6 > end:
+        raise WireError("produce request is truncated")
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(buf, pos)
     pos += 6
     topics: list[ProduceTopic] = []
-    for _ in range(max(count(), 0)):
-        name = string(False)
+    n_topics, pos = _length(view, pos, flexible, _I32)
+    for _ in range(max(n_topics, 0)):
+        name, pos = _string(view, pos, flexible, False)
         assert name is not None
         partitions: list[ProducePartition] = []
-        for _ in range(max(count(), 0)):
-            need(4)
+        n_parts, pos = _length(view, pos, flexible, _I32)
+        for _ in range(max(n_parts, 0)):
+            if pos + 4 > end:
+                raise WireError("produce request is truncated")
             index = _I32.unpack_from(buf, pos)[0]
-            pos += 4
-            size = count()
+            size, pos = _length(view, pos + 4, flexible, _I32)
             records: memoryview | None = None
             if size >= 0:
-                need(size)
+                if pos + size > end:
+                    raise WireError("produce request is truncated")
                 records = view[pos : pos + size]
                 pos += size
             if flexible:

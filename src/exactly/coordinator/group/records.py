@@ -119,6 +119,7 @@ def kafka_abs(n: int) -> int:
     return 0 if n == -(2**31) else abs(n)
 
 
+@functools.lru_cache(maxsize=4096)  # every group request asks; the hash walks the id in Python
 def partition_for(group_id: str, num_partitions: int = DEFAULT_NUM_PARTITIONS) -> int:
     """The ``__consumer_offsets`` partition that owns ``group_id`` (Kafka's mapping)."""
     return kafka_abs(java_string_hash(group_id)) % num_partitions
