@@ -30,14 +30,13 @@ import exactly  # the checkout on PYTHONPATH, before request_rate puts this one'
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from request_rate import TOPIC, ProduceFrames, heartbeat_frame
-
 from exactly.client.wire import decode_response, encode_request
 from exactly.protocol.fetch_request import FetchPosition, encode_replica_fetch
 from exactly.server.broker import Broker, Endpoint
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
 from exactly.server.dispatch import dispatch
+from request_rate import TOPIC, ProduceFrames, heartbeat_frame
 
 
 class InProcessClient:

@@ -56,7 +56,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "src"))
 from benchlib import brokers, kafka, physical, procstat
 from benchlib.brokers import BrokerProcess
 from benchlib.profile import PySpy, format_summary, pyspy_binary, summarize
-
 from exactly.client.wire import WireClient, encode_request
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.fetch_request import FetchPosition, encode_replica_fetch
@@ -145,8 +144,8 @@ def heartbeat_frame(client: WireClient, group: str) -> bytes:
             ApiKey.JOIN_GROUP,
             7,
             group_id=group,
-            session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-            rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+            session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=600)),  # outlives a long run
+            rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=600)),
             member_id=member,
             group_instance_id=None,
             protocol_type="consumer",
@@ -196,7 +195,9 @@ async def _open(address: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio
     return reader, writer
 
 
-async def producer_loop(address: tuple[str, int], frames: ProduceFrames, stop: float, counter: Counter) -> None:
+async def producer_loop(
+    address: tuple[str, int], frames: ProduceFrames, stop: float, counter: Counter
+) -> None:
     reader, writer = await _open(address)
     try:
         while time.monotonic() < stop:
@@ -240,7 +241,9 @@ async def fetch_loop(
         writer.close()
 
 
-async def fixed_loop(address: tuple[str, int], frame: bytes, stop: float, counter: Counter, kind: str) -> None:
+async def fixed_loop(
+    address: tuple[str, int], frame: bytes, stop: float, counter: Counter, kind: str
+) -> None:
     reader, writer = await _open(address)
     try:
         while time.monotonic() < stop:
@@ -293,9 +296,7 @@ async def run_phase(target: Target, phase: str, seconds: float, echo_frame: byte
     if phase in ("produce", "produce+fetch"):
         tasks += [producer_loop(target.address, p, stop, counter) for p in target.producers]
     if phase == "produce+fetch":
-        tasks += [
-            fetch_loop(target.address, i, off, stop, counter) for i, off in enumerate(target.offsets)
-        ]
+        tasks += [fetch_loop(target.address, i, off, stop, counter) for i, off in enumerate(target.offsets)]
     if phase == "heartbeat":
         tasks += [fixed_loop(target.address, f, stop, counter, "heartbeat") for f in target.heartbeats]
     if phase == "echo":
@@ -304,7 +305,9 @@ async def run_phase(target: Target, phase: str, seconds: float, echo_frame: byte
     return counter
 
 
-def measure(target: Target, phase: str, seconds: float, echo_frame: bytes, spy: Path | None) -> dict[str, Any]:
+def measure(
+    target: Target, phase: str, seconds: float, echo_frame: bytes, spy: Path | None
+) -> dict[str, Any]:
     profiler = PySpy(target.pid, spy) if spy is not None and pyspy_binary() else None
     if profiler is not None:
         profiler.start()
@@ -374,7 +377,9 @@ def start_echo() -> tuple[subprocess.Popen[bytes], int]:
     return proc, int(proc.stdout.readline())
 
 
-def report(rows: dict[tuple[str, str], list[dict[str, Any]]], labels: list[str], args: argparse.Namespace) -> str:
+def report(
+    rows: dict[tuple[str, str], list[dict[str, Any]]], labels: list[str], args: argparse.Namespace
+) -> str:
     def med(samples: list[dict[str, Any]], key: str) -> float:
         vals = [s[key] for s in samples if s.get("ok") and s.get(key) is not None]
         return statistics.median(vals) if vals else float("nan")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
@@ -81,6 +81,8 @@ def test_produce_request_parse_matches_kio(txn: str | None, acks: int, topics: l
         max_size=3,
     )
 )
+@example(topics=[("orders", [(7, 2**40, None)])])  # the one-partition fast path
+@example(topics=[("ü" * 70, [(0, -1, None)])])  # its name length needs two uvarint bytes at v9+
 def test_produce_response_matches_kio(topics: list) -> None:
     for version in _versions(ApiKey.PRODUCE):
         api = schema(ApiKey.PRODUCE, version)

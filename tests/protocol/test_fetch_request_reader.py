@@ -19,7 +19,9 @@ LO, HI = VERSION_RANGES[ApiKey.FETCH]
 VERSIONS = list(range(LO, HI + 1))
 
 
-def kio_request(version: int, topics: list[tuple[str, list[int]]], forgotten: list[tuple[str, list[int]]]) -> Any:
+def kio_request(
+    version: int, topics: list[tuple[str, list[int]]], forgotten: list[tuple[str, list[int]]]
+) -> Any:
     mod = schema(ApiKey.FETCH, version).request_module
     return build(
         mod.FetchRequest,

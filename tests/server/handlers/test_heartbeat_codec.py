@@ -55,7 +55,9 @@ def test_truncated_request_is_refused(version: int) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("code", [ErrorCode.none, ErrorCode.rebalance_in_progress, ErrorCode.unknown_member_id])
+@pytest.mark.parametrize(
+    "code", [ErrorCode.none, ErrorCode.rebalance_in_progress, ErrorCode.unknown_member_id]
+)
 def test_response_is_kio_bytes(version: int, code: ErrorCode) -> None:
     api = schema(ApiKey.HEARTBEAT, version)
     expected = encode_response(api, build(api.response_type, error_code=code))
