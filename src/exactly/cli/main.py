@@ -2,7 +2,8 @@
 
 Modules: serve (the broker), topics (create/list/describe/delete), console (produce/consume),
 txn / producers / groups (operations), pipeline (the Spark orders pipeline), zookeeper (a local
-ZooKeeper for the cluster mode), web_console (``exactly console``, the live web page).
+ZooKeeper for the cluster mode), web_console (``exactly console``, the live web page), users
+(SCRAM credentials).
 
 Start-up cost matters (tests and scripts run the CLI many times, and the Kafka schema library
 alone takes about a second to import), so only the module of the command being run is imported;
@@ -36,6 +37,7 @@ _COMMAND_MODULES = (
     "exactly.cli.cluster",
     "exactly.cli.web_console",
     "exactly.cli.acls",
+    "exactly.cli.users",
 )
 
 # command name -> the module that registers it (modules may register several commands)
@@ -52,6 +54,7 @@ _COMMAND_OWNER = {
     "cluster": "exactly.cli.cluster",
     "console": "exactly.cli.web_console",
     "acls": "exactly.cli.acls",
+    "users": "exactly.cli.users",
 }
 
 

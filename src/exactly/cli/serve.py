@@ -12,11 +12,18 @@ from pathlib import Path
 
 from exactly.cli.overrides import parse_overrides
 
+# one line per listener (``exactly listener SASL_SSL on 127.0.0.1:9094``), printed before the
+# ``exactly listening on HOST:PORT`` line of the first listener
+LISTENER_PREFIX = "exactly listener "
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the broker")
     p.add_argument(
-        "--listen", default=None, help="HOST:PORT to bind (default 127.0.0.1:9092; port 0 picks one)"
+        "--listen",
+        default=None,
+        help="HOST:PORT of a PLAINTEXT listener (default 127.0.0.1:9092; port 0 picks one); "
+        "for several listeners or TLS/SASL use -o listeners=NAME://HOST:PORT,... instead",
     )
     p.add_argument("--data-dir", default=None, help="data directory (default ./data, or log.dirs)")
     p.add_argument(
@@ -62,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if overrides is None:
         return 2
     if args.listen:
+        if "listeners" in overrides:
+            print("exactly serve: give --listen or -o listeners=..., not both", file=sys.stderr)
+            return 2
         overrides["listeners"] = f"PLAINTEXT://{args.listen}"
     if args.data_dir:
         overrides["log.dirs"] = args.data_dir
@@ -97,6 +107,8 @@ async def _serve(config: object) -> int:
     except OSError as exc:
         print(f"exactly serve: {exc}", file=sys.stderr)
         return 1
+    for name, endpoint in broker.bound.items():  # before the line launchers wait for
+        print(f"{LISTENER_PREFIX}{name} on {endpoint.host}:{endpoint.port}", flush=True)
     print(f"exactly listening on {bound.host}:{bound.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

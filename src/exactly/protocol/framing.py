@@ -76,6 +76,11 @@ class Framer:
         self.frames: collections.deque[bytearray] = collections.deque()
         self.broken = False
 
+    def set_max_frame_size(self, max_frame_size: int) -> None:
+        """Change the limit for frames not split yet (a SASL listener keeps it at
+        sasl.server.max.receive.size until the client has authenticated)."""
+        self._max = max_frame_size
+
     @property
     def receiving_large(self) -> bool:
         """A large frame is partly received (the connection counts that as activity)."""

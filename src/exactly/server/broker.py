@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import signal
@@ -28,8 +29,14 @@ from typing import TYPE_CHECKING
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.security.acl_store import ACL_FILE, AclStore, AclStoreLike
 from exactly.security.authorizer import Authorizer, authorizer_from_config
+from exactly.security.credentials import CredentialStore, CredentialStoreError
+from exactly.security.listener_security import (
+    ListenerSecurity,
+    ListenerSecurityError,
+    build_listener_security,
+)
 from exactly.server.clock import now_ms
-from exactly.server.config import BrokerConfig
+from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.connection import KafkaConnection
 from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.group_runtime import GroupRuntime
@@ -56,23 +63,15 @@ log = logging.getLogger("exactly.broker")
 # Cluster mode: how long shutdown waits for connections to answer their request in flight
 # (a parked fetch ends within its max wait; 500 ms for followers and librdkafka consumers).
 DRAIN_TIMEOUT_S = 1.0
+# A TLS client that connects and never finishes its handshake is dropped after this long
+# (uvloop's default is 60 s; Kafka has no separate limit, its idle timeout applies).
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     host: str
     port: int
-
-
-def parse_listener(value: str) -> Endpoint:
-    """``PLAINTEXT://host:port`` or ``host:port`` -> Endpoint."""
-    first = value.split(",")[0].strip()
-    if "://" in first:
-        first = first.split("://", 1)[1]
-    host, _, port = first.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"listener must be HOST:PORT, got {value!r}")
-    return Endpoint(host.strip("[]"), int(port))
 
 
 class Broker:
@@ -121,12 +120,27 @@ class Broker:
                 self.acls = AclStore(data_dir / ACL_FILE, self.authorizer)
             else:
                 self.acls = self._zk_acls = self.replicas.acl_store(self.authorizer)
-        self.listen = parse_listener(config.get("listeners"))
+        # Listeners: one server socket each, with its protocol's TLS context and SASL settings.
+        # ``advertised`` is the inter-broker listener's endpoint (the first listener's when the
+        # inter-broker name matches none): what the cluster registers for its own traffic.
+        self.listener_config = config.listeners()
+        try:
+            self.listeners: dict[str, ListenerSecurity] = {
+                spec.name: build_listener_security(config.values, spec) for spec in self.listener_config.bind
+            }
+            self.credentials = CredentialStore.in_dir(data_dir)
+        except (ListenerSecurityError, CredentialStoreError) as exc:
+            raise ConfigError(str(exc)) from None
+        self.default_listener = next(iter(self.listeners.values()))
+        self.bound: dict[str, Endpoint] = {}
+        self.advertised_by_listener: dict[str, Endpoint] = {}
         self.advertised: Endpoint | None = None
+        self.sasl_max_receive_size = config.get_int("sasl.server.max.receive.size")
+        self.failed_auth_delay_s = config.get_int("connection.failed.authentication.delay.ms") / 1000
         self.max_request_size = config.get_int("socket.request.max.bytes")
         self.auto_create_topics = config.get_bool("auto.create.topics.enable")
         self.num_partitions = config.get_int("num.partitions")
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self.connections: set[KafkaConnection] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -209,19 +223,36 @@ class Broker:
         # it would serve its partitions as a lone broker (leader epoch 0, high watermark = log
         # end) - a restarted leader whose old session has not expired yet would acknowledge
         # writes that the newly elected leader then truncates.
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self),
-            self.listen.host,
-            self.listen.port,
-            reuse_address=True,
-            backlog=512,
-            start_serving=self.replicas is None,
+        for name, security in self.listeners.items():
+            spec = security.spec
+            server = await loop.create_server(
+                functools.partial(KafkaConnection, self, security),
+                spec.host or None,
+                spec.port,
+                reuse_address=True,
+                backlog=512,
+                start_serving=self.replicas is None,
+                ssl=security.ssl_context,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if security.ssl_context is not None else None,
+            )
+            self._servers.append(server)
+            host, port = server.sockets[0].getsockname()[:2]
+            self.bound[name] = Endpoint(host, port)
+        for name, bound_endpoint in self.bound.items():
+            adv_spec = self.listener_config.advertised_spec(name)
+            if adv_spec is None:
+                continue
+            if self.config.get("advertised.listeners").strip():
+                self.advertised_by_listener[name] = Endpoint(adv_spec.host, adv_spec.port)
+            else:
+                self.advertised_by_listener[name] = bound_endpoint
+        first = next(iter(self.bound))
+        host, port = self.bound[first].host, self.bound[first].port
+        bound = self.bound[first]
+        inter = self.listener_config.inter_broker
+        self.advertised = self.advertised_by_listener.get(inter) or next(
+            iter(self.advertised_by_listener.values())
         )
-        sock = self._server.sockets[0]
-        host, port = sock.getsockname()[:2]
-        bound = Endpoint(host, port)
-        adv = self.config.get("advertised.listeners")
-        self.advertised = parse_listener(adv) if adv else bound
         metrics_address = self.data_dir / "metrics-address"
         metrics_address.unlink(missing_ok=True)
         if self.config.metrics_port() is not None:  # Prometheus /metrics, when metrics.port is set
@@ -234,10 +265,11 @@ class Broker:
                 metrics_address.write_text(f"{METRICS_HOST}:{metrics[0]}\n")
                 self._tasks.append(metrics[1])
         if self.replicas is not None:
-            await self.replicas.start(self.advertised.host, self.advertised.port)
+            await self.replicas.start(self.registration_endpoints())
             if self._zk_acls is not None:  # the cluster's ACLs before the first request
                 await loop.run_in_executor(None, self._zk_acls.watch)
-            await self._server.start_serving()
+            for server in self._servers:
+                await server.start_serving()
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
         if self.cleaner is not None:
             self.cleaner.start(run_on_loop(loop))
@@ -245,10 +277,28 @@ class Broker:
         self._tasks.append(asyncio.create_task(self._idle_connections_loop(), name="idle-connections"))
         self._tasks.extend(self.groups.start_tasks())
         self._tasks.extend(self.txn.start_tasks())
-        log.info(
-            "listening on %s:%d (advertised %s:%d)", host, port, self.advertised.host, self.advertised.port
-        )
+        for name, endpoint in self.bound.items():
+            adv = self.advertised_by_listener.get(name)
+            log.info(
+                "listener %s (%s) on %s:%d (advertised %s)",
+                name,
+                self.listeners[name].protocol.value,
+                endpoint.host,
+                endpoint.port,
+                f"{adv.host}:{adv.port}" if adv is not None else "no",
+            )
         return bound
+
+    def advertised_for(self, listener: str) -> Endpoint | None:
+        """This broker's endpoint for clients that came in on ``listener`` (None: not advertised)."""
+        return self.advertised_by_listener.get(listener)
+
+    def registration_endpoints(self) -> tuple[tuple[str, str, str, int], ...]:
+        """(listener, protocol, host, port) of every advertised listener, for ``/brokers/ids``."""
+        return tuple(
+            (name, self.listeners[name].protocol.value, adv.host, adv.port)
+            for name, adv in self.advertised_by_listener.items()
+        )
 
     async def _maintenance_loop(self) -> None:
         interval = (
@@ -293,8 +343,8 @@ class Broker:
                 await self.replicas.controlled_shutdown()
             except Exception:  # the broker must still close
                 log.exception("controlled shutdown failed")
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self.replicas is not None:
             self.replicas.resign_leaderships()
             draining = [asyncio.ensure_future(conn.drain()) for conn in list(self.connections)]
@@ -309,8 +359,8 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.txn.stop()
         self.txn_verifier.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
         if self.replicas is not None:
             try:
                 await self.replicas.stop()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exactly.security.authorizer import authorizer_from_config
+from exactly.security.listeners import ListenerError, Listeners, SecurityProtocol, parse_listeners
 from exactly.storage.cleaner.runner import CleanerConfig
 from exactly.storage.config import InvalidConfigError, LogConfig
 
@@ -33,6 +34,31 @@ _DEFAULTS: dict[str, str] = {
     "leader.imbalance.per.broker.percentage": "10",
     "listeners": "PLAINTEXT://127.0.0.1:9092",
     "advertised.listeners": "",
+    # Security (Kafka's names): listeners, TLS (PEM only), SASL. Per-listener values use the
+    # listener.name.<lower-case listener>.<key> prefix (see _LISTENER_KEYS).
+    "listener.security.protocol.map": "",
+    "inter.broker.listener.name": "",
+    "security.inter.broker.protocol": "PLAINTEXT",
+    "ssl.keystore.type": "PEM",
+    "ssl.keystore.location": "",
+    "ssl.keystore.password": "",
+    "ssl.keystore.certificate.chain": "",
+    "ssl.keystore.key": "",
+    "ssl.key.password": "",
+    "ssl.truststore.type": "PEM",
+    "ssl.truststore.location": "",
+    "ssl.truststore.password": "",
+    "ssl.truststore.certificates": "",
+    "ssl.client.auth": "none",
+    "ssl.enabled.protocols": "TLSv1.2,TLSv1.3",
+    "ssl.protocol": "TLSv1.3",
+    "ssl.cipher.suites": "",
+    "ssl.endpoint.identification.algorithm": "https",
+    "ssl.principal.mapping.rules": "DEFAULT",
+    # Kafka's default is GSSAPI, which exactly does not support
+    "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+    "sasl.server.max.receive.size": "524288",
+    "connection.failed.authentication.delay.ms": "100",
     "log.dirs": "./data",
     "num.partitions": "1",
     "default.replication.factor": "1",
@@ -102,6 +128,24 @@ class ConfigError(ValueError):
     pass
 
 
+# Keys that may also be given per listener as listener.name.<listener>.<key>, plus the PLAIN
+# JAAS configuration (listener.name.<listener>.plain.sasl.jaas.config), Kafka's per-mechanism form.
+_LISTENER_KEYS = frozenset(k for k in _DEFAULTS if k.startswith(("ssl.", "sasl."))) | {
+    "plain.sasl.jaas.config",
+    "scram-sha-256.sasl.jaas.config",
+    "scram-sha-512.sasl.jaas.config",
+}
+
+
+def _known(name: str) -> bool:
+    if name in _DEFAULTS:
+        return True
+    if name.startswith("listener.name."):
+        parts = name[len("listener.name.") :].split(".", 1)
+        return len(parts) == 2 and bool(parts[0]) and parts[1] in _LISTENER_KEYS
+    return False
+
+
 def parse_properties(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for raw in text.splitlines():
@@ -134,7 +178,7 @@ class BrokerConfig:
         if path is not None:
             given.update(parse_properties(path.read_text()))
         given.update(overrides)
-        unknown = sorted(k for k in given if k not in _DEFAULTS)
+        unknown = sorted(k for k in given if not _known(k))
         if unknown:
             raise ConfigError(f"unknown broker config(s): {', '.join(unknown)}")
         values.update(given)
@@ -146,6 +190,7 @@ class BrokerConfig:
             authorizer_from_config(values)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        config.listeners()
         return config
 
     def get(self, name: str) -> str:
@@ -233,6 +278,38 @@ class BrokerConfig:
                     raise ConfigError(f"{name} must not be negative")
         elif self.get_int("default.replication.factor") != 1:
             raise ConfigError("default.replication.factor above 1 needs zookeeper.connect (a cluster)")
+
+    def listeners(self) -> Listeners:
+        """``listeners``/``advertised.listeners`` with their protocols; in cluster mode the
+        inter-broker listener must exist and be PLAINTEXT (the replica fetchers, the controller
+        channel and the marker sender speak neither TLS nor SASL yet)."""
+        v = self.values
+        try:
+            parsed = parse_listeners(
+                v["listeners"],
+                v["advertised.listeners"],
+                v["listener.security.protocol.map"],
+                v["inter.broker.listener.name"],
+                v["security.inter.broker.protocol"],
+            )
+        except ListenerError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.cluster_mode:
+            try:
+                inter = parsed.spec(parsed.inter_broker)
+            except KeyError:
+                raise ConfigError(
+                    f"inter-broker listener {parsed.inter_broker} is not one of the listeners "
+                    "(set inter.broker.listener.name)"
+                ) from None
+            if inter.protocol is not SecurityProtocol.PLAINTEXT:
+                raise ConfigError(
+                    f"inter-broker listener {inter.name} uses {inter.protocol.value}: "
+                    "only PLAINTEXT is supported between brokers"
+                )
+            if parsed.advertised_spec(inter.name) is None:
+                raise ConfigError(f"inter-broker listener {inter.name} is not advertised")
+        return parsed
 
     def retention_ms(self) -> int:
         if self.values["log.retention.ms"]:

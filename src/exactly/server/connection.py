@@ -31,6 +31,16 @@ in flight, measured as -15% MB/s with confluent-kafka) and before any request th
 must wait for the ISR writes them out through ``RequestContext.before_park`` just before it
 parks), so a long-polling Fetch or a parked produce never delays an answer that is already done.
 
+Security (exactly.security): the connection belongs to one listener. On a TLS listener the
+transport is TLS (the handshake is done before ``connection_made``), the principal is the
+client certificate's mapped name (or ``User:ANONYMOUS`` without one), and Fetch answers are
+copied rather than sent with sendfile (the kernel cannot encrypt them). On a SASL listener
+every frame goes to the connection's ``SaslAuthenticator`` until it is authenticated: only
+ApiVersions reaches the dispatcher before then, frames are limited to
+sasl.server.max.receive.size, and a failed authentication answers (when the framing allows),
+stops reading and closes after connection.failed.authentication.delay.ms. Each outcome is
+counted and written as an audit line (never a password or token).
+
 What closes a connection (each with a log line, as Kafka does): a frame over
 socket.request.max.bytes or with a negative size (the framer), and whatever the dispatcher
 raises CloseConnection for (see there). A failure inside a handler is logged and the connection
@@ -50,6 +60,10 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME, FrameError, Framer
+from exactly.security.listener_security import ListenerSecurity
+from exactly.security.principal import ANONYMOUS, PrincipalMappingError
+from exactly.security.sasl import Action, SaslAuthenticator, SaslState, Step
+from exactly.security.tls import certificate_principal
 from exactly.server.deferred_response import Deferred
 from exactly.server.dispatch import CloseConnection, dispatch
 from exactly.storage.file_slice import FileSlice
@@ -58,6 +72,7 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
 
 log = logging.getLogger("exactly.connection")
+audit = logging.getLogger("exactly.security.audit")
 
 PENDING_MAX_BYTES = 4 * 1024 * 1024  # gathered response bytes that force a write
 # APIs whose handlers never await (answered within the dispatch call), or, for a cluster's
@@ -87,10 +102,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
     -> ``connection_lost`` unregisters it and cancels the task. ``_closing`` only ever goes from
     False to True."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, listener: ListenerSecurity | None = None) -> None:
         self.broker = broker
+        self.listener = listener if listener is not None else broker.default_listener
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.principal = ANONYMOUS
+        # the SASL exchange, until it is complete (None: no SASL on this listener, or done)
+        self.sasl: SaslAuthenticator | None = None
         self.framer = Framer(broker.max_request_size)
         self._frames = self.framer.frames  # whole frames not yet handled, in arrival order
         self._wakeup: asyncio.Future[None] | None = None
@@ -114,6 +133,25 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.broker.connections.add(self)
+        listener = self.listener
+        if listener.ssl_context is not None and not listener.protocol.sasl:
+            try:
+                principal = certificate_principal(
+                    transport.get_extra_info("ssl_object"), listener.principal_rules
+                )
+            except PrincipalMappingError as exc:
+                self._audit(False, "SSL", ANONYMOUS, str(exc))
+                self._close(f"client certificate not mapped to a principal: {exc}")
+                return
+            if principal is not None:
+                self.principal = principal
+                self._audit(True, "SSL", principal, "client certificate")
+        if listener.protocol.sasl:
+            broker = self.broker
+            self.sasl = SaslAuthenticator(
+                listener.mechanisms, listener.plain_users, broker.credentials.lookup
+            )
+            self.framer.set_max_frame_size(broker.sasl_max_receive_size)
         loop = asyncio.get_running_loop()
         self._lost = loop.create_future()
         self._task = loop.create_task(self._process(), name=f"conn-{self.peer}")
@@ -225,9 +263,29 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     _write(transport, pending)
                     pending, pending_bytes = [], 0
                 broker.metrics.bytes_in += len(payload) + 4
+                if self.sasl is not None:
+                    step = self.sasl.receive(payload)
+                    if step.action is not Action.DISPATCH:
+                        if step.response:
+                            pending.append(step.response)
+                        if pending:
+                            _write(transport, pending)
+                            pending, pending_bytes = [], 0
+                        if not self._sasl_step(step):
+                            return
+                        continue
                 self.in_request = True
                 try:
-                    result = await dispatch(broker, payload, self.peer, flush_held, True, True)
+                    result = await dispatch(
+                        broker,
+                        payload,
+                        self.peer,
+                        flush_held,
+                        True,
+                        self.listener.ssl_context is None,  # sendfile bypasses TLS
+                        principal=self.principal,
+                        listener=self.listener.name,
+                    )
                 except CloseConnection as exc:
                     if pending and not self._closing:
                         _write(transport, pending)  # answers owed to earlier requests
@@ -275,6 +333,50 @@ class KafkaConnection(asyncio.BufferedProtocol):
             for waiting in deferred:  # the connection is gone: nobody is left to answer
                 waiting.cancel()
             deferred.clear()
+
+    def _sasl_step(self, step: Step) -> bool:
+        """Act on an authenticator step whose response is written; False: stop serving."""
+        sasl = self.sasl
+        assert sasl is not None
+        if step.action is Action.REPLY:
+            return True
+        if step.action is Action.AUTHENTICATED:
+            self.principal = step.principal
+            self.sasl = None
+            self.framer.set_max_frame_size(self.broker.max_request_size)
+            self._audit(True, step.mechanism, step.principal, "SASL")
+            return True
+        self._audit(False, step.mechanism or "SASL", ANONYMOUS, step.reason)
+        if step.action is Action.CLOSE:
+            self._close(f"SASL: {step.reason}")
+            return False
+        # FAIL: nothing more is read or served; the close comes after Kafka's delay
+        assert sasl.state is SaslState.FAILED
+        self._frames.clear()
+        if self.transport is not None and not self._paused_reading:
+            self.transport.pause_reading()
+            self._paused_reading = True
+        delay = self.broker.failed_auth_delay_s
+        asyncio.get_running_loop().call_later(
+            delay, self._close, f"SASL authentication failed: {step.reason}"
+        )
+        self._closing = True  # _process ends; _close still closes (transport.close is idempotent)
+        return False
+
+    def _audit(self, ok: bool, mechanism: str, principal: str, detail: str) -> None:
+        """Count the outcome and write the audit line: who (peer, principal), how, the result;
+        ``detail`` never holds a secret (the SASL layer's reasons name users, not passwords)."""
+        self.broker.metrics.authentication(self.listener.name, mechanism, ok)
+        audit.log(
+            logging.INFO if ok else logging.WARNING,
+            "authentication %s: listener=%s peer=%s mechanism=%s principal=%s (%s)",
+            "succeeded" if ok else "failed",
+            self.listener.name,
+            self.peer,
+            mechanism,
+            principal,
+            detail,
+        )
 
     def idle_for(self, now: float) -> float:
         """Seconds without a byte received or a request answered; 0 while a request is being

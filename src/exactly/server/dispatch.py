@@ -72,8 +72,10 @@ class RequestContext:
     ``may_defer``: the caller takes a ``Deferred`` answer (the connection does, other callers
     such as the fuzz harness get the awaited one); ``file_slices``: the caller writes a storage
     ``FileSlice`` chunk itself (the connection, with sendfile), so a Fetch may answer with one;
-    ``principal``: who sent the request, as authorization sees it (``User:ANONYMOUS`` unless the
-    connection authenticated someone; exactly.server.authz)."""
+    ``principal``: who sent the request, as authorization sees it (``User:ANONYMOUS``,
+    ``User:<SASL user>`` or a client certificate's mapped name; exactly.server.authz);
+    ``listener``: the name of the listener it came in on (Metadata and FindCoordinator answer
+    with that listener's endpoints)."""
 
     header: RequestHeader
     api: ApiSchema
@@ -82,6 +84,7 @@ class RequestContext:
     may_defer: bool = False
     file_slices: bool = False
     principal: str = "User:ANONYMOUS"
+    listener: str = "PLAINTEXT"
 
     @property
     def version(self) -> int:
@@ -126,6 +129,7 @@ async def dispatch(
     may_defer: bool = False,
     file_slices: bool = False,
     principal: str = "User:ANONYMOUS",
+    listener: str = "PLAINTEXT",
 ) -> list[Any] | Deferred[list[Any] | None] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
@@ -165,7 +169,9 @@ async def dispatch(
         raise CloseConnection(
             f"cannot parse {ApiKey(key).name} v{header.api_version} request: {type(exc).__name__}: {exc}"
         ) from None
-    ctx = RequestContext(header, api, peer, before_park, may_defer, file_slices, principal)
+    ctx = RequestContext(
+        header, api, peer, before_park, may_defer, file_slices, principal=principal, listener=listener
+    )
     response = await handler(broker, ctx, request)
     if isinstance(response, Deferred):
         return Deferred(_frame_when_answered(broker, api, header, response.answer))

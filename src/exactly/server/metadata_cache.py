@@ -13,7 +13,7 @@ an older zkVersion over a newer one).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exactly.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
 from exactly.types import TopicPartition
@@ -21,9 +21,21 @@ from exactly.types import TopicPartition
 
 @dataclass(frozen=True, slots=True)
 class BrokerEndpoint:
+    """A live broker: ``host``/``port`` are its inter-broker listener's endpoint (what replica
+    fetchers and the marker sender connect to); ``listeners`` every advertised listener's, by
+    name (what Metadata and FindCoordinator answer, for the listener the client came in on)."""
+
     broker_id: int
     host: str
     port: int
+    listeners: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+
+    def endpoint_for(self, listener: str) -> tuple[str, int] | None:
+        """(host, port) on ``listener``; a registration without listener names (written by an
+        older exactly) is taken to serve every listener on its one endpoint."""
+        if not self.listeners:
+            return self.host, self.port
+        return self.listeners.get(listener)
 
 
 @dataclass(frozen=True, slots=True)

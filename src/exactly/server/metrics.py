@@ -37,12 +37,17 @@ class Metrics:
         self.groups_removed = 0
         # (resource type, operation) -> requests' checks the authorizer denied
         self.authorization_denied: Counter[tuple[str, str]] = Counter()
+        # (listener, mechanism, succeeded): Kafka's successful-/failed-authentication-total
+        self.authentications: Counter[tuple[str, str, bool]] = Counter()
         self._last_logged: tuple[int, int, int] = (0, 0, 0)
         self._last_time = time.monotonic()
 
     def error(self, api_key: int, code: int) -> None:
         if code:
             self.errors[(api_key, code)] += 1
+
+    def authentication(self, listener: str, mechanism: str, ok: bool) -> None:
+        self.authentications[(listener, mechanism, ok)] += 1
 
     def snapshot(self) -> dict[str, object]:
         return {

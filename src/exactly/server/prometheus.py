@@ -22,6 +22,9 @@ Series:
 * ``exactly_offsets_expired_total``, ``exactly_groups_removed_total``: offset retention's work;
 * ``exactly_authorization_denied_total{resource_type,operation}``: checks the ACL authorizer
   denied (each is also an ``exactly.audit`` log line);
+* ``exactly_successful_authentication_total{listener,mechanism}``,
+  ``exactly_failed_authentication_total{listener,mechanism}``: Kafka's
+  successful-/failed-authentication-total (SASL, and SSL for client certificates);
 * the cluster's health, Kafka's replication metrics under the same snake-case rule
   (``kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions`` ->
   ``exactly_under_replicated_partitions``; a ``...PerSec`` / ``...Rate`` meter is a counter, its
@@ -77,7 +80,7 @@ from prometheus_client.registry import Collector
 
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig
-from exactly.server.metrics import api_name, error_name
+from exactly.server.metrics import Metrics, api_name, error_name
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -185,6 +188,28 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily(
             "exactly_groups_removed", "Empty groups removed by offset retention.", value=m.groups_removed
         )
+        yield from _authentications(m)
+
+
+def _authentications(m: Metrics) -> Iterator[Metric]:
+    """Kafka's successful-authentication-total / failed-authentication-total, per listener and
+    mechanism (SSL for a client certificate; SASL failures before a mechanism was chosen count
+    under SASL)."""
+    labels = ["listener", "mechanism"]
+    ok = CounterMetricFamily(
+        "exactly_successful_authentication",
+        "Connections authenticated (SASL or client certificate).",
+        labels=labels,
+    )
+    failed = CounterMetricFamily(
+        "exactly_failed_authentication",
+        "Failed authentications (SASL, or an unmapped certificate).",
+        labels=labels,
+    )
+    for (listener, mechanism, succeeded), count in sorted(m.authentications.items()):
+        (ok if succeeded else failed).add_metric([listener, mechanism], count)
+    yield ok
+    yield failed
 
 
 def _log_cleaner(broker: Broker) -> Iterator[Metric]:

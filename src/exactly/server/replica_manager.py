@@ -113,6 +113,7 @@ class ReplicaManager:
             set_topic=self._set_topic,
             topic_gone=self._topic_gone,
             on_state=self._on_state,
+            inter_broker_listener=broker.config.listeners().inter_broker,
         )
         # The leader's conditional ISR writes and the isr-expiration timer (isr_writer).
         self.isr_writer = IsrWriter(
@@ -125,13 +126,14 @@ class ReplicaManager:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, advertised_host: str, advertised_port: int) -> None:
+    async def start(self, endpoints: tuple[tuple[str, str, str, int], ...]) -> None:
+        """``endpoints``: (listener, security protocol, host, port) of every advertised listener."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._cache_changed = asyncio.Event()
         registration = BrokerRegistration(
             self.broker_id,
-            (Endpoint("PLAINTEXT", advertised_host, advertised_port),),
+            tuple(Endpoint(name, host, port, protocol) for name, protocol, host, port in endpoints),
             timestamp_ms=int(time.time() * 1000),
         )
         epoch = await loop.run_in_executor(None, self._connect_and_register, registration)

@@ -40,8 +40,10 @@ class ReplicaWatches:
         set_topic: Callable[[CachedTopic], None],
         topic_gone: Callable[[str], None],
         on_state: Callable[[TopicPartition, ObservedState | None], None],
+        inter_broker_listener: str = "PLAINTEXT",
     ) -> None:
         self.zk = zk
+        self._inter_broker_listener = inter_broker_listener
         self._hop = hop
         self._is_stopped = stopped
         self._set_brokers = set_brokers
@@ -74,8 +76,18 @@ class ReplicaWatches:
                 continue
             if registration is None or not registration.endpoints:
                 continue
-            endpoint = registration.endpoints[0]
-            endpoints[broker_id] = BrokerEndpoint(broker_id, endpoint.host, endpoint.port)
+            # the inter-broker listener's endpoint for our own connections (the first one when a
+            # registration lacks it); every listener's for the clients
+            inter = next(
+                (e for e in registration.endpoints if e.listener == self._inter_broker_listener),
+                registration.endpoints[0],
+            )
+            endpoints[broker_id] = BrokerEndpoint(
+                broker_id,
+                inter.host,
+                inter.port,
+                {e.listener: (e.host, e.port) for e in registration.endpoints},
+            )
         self._hop(self._set_brokers, endpoints)
 
     def _on_topics(self, topics: list[str]) -> None:

@@ -40,10 +40,12 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_durably(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync."""
+def write_durably(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync. ``mode`` is
+    the new file's permission bits (0o600 for secrets such as SCRAM keys)."""
     tmp = temp_path(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp.unlink(missing_ok=True)  # a leftover would keep its old mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 LISTEN_PREFIX = "exactly listening on "
+LISTENER_PREFIX = "exactly listener "  # ``exactly listener NAME on HOST:PORT``, one per listener
 # the ``src`` directory holding the ``exactly`` package this module belongs to
 SRC_DIR = Path(__file__).resolve().parents[2]
 
@@ -84,8 +85,11 @@ def serve_command(
     overrides: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The ``python -m exactly serve`` command line (also for tests that expect it to fail)."""
-    cmd = [sys.executable, "-m", "exactly", "serve", "--listen", listen, "--data-dir", str(data_dir)]
+    """The ``python -m exactly serve`` command line (also for tests that expect it to fail).
+    ``listen`` is left out when the overrides give ``listeners`` (named listeners, TLS, SASL)."""
+    cmd = [sys.executable, "-m", "exactly", "serve", "--data-dir", str(data_dir)]
+    if "listeners" not in (overrides or {}):
+        cmd[4:4] = ["--listen", listen]
     if config_file is not None:
         cmd += ["--config", str(config_file)]
     for key, value in (overrides or {}).items():
@@ -127,6 +131,8 @@ class Broker:
         self.src = src
         self.cwd = cwd
         self.port: int | None = None
+        # listener name -> bound port, from the ``exactly listener NAME on HOST:PORT`` lines
+        self.listener_ports: dict[str, int] = {}
         self.starts = 0
         self.started_at = 0.0  # time.monotonic() of the last start's Popen
         self.listening_s = 0.0  # seconds from that Popen to the listening line
@@ -159,6 +165,12 @@ class Broker:
     @property
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None
+
+    def listener_address(self, name: str) -> str:
+        """``HOST:PORT`` of the running broker's listener ``name``."""
+        if not self.running or name not in self.listener_ports:
+            raise BrokerError(f"{self.name} has no running listener {name}")
+        return f"{self.host}:{self.listener_ports[name]}"
 
     def log_text(self, since: int = 0) -> str:
         """What the broker printed (all starts), from byte ``since`` of the log file."""
@@ -202,6 +214,7 @@ class Broker:
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / "bound-address").unlink()
         self.starts += 1
+        self.listener_ports = {}
         cmd = self.command(port)
         listening = threading.Event()
         found: list[tuple[str, float]] = []  # (address, time.monotonic() when seen)
@@ -256,6 +269,9 @@ class Broker:
             for line in iter(stream.readline, b""):
                 log.write(line)
                 text = line.decode("utf-8", "replace").strip()
+                if not listening.is_set() and text.startswith(LISTENER_PREFIX):
+                    name, _, address = text[len(LISTENER_PREFIX) :].partition(" on ")
+                    self.listener_ports[name] = int(address.rpartition(":")[2])
                 if not listening.is_set() and text.startswith(LISTEN_PREFIX):
                     found.append((text[len(LISTEN_PREFIX) :].strip(), time.monotonic()))
                     listening.set()

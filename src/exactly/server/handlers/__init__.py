@@ -21,6 +21,7 @@ from exactly.protocol.apis import VERSION_RANGES
 from exactly.server.handlers import (
     add_offsets_to_txn,
     add_partitions_to_txn,
+    alter_user_scram_credentials,
     api_versions,
     create_acls,
     create_partitions,
@@ -35,6 +36,7 @@ from exactly.server.handlers import (
     describe_groups,
     describe_producers,
     describe_transactions,
+    describe_user_scram_credentials,
     end_txn,
     fetch,
     find_coordinator,
@@ -50,6 +52,8 @@ from exactly.server.handlers import (
     offset_fetch,
     offset_for_leader_epoch,
     produce,
+    sasl_authenticate,
+    sasl_handshake,
     sync_group,
     txn_offset_commit,
     write_txn_markers,
@@ -95,6 +99,10 @@ _MODULES: tuple[ModuleType, ...] = (
     create_acls,
     describe_acls,
     delete_acls,
+    sasl_handshake,
+    sasl_authenticate,
+    describe_user_scram_credentials,
+    alter_user_scram_credentials,
 )
 
 HANDLERS: dict[int, Handler] = {int(m.API_KEY): m.handle for m in _MODULES}

@@ -24,14 +24,18 @@ AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
-    adv = broker.advertised
+    adv = broker.advertised_for(ctx.listener) or broker.advertised
     assert adv is not None
     if broker.replicas is None:
         endpoints = [(broker.node_id, adv.host, adv.port)]
         controller = broker.node_id
     else:
         cache = broker.replicas.cache
-        endpoints = [(b.broker_id, b.host, b.port) for _, b in sorted(cache.brokers.items())]
+        endpoints = [
+            (b.broker_id, *ep)
+            for _, b in sorted(cache.brokers.items())
+            if (ep := b.endpoint_for(ctx.listener)) is not None
+        ]
         controller = cache.controller_id if cache.controller_id is not None else -1
     return build(
         ctx.api.response_type,

@@ -5,7 +5,8 @@ groups, ``__transaction_state`` for transactions). v0-v3 carry one key (v0: grou
 batch ``coordinator_keys`` and answer each key separately. An unknown key type is
 INVALID_REQUEST (Kafka's ``CoordinatorType.forId`` throws), with no coordinator node.
 
-A single broker coordinates every key. In cluster mode the coordinator of a key is the current
+A single broker coordinates every key. The coordinator's endpoint is the one of the listener the
+request came in on. In cluster mode the coordinator of a key is the current
 leader of its partition of the internal topic, from the metadata cache; COORDINATOR_NOT_AVAILABLE
 while the topic is being created (or cannot be: too few live brokers) or the partition has no
 live leader. The leader itself answers COORDINATOR_LOAD_IN_PROGRESS until it has loaded.
@@ -61,7 +62,7 @@ def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) -> Coord
         return _refused(error, COORDINATOR_NOT_AVAILABLE_MESSAGE)
     replicas = broker.replicas
     if replicas is None:
-        adv = broker.advertised
+        adv = broker.advertised_for(ctx.listener) or broker.advertised
         assert adv is not None
         return ErrorCode.none, None, broker.node_id, adv.host, adv.port
     partitions = broker.internal.partitions_of(topic)
@@ -69,7 +70,10 @@ def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) -> Coord
     leader = replicas.cache.leader(TopicPartition(topic, partition))
     if leader is None:
         return _refused(ErrorCode.coordinator_not_available, COORDINATOR_NOT_AVAILABLE_MESSAGE)
-    return ErrorCode.none, None, leader.broker_id, leader.host, leader.port
+    endpoint = leader.endpoint_for(ctx.listener)  # on the listener the request came in on
+    if endpoint is None:
+        return _refused(ErrorCode.coordinator_not_available, COORDINATOR_NOT_AVAILABLE_MESSAGE)
+    return ErrorCode.none, None, leader.broker_id, endpoint[0], endpoint[1]
 
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:

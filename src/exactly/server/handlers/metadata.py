@@ -107,7 +107,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
     if broker.replicas is not None:
         return _handle_cluster(broker, ctx, request)
     mod = ctx.api.response_module
-    adv = broker.advertised
+    # the endpoint of the listener the request came in on (the inter-broker one if that
+    # listener is not advertised: a lone broker has no other node to point at)
+    adv = broker.advertised_for(ctx.listener) or broker.advertised
     assert adv is not None
     logs = broker.logs
     topic_results = []
@@ -227,6 +229,14 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
     cache = replicas.cache
     mod = ctx.api.response_module
     topic_results = []
+    # live brokers with an endpoint on the request's listener: the others are left out, and
+    # partitions they lead answer LISTENER_NOT_FOUND (v6+; LEADER_NOT_AVAILABLE before), as Kafka
+    endpoints = {
+        broker_id: ep
+        for broker_id, b in sorted(cache.brokers.items())
+        if (ep := b.endpoint_for(ctx.listener)) is not None
+    }
+    reachable = frozenset(endpoints)
     names: list[tuple[str | None, uuid.UUID | None]]
     if request.topics is None:
         names = [(name, None) for name in cache.topic_names()]
@@ -271,7 +281,7 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
         partitions = tuple(
             build(
                 mod.MetadataResponsePartition,
-                error_code=ErrorCode.none if p.leader >= 0 else ErrorCode.leader_not_available,
+                error_code=_partition_error(p.leader, reachable, ctx.version),
                 partition_index=p.partition,
                 leader_id=p.leader,
                 leader_epoch=p.leader_epoch,
@@ -295,14 +305,22 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
     return build(
         ctx.api.response_type,
         brokers=tuple(
-            build(mod.MetadataResponseBroker, node_id=b.broker_id, host=b.host, port=b.port, rack=None)
-            for _id, b in sorted(cache.brokers.items())
+            build(mod.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
+            for node, (host, port) in endpoints.items()
         ),
         cluster_id=broker.cluster_id,
         controller_id=cache.controller_id if cache.controller_id is not None else -1,
         topics=tuple(topic_results),
         cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
     )
+
+
+def _partition_error(leader: int, reachable: frozenset[int], version: int) -> ErrorCode:
+    if leader < 0:
+        return ErrorCode.leader_not_available
+    if leader not in reachable:
+        return ErrorCode.listener_not_found if version >= 6 else ErrorCode.leader_not_available
+    return ErrorCode.none
 
 
 def _topic_uuid(cached: CachedTopic | None) -> uuid.UUID | None:

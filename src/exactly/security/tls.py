@@ -1,0 +1,108 @@
+"""TLS server contexts from Kafka's ``ssl.*`` settings, PEM only (Kafka's PEM support, 2.7+).
+
+Keystore: ``ssl.keystore.location`` (one PEM file holding the private key and the certificate
+chain, Kafka's PEM keystore file) or inline ``ssl.keystore.certificate.chain`` plus
+``ssl.keystore.key``; ``ssl.key.password`` for an encrypted key. Truststore (the CAs client
+certificates must chain to): ``ssl.truststore.location`` or inline ``ssl.truststore.certificates``.
+``ssl.keystore.type``/``ssl.truststore.type`` must be PEM: Python's ssl cannot read JKS, and
+PKCS12 would need a third-party package.
+
+Protocols: TLS 1.2 and 1.3 at most what ``ssl.enabled.protocols`` lists (TLSv1/1.1 are refused
+at start-up). ``ssl.client.auth``: none (no certificate asked), requested (asked, verified when
+sent), required (handshake fails without a valid one)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+from collections.abc import Callable
+
+from exactly.security.principal import MappingRule, map_dn, subject_dn
+
+CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+class TlsConfigError(ValueError):
+    """An ssl.* setting the broker cannot use."""
+
+
+def _with_pem_file(text: str, use: Callable[[str], None]) -> None:
+    """Inline PEM -> a private temporary file for the ssl module's file-only loaders, removed at once."""
+    fd, path = tempfile.mkstemp(suffix=".pem")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text.replace("\\n", "\n"))
+        use(path)
+    finally:
+        os.unlink(path)
+
+
+def server_context(setting: Callable[[str], str], client_auth: str) -> ssl.SSLContext:
+    """One listener's context; ``setting(key)`` gives the listener's value of an ``ssl.*`` key
+    ("" when unset)."""
+    for key in ("ssl.keystore.type", "ssl.truststore.type"):
+        kind = setting(key).upper() or "PEM"
+        if kind != "PEM":
+            raise TlsConfigError(f"{key}={kind} is not supported: use PEM")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    enabled = [
+        p.strip() for p in (setting("ssl.enabled.protocols") or "TLSv1.2,TLSv1.3").split(",") if p.strip()
+    ]
+    unknown = [p for p in enabled if p not in _VERSIONS]
+    if unknown or not enabled:
+        raise TlsConfigError(
+            f"ssl.enabled.protocols: only TLSv1.2 and TLSv1.3 are supported, got {unknown or enabled}"
+        )
+    ctx.minimum_version = min((_VERSIONS[p] for p in enabled), key=lambda v: v.value)
+    ctx.maximum_version = max((_VERSIONS[p] for p in enabled), key=lambda v: v.value)
+    ciphers = setting("ssl.cipher.suites")
+    if ciphers:
+        try:
+            ctx.set_ciphers(ciphers.replace(",", ":").replace(" ", ""))
+        except ssl.SSLError as exc:
+            raise TlsConfigError(f"ssl.cipher.suites: {exc}") from None
+    password = setting("ssl.key.password") or None
+    location = setting("ssl.keystore.location")
+    chain, key = setting("ssl.keystore.certificate.chain"), setting("ssl.keystore.key")
+    try:
+        if location:
+            ctx.load_cert_chain(location, None, password)
+        elif chain and key:
+            _with_pem_file(chain + "\n" + key, lambda path: ctx.load_cert_chain(path, None, password))
+        else:
+            raise TlsConfigError(
+                "a TLS listener needs ssl.keystore.location or ssl.keystore.certificate.chain and ssl.keystore.key"
+            )
+        mode = CLIENT_AUTH.get(client_auth.lower())
+        if mode is None:
+            raise TlsConfigError(f"ssl.client.auth must be none, requested or required, got {client_auth!r}")
+        trust_file, trust_pem = setting("ssl.truststore.location"), setting("ssl.truststore.certificates")
+        if trust_file:
+            ctx.load_verify_locations(cafile=trust_file)
+        elif trust_pem:
+            ctx.load_verify_locations(cadata=trust_pem.replace("\\n", "\n"))
+        elif mode != ssl.CERT_NONE:
+            raise TlsConfigError(
+                f"ssl.client.auth={client_auth} needs a truststore (ssl.truststore.location)"
+            )
+        ctx.verify_mode = mode
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot load the TLS key, certificates or truststore: {exc}") from None
+    return ctx
+
+
+def certificate_principal(
+    ssl_object: ssl.SSLObject | ssl.SSLSocket | None, rules: tuple[MappingRule, ...]
+) -> str | None:
+    """``User:<mapped DN>`` of a verified client certificate, None without one."""
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    subject = cert.get("subject")
+    if not subject:
+        return None
+    return "User:" + map_dn(rules, subject_dn(subject))  # type: ignore[arg-type]

@@ -1,0 +1,63 @@
+"""DescribeUserScramCredentials (50, KIP-554): per user, the mechanisms and iteration counts of
+its SCRAM credentials, never a salt or a key.
+
+Null or empty ``users``: every user that has a credential. Named users: RESOURCE_NOT_FOUND for one
+without any, DUPLICATE_RESOURCE for a name asked twice (as Kafka's ZkAdminManager). Authorization
+(DESCRIBE on the Cluster) belongs to the authorizer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey, build
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.dispatch import RequestContext
+
+API_KEY = ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS
+
+
+async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
+    mod = ctx.api.response_module
+    users = broker.credentials.users()
+    names = sorted(users) if not request.users else [u.name for u in request.users]
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    results = []
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        error, message = ErrorCode.none, None
+        infos: tuple[Any, ...] = ()
+        if counts[name] > 1:
+            error, message = (
+                ErrorCode.duplicate_resource,
+                f"Cannot describe SCRAM credentials for the same user twice in a single request: {name}",
+            )
+        elif name not in users:
+            error, message = (
+                ErrorCode.resource_not_found,
+                f"Attempt to describe a user credential that does not exist: {name}",
+            )
+        else:
+            infos = tuple(
+                build(mod.CredentialInfo, mechanism=m.type_id, iterations=c.iterations)
+                for m, c in sorted(users[name].items(), key=lambda kv: kv[0].type_id)
+            )
+        broker.metrics.error(API_KEY, error)
+        results.append(
+            build(
+                mod.DescribeUserScramCredentialsResult,
+                user=name,
+                error_code=error,
+                error_message=message,
+                credential_infos=infos,
+            )
+        )
+    return build(ctx.api.response_type, error_code=ErrorCode.none, error_message=None, results=tuple(results))
