@@ -82,7 +82,7 @@ def test_final_with_a_changed_nonce_or_binding_fails() -> None:
     server = _server({"user": cred})
     server.client_first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
     with pytest.raises(ScramError, match="nonce"):
-        server.client_final(RFC_FINAL.replace("k0,p", "k1,p").encode())
+        server.client_final(RFC_FINAL.replace("k0,p", "k0x,p").encode())
     server = _server({"user": cred})
     server.client_first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
     with pytest.raises(ScramError, match="channel binding"):

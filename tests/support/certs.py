@@ -18,6 +18,8 @@ class ClientCert:
 
 @dataclass(frozen=True)
 class TestPki:
+    __test__ = False  # not a test class
+
     ca: Path  # the trusted CA certificate
     server_keystore: Path  # key + certificate chain in one PEM file (Kafka's PEM keystore)
     server_cert: Path

@@ -1,0 +1,623 @@
+"""TLS and SASL with real clients against one broker with four listeners:
+
+PLAINTEXT (the bootstrap and admin listener), SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN),
+SSL with required client certificates, and SASL_PLAINTEXT (the wire-level tests read its bytes).
+
+SCRAM users are created with ``exactly users`` over PLAINTEXT (there is no authorizer in these
+tests). Certificates come from the openssl command line (tests/support/certs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v3.request import FindCoordinatorRequest
+from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+from exactly.testing.broker import child_env
+from tests.support.broker import Broker
+from tests.support.certs import TestPki, make_pki
+from tests.support.clients import create_topic, produce_values
+from tests.support.metrics import metrics_url
+from tests.support.wire import ConnectionClosed, WireClient, encode_request
+
+pytestmark = pytest.mark.timeout(120)
+
+PLAIN_JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    'username="admin" password="admin-pw" user_admin="admin-pw" user_bob="bob-pw";'
+)
+ALICE_PW = "alice-Pw,=1"  # a comma and an equals sign: SCRAM escapes them in names only
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def module_broker_config(pki: TestPki) -> dict[str, str]:
+    return {
+        "listeners": "PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0,SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+        "ssl.keystore.location": str(pki.server_keystore),
+        "ssl.truststore.location": str(pki.ca),
+        "listener.name.ssl.ssl.client.auth": "required",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN",
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": PLAIN_JAAS,
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS,
+        "group.initial.rebalance.delay.ms": "0",
+        "transaction.state.log.num.partitions": "2",
+        "offsets.topic.num.partitions": "2",
+        "metrics.port": "0",
+    }
+
+
+def users_cli(broker: Broker, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exactly",
+            "users",
+            *args,
+            "--bootstrap-server",
+            broker.listener_address("PLAINTEXT"),
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def sb(module_broker: Broker) -> Broker:
+    """The secured broker, with user alice (both SCRAM mechanisms) in its credential store."""
+    if not getattr(module_broker, "_alice", False) or module_broker.starts != module_broker._alice:
+        done = users_cli(module_broker, "add", "alice", "--password-stdin", stdin=ALICE_PW + "\n")
+        assert done.returncode == 0, done.stderr
+        module_broker._alice = module_broker.starts  # type: ignore[attr-defined]
+    return module_broker
+
+
+def scram_conf(sb: Broker, pki: TestPki, *, password: str = ALICE_PW, user: str = "alice") -> dict[str, Any]:
+    return {
+        "bootstrap.servers": sb.listener_address("SASL_SSL"),
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password,
+        "ssl.ca.location": str(pki.ca),
+    }
+
+
+def ssl_conf(sb: Broker, pki: TestPki, cert: Any = None) -> dict[str, Any]:
+    cert = cert or pki.alice
+    return {
+        "bootstrap.servers": sb.listener_address("SSL"),
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(pki.ca),
+        "ssl.certificate.location": str(cert.cert),
+        "ssl.key.location": str(cert.key),
+    }
+
+
+def failed_auth_total(sb: Broker) -> float:
+    text = urllib.request.urlopen(metrics_url(sb), timeout=10).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("exactly_failed_authentication_total{")
+    )
+
+
+# ------------------------------------------------------------------ confluent-kafka
+def consume_transform_produce(conf: dict[str, Any], src: str, dst: str, group: str, n: int) -> None:
+    """Read ``n`` records of ``src`` read_committed, write them to ``dst`` in one transaction
+    that also commits the group's offsets."""
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    producer = Producer({**conf, "transactional.id": f"{group}-tx", "linger.ms": 5})
+    try:
+        producer.init_transactions(30)
+        consumer.subscribe([src])
+        got: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            for m in consumer.consume(n - len(got), 0.5):
+                assert m.error() is None, m.error()
+                got.append(m)
+        assert len(got) == n
+        producer.begin_transaction()
+        for m in got:
+            producer.produce(dst, b"out-" + m.value(), partition=m.partition())
+        ends = {m.partition(): m.offset() + 1 for m in got}
+        producer.send_offsets_to_transaction(
+            [TopicPartition(src, p, o) for p, o in ends.items()], consumer.consumer_group_metadata(), 30
+        )
+        producer.commit_transaction(30)
+        committed = consumer.committed([TopicPartition(src, p) for p in ends], timeout=10)
+        assert {tp.partition: tp.offset for tp in committed} == ends
+    finally:
+        consumer.close()
+
+
+def read_values(conf: dict[str, Any], topic: str, n: int) -> list[bytes]:
+    c = Consumer(
+        {
+            **conf,
+            "group.id": f"reader-{time.monotonic_ns()}",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        c.subscribe([topic])
+        out: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(out) < n and time.monotonic() < deadline:
+            for m in c.consume(n - len(out), 0.5):
+                if m.error() is None:
+                    out.append(m.value())
+        return out
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("transport", ["SASL_SSL", "SSL"])
+def test_confluent_produce_consume_and_consume_transform_produce(
+    sb: Broker, pki: TestPki, unique_name: Callable[[str], str], transport: str
+) -> None:
+    conf = scram_conf(sb, pki) if transport == "SASL_SSL" else ssl_conf(sb, pki)
+    src, dst = unique_name("sec-in"), unique_name("sec-out")
+    for t in (src, dst):
+        create_topic(sb.listener_address("PLAINTEXT"), t, partitions=2)
+    # the cluster seen through this listener: its own endpoint
+    md = AdminClient(conf).list_topics(timeout=10)
+    host, port = conf["bootstrap.servers"].rsplit(":", 1)
+    assert [(b.host, b.port) for b in md.brokers.values()] == [(host, int(port))]
+    p = Producer(conf)
+    for i in range(10):
+        p.produce(src, f"v{i}".encode(), partition=i % 2)
+    assert p.flush(15) == 0
+    consume_transform_produce(conf, src, dst, unique_name("sec-g"), 10)
+    assert Counter(read_values(conf, dst, 10)) == Counter(f"out-v{i}".encode() for i in range(10))
+
+
+def test_wrong_password_and_unknown_user_are_refused_alike_and_counted(sb: Broker, pki: TestPki) -> None:
+    before = failed_auth_total(sb)
+    messages = []
+    for user, password in (("alice", "wrong"), ("nobody", ALICE_PW)):
+        errors: list[Any] = []
+        admin = AdminClient({**scram_conf(sb, pki, user=user, password=password), "error_cb": errors.append})
+        with pytest.raises(KafkaException):
+            admin.list_topics(timeout=3)
+        admin.poll(1)  # error_cb runs from poll
+        auth_errors = [e.str() for e in errors if "Authentication failed" in e.str()]
+        assert auth_errors, [e.str() for e in errors]
+        messages.append(auth_errors[0].split(": ", 1)[-1].split(" (after")[0])
+    assert messages[0] == messages[1]
+    assert "invalid credentials" in messages[0]
+    assert failed_auth_total(sb) >= before + 2
+    log = sb.log_text()
+    assert "authentication failed: listener=SASL_SSL" in log
+    assert ALICE_PW not in log and "wrong" not in log.split("authentication failed")[-1][:200]
+    # the broker serves others as before
+    assert AdminClient(scram_conf(sb, pki)).list_topics(timeout=10).brokers
+
+
+@pytest.mark.parametrize("which", ["expired", "untrusted", "none"])
+def test_bad_client_certificates_are_refused_and_the_broker_serves_on(
+    sb: Broker, pki: TestPki, which: str
+) -> None:
+    conf = ssl_conf(sb, pki, pki.expired if which == "expired" else pki.untrusted)
+    if which == "none":
+        conf = {k: v for k, v in conf.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
+    admin = AdminClient({**conf, "error_cb": lambda e: None})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=3)
+    assert AdminClient(ssl_conf(sb, pki)).list_topics(timeout=10).brokers
+
+
+def test_plaintext_client_on_tls_ports_is_refused_cleanly(sb: Broker, pki: TestPki) -> None:
+    request = encode_request(ApiVersionsRequest(client_software_name="t", client_software_version="1"), 1)
+    api_versions = len(request).to_bytes(4, "big") + request
+    for name in ("SSL", "SASL_SSL"):
+        host, port = sb.listener_address(name).rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(api_versions)
+            data = _read_until_closed(s)
+        assert not data.startswith(b"\x00\x00"), "a Kafka response on a TLS port"
+        admin = AdminClient({"bootstrap.servers": sb.listener_address(name), "error_cb": lambda e: None})
+        with pytest.raises(KafkaException):
+            admin.list_topics(timeout=3)
+    assert AdminClient(scram_conf(sb, pki)).list_topics(timeout=10).brokers
+    assert AdminClient(ssl_conf(sb, pki)).list_topics(timeout=10).brokers
+
+
+def test_garbage_on_tls_ports_does_not_hurt_the_broker(sb: Broker, pki: TestPki) -> None:
+    import random
+
+    rng = random.Random(13)
+    for name in ("SSL", "SASL_SSL"):
+        host, port = sb.listener_address(name).rsplit(":", 1)
+        for i in range(20):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                blob = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 2000)))
+                if i % 4 == 0:  # a TLS record header in front of the garbage
+                    blob = b"\x16\x03\x01" + blob
+                s.sendall(blob)
+                _read_until_closed(s, wait=5)
+        # a TLS session that then speaks garbage inside
+        ctx = ssl.create_default_context(cafile=str(pki.ca))
+        ctx.load_cert_chain(str(pki.alice.cert), str(pki.alice.key))
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost") as s,
+        ):
+            s.sendall(b"\x00\x00\x00\x08garbage!")
+            try:
+                _read_until_closed(s, wait=5)
+            except (ssl.SSLError, OSError):
+                pass
+    assert AdminClient(scram_conf(sb, pki)).list_topics(timeout=10).brokers
+    assert AdminClient(ssl_conf(sb, pki)).list_topics(timeout=10).brokers
+
+
+def _read_until_closed(s: socket.socket, wait: float = 10) -> bytes:
+    s.settimeout(wait)
+    out = bytearray()
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except (ConnectionResetError, TimeoutError, BrokenPipeError):
+        pass
+    return bytes(out)
+
+
+# ------------------------------------------------------------------ the wire, on SASL_PLAINTEXT
+def _metadata() -> MetadataRequest:
+    return MetadataRequest(
+        topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+    )
+
+
+def test_requests_before_authentication_are_not_served(sb: Broker) -> None:
+    address = sb.listener_address("SASL_PLAINTEXT")
+    with WireClient(address) as wc:  # first request neither ApiVersions nor SaslHandshake
+        wc.send_frame(encode_request(_metadata(), 1))
+        with pytest.raises(ConnectionClosed):
+            wc.recv_frame()
+    with WireClient(address) as wc:  # handshake, then another API instead of SaslAuthenticate
+        assert wc.send(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.none
+        wc.send_frame(encode_request(_metadata(), 9))
+        with pytest.raises(ConnectionClosed):
+            wc.recv_frame()
+    with WireClient(address) as wc:  # failed authentication: answered, then nothing more
+        wc.send(SaslHandshakeRequest(mechanism="PLAIN"))
+        answer = wc.send(SaslAuthenticateRequest(auth_bytes=b"\x00bob\x00nope"))
+        assert answer.error_code == ErrorCode.sasl_authentication_failed
+        wc.send_frame(encode_request(_metadata(), 99))
+        with pytest.raises(ConnectionClosed):
+            wc.recv_frame()
+    with WireClient(address) as wc:
+        answer = wc.send(SaslHandshakeRequest(mechanism="GSSAPI"))
+        assert answer.error_code == ErrorCode.unsupported_sasl_mechanism
+        assert set(answer.mechanisms) == {"SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"}
+        assert wc.is_closed()
+
+
+def test_authenticated_connection_gets_its_listener_endpoints(sb: Broker) -> None:
+    address = sb.listener_address("SASL_PLAINTEXT")
+    port = sb.listener_ports["SASL_PLAINTEXT"]
+    with WireClient(address) as wc:
+        wc.send(SaslHandshakeRequest(mechanism="PLAIN"))
+        assert (
+            wc.send(SaslAuthenticateRequest(auth_bytes=b"bob\x00bob\x00bob-pw")).error_code == ErrorCode.none
+        )
+        md = wc.send(_metadata())
+        assert [(b.host, b.port) for b in md.brokers] == [("127.0.0.1", port)]
+        coordinator = wc.send(FindCoordinatorRequest(key="g", key_type=0))
+        assert coordinator.error_code == ErrorCode.none and coordinator.port == port
+        # a second handshake on an authenticated connection: ILLEGAL_SASL_STATE (no re-authentication)
+        assert wc.send(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state
+    with WireClient(sb.listener_address("PLAINTEXT")) as wc:
+        md = wc.send(_metadata())
+        assert [b.port for b in md.brokers] == [sb.listener_ports["PLAINTEXT"]]
+        assert wc.send(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state
+
+
+# ------------------------------------------------------------------ the users command
+def test_users_command_adds_lists_and_deletes_scram_credentials(sb: Broker, pki: TestPki) -> None:
+    done = users_cli(
+        sb,
+        "add",
+        "carol",
+        "--password-stdin",
+        "--mechanism",
+        "SCRAM-SHA-256",
+        "--iterations",
+        "8192",
+        stdin="carol-pw\n",
+    )
+    assert done.returncode == 0, done.stderr
+    listing = users_cli(sb, "list")
+    assert listing.returncode == 0, listing.stderr
+    assert "carol\tSCRAM-SHA-256\t8192" in listing.stdout.replace("  ", "\t") or any(
+        line.split() == ["carol", "SCRAM-SHA-256", "8192"] for line in listing.stdout.splitlines()
+    )
+    stored = (sb.data_dir / "scram-credentials.json").read_text()
+    assert "carol-pw" not in stored and "carol" in stored
+    conf = {**scram_conf(sb, pki, user="carol", password="carol-pw"), "sasl.mechanism": "SCRAM-SHA-256"}
+    assert AdminClient(conf).list_topics(timeout=10).brokers
+    bad = users_cli(sb, "add", "dave", "--password", "x", "--iterations", "100")
+    assert bad.returncode == 1 and "UNACCEPTABLE_CREDENTIAL" in bad.stderr
+    gone = users_cli(sb, "delete", "carol")
+    assert gone.returncode == 0, gone.stderr
+    assert not any(line.split()[:1] == ["carol"] for line in users_cli(sb, "list").stdout.splitlines())
+    missing = users_cli(sb, "delete", "carol", "--mechanism", "SCRAM-SHA-256")
+    assert missing.returncode == 1 and "RESOURCE_NOT_FOUND" in missing.stderr
+    with pytest.raises(KafkaException):
+        AdminClient({**conf, "error_cb": lambda e: None}).list_topics(timeout=3)
+
+
+# ------------------------------------------------------------------ kafka-python and aiokafka
+def test_kafka_python_scram_and_client_certificate(sb: Broker, pki: TestPki, topic: str) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    confs = {
+        "SASL_SSL": {
+            "bootstrap_servers": sb.listener_address("SASL_SSL"),
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": "alice",
+            "sasl_plain_password": ALICE_PW,
+            "ssl_cafile": str(pki.ca),
+        },
+        "SSL": {
+            "bootstrap_servers": sb.listener_address("SSL"),
+            "security_protocol": "SSL",
+            "ssl_cafile": str(pki.ca),
+            "ssl_certfile": str(pki.alice.cert),
+            "ssl_keyfile": str(pki.alice.key),
+        },
+    }
+    for name, conf in confs.items():
+        p = KafkaProducer(**conf, max_block_ms=15_000)
+        for i in range(5):
+            p.send(topic, f"{name}-{i}".encode())
+        p.flush(15)
+        p.close()
+    for conf in confs.values():
+        c = KafkaConsumer(
+            topic, **conf, auto_offset_reset="earliest", consumer_timeout_ms=10_000, group_id=None
+        )
+        values = [m.value for m in c]
+        c.close()
+        assert sorted(values) == sorted(f"{n}-{i}".encode() for n in confs for i in range(5))
+
+
+def test_kafka_python_transactional_copy_over_scram(
+    sb: Broker, pki: TestPki, unique_name: Callable[[str], str]
+) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.structs import OffsetAndMetadata
+    from kafka.structs import TopicPartition as KTopicPartition
+
+    conf = {
+        "bootstrap_servers": sb.listener_address("SASL_SSL"),
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "alice",
+        "sasl_plain_password": ALICE_PW,
+        "ssl_cafile": str(pki.ca),
+    }
+    src, dst, group = unique_name("kp-in"), unique_name("kp-out"), unique_name("kp-g")
+    produce_values(sb.listener_address("PLAINTEXT"), src, [f"x{i}".encode() for i in range(6)])
+    create_topic(sb.listener_address("PLAINTEXT"), dst)
+    c = KafkaConsumer(
+        src,
+        **conf,
+        group_id=group,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    p = KafkaProducer(**conf, transactional_id=f"{group}-tx", max_block_ms=15_000)
+    try:
+        p.init_transactions()
+        got: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 6 and time.monotonic() < deadline:
+            for recs in c.poll(500).values():
+                got += recs
+        assert len(got) == 6
+        p.begin_transaction()
+        for r in got:
+            p.send(dst, b"out-" + r.value)
+        p.send_offsets_to_transaction(
+            {KTopicPartition(src, 0): OffsetAndMetadata(got[-1].offset + 1, "", -1)}, c.group_metadata()
+        )
+        p.commit_transaction()
+    finally:
+        c.close()
+        p.close(timeout=5)
+    plain = {"bootstrap.servers": sb.listener_address("PLAINTEXT")}
+    assert sorted(read_values(plain, dst, 6)) == sorted(f"out-x{i}".encode() for i in range(6))
+
+
+def test_aiokafka_scram_transactional_copy_and_client_certificate(
+    sb: Broker, pki: TestPki, unique_name: Callable[[str], str]
+) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.helpers import create_ssl_context
+    from aiokafka.structs import OffsetAndMetadata
+    from aiokafka.structs import TopicPartition as ATopicPartition
+
+    scram = {
+        "bootstrap_servers": sb.listener_address("SASL_SSL"),
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "alice",
+        "sasl_plain_password": ALICE_PW,
+        "ssl_context": create_ssl_context(cafile=str(pki.ca)),
+    }
+    mtls = {
+        "bootstrap_servers": sb.listener_address("SSL"),
+        "security_protocol": "SSL",
+        "ssl_context": create_ssl_context(
+            cafile=str(pki.ca), certfile=str(pki.alice.cert), keyfile=str(pki.alice.key)
+        ),
+    }
+    src, dst, group = unique_name("aio-in"), unique_name("aio-out"), unique_name("aio-g")
+    create_topic(sb.listener_address("PLAINTEXT"), src)
+    create_topic(sb.listener_address("PLAINTEXT"), dst)
+
+    async def main() -> list[bytes]:
+        p = AIOKafkaProducer(**mtls)  # produce the input over SSL with the client certificate
+        await p.start()
+        try:
+            for i in range(6):
+                await p.send_and_wait(src, f"a{i}".encode())
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(
+            src,
+            **scram,
+            group_id=group,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        tp = AIOKafkaProducer(**scram, transactional_id=f"{group}-tx")
+        await c.start()
+        await tp.start()
+        try:
+            got: list[Any] = []
+            deadline = time.monotonic() + 30
+            while len(got) < 6 and time.monotonic() < deadline:
+                for recs in (await c.getmany(timeout_ms=200)).values():
+                    got += recs
+            assert len(got) == 6
+            async with tp.transaction():
+                for r in got:
+                    await tp.send(dst, b"out-" + r.value)
+                await tp.send_offsets_to_transaction(
+                    {ATopicPartition(src, 0): OffsetAndMetadata(got[-1].offset + 1, "")}, group
+                )
+        finally:
+            await tp.stop()
+            await c.stop()
+        reader = AIOKafkaConsumer(dst, **mtls, isolation_level="read_committed", auto_offset_reset="earliest")
+        await reader.start()
+        try:
+            out: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(out) < 6 and time.monotonic() < deadline:
+                for recs in (await reader.getmany(timeout_ms=200)).values():
+                    out += [r.value for r in recs]
+            return out
+        finally:
+            await reader.stop()
+
+    assert sorted(asyncio.run(main())) == sorted(f"out-a{i}".encode() for i in range(6))
+
+
+# ------------------------------------------------------------------ kcat
+def test_kcat_over_sasl_ssl_and_ssl(kcat: str, sb: Broker, pki: TestPki, topic: str, tmp_path: Path) -> None:
+    scram = [
+        "-X",
+        "security.protocol=SASL_SSL",
+        "-X",
+        "sasl.mechanisms=SCRAM-SHA-512",
+        "-X",
+        "sasl.username=alice",
+        "-X",
+        f"sasl.password={ALICE_PW}",
+        "-X",
+        f"ssl.ca.location={pki.ca}",
+    ]
+    mtls = [
+        "-X",
+        "security.protocol=SSL",
+        "-X",
+        f"ssl.ca.location={pki.ca}",
+        "-X",
+        f"ssl.certificate.location={pki.alice.cert}",
+        "-X",
+        f"ssl.key.location={pki.alice.key}",
+    ]
+    for address, opts, lines in (
+        (sb.listener_address("SASL_SSL"), scram, b"s1\ns2\n"),
+        (sb.listener_address("SSL"), mtls, b"m1\nm2\n"),
+    ):
+        done = subprocess.run(
+            [kcat, "-b", address, *opts, "-P", "-t", topic], input=lines, capture_output=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr.decode()
+    for address, opts in ((sb.listener_address("SASL_SSL"), scram), (sb.listener_address("SSL"), mtls)):
+        done = subprocess.run(
+            [kcat, "-b", address, *opts, "-C", "-t", topic, "-o", "beginning", "-c", "4", "-e"],
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        assert sorted(done.stdout.split()) == [b"m1", b"m2", b"s1", b"s2"]
+
+
+# ------------------------------------------------------------------ start-up refusals
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"listeners": "SSL://127.0.0.1:0"}, "ssl.keystore.location"),
+        ({"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "GSSAPI"}, "not supported"),
+        (
+            {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN"},
+            "plain.sasl.jaas.config",
+        ),
+        ({"listeners": "CLIENT://127.0.0.1:0"}, "listener.security.protocol.map"),
+        ({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": "/nonexistent.pem"}, "cannot load"),
+    ],
+)
+def test_unusable_security_settings_refuse_to_start(
+    tmp_path: Path, overrides: dict[str, str], message: str
+) -> None:
+    from exactly.testing.broker import serve_command
+
+    done = subprocess.run(
+        serve_command(tmp_path / "data", overrides=overrides),
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
