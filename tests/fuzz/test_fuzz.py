@@ -240,3 +240,51 @@ def test_metadata_negative_name_length_does_not_loop(loop: Any, ib: InProcessBro
     saved = (CRASHERS / "metadata-v3-negative-name-length-loop.bin").read_bytes()
     assert feed(loop, ib, saved, Stats()) == "close"
     assert_healthy(loop, ib)
+
+
+# ------------------------------------------------------------------ SASL before authentication
+_SASL_KEYS = st.sampled_from([17, 36, 18, 3, 0, 1, 22, -1, 999])
+
+
+@st.composite
+def _sasl_frames(draw: st.DrawFn) -> bytes:
+    """A request frame aimed at the authenticator: a plausible header (often a SASL API) with a
+    random body, or plain random bytes (the raw-token framing reads those as tokens)."""
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=200))
+    key, version = draw(_SASL_KEYS), draw(st.integers(-1, 5))
+    head = struct.pack(">hhih", key, version, draw(st.integers(0, 2**31 - 1)), -1)
+    return head + draw(st.binary(max_size=120))
+
+
+@FAST
+@given(
+    st.lists(_sasl_frames(), min_size=1, max_size=8),
+    st.sampled_from(["PLAIN", "SCRAM-SHA-512", "SCRAM-SHA-256"]),
+)
+def test_sasl_authenticator_never_raises_and_serves_nothing_before_authentication(
+    frames: list[bytes], mechanism: str
+) -> None:
+    from exactly.security.sasl import Action, SaslAuthenticator, SaslState
+    from exactly.security.scram import ScramMechanism, credential_from_password
+
+    cred = credential_from_password(ScramMechanism.SCRAM_SHA_512, "pw")
+    auth = SaslAuthenticator(
+        ("PLAIN", "SCRAM-SHA-512", "SCRAM-SHA-256"),
+        {"u": "a-long-password-hypothesis-will-not-guess"},
+        lambda user, mech: cred if (user, mech) == ("u", ScramMechanism.SCRAM_SHA_512) else None,
+    )
+    # sometimes start from a proper handshake, so random tokens reach the mechanisms
+    if frames[0][:2] == b"\x00\x00":
+        head = struct.pack(">hhih", 17, frames[0][2] % 2, 1, -1)
+        frames = [head + struct.pack(">h", len(mechanism)) + mechanism.encode(), *frames[1:]]
+    for frame in frames:
+        before = auth.state
+        step = auth.receive(frame)
+        if step.action is Action.DISPATCH:  # only a well-formed ApiVersions header, first
+            assert before is SaslState.INITIAL_REQUEST and frame[:2] == b"\x00\x12"
+        if step.action is Action.AUTHENTICATED:  # random bytes cannot hold the password
+            raise AssertionError(f"authenticated from random input: {frames!r}")
+        if step.action in (Action.FAIL, Action.CLOSE):
+            assert auth.state is SaslState.FAILED
+            break

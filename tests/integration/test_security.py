@@ -621,3 +621,38 @@ def test_unusable_security_settings_refuse_to_start(
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
+
+
+def test_random_frames_before_authentication_get_only_sasl_answers(sb: Broker) -> None:
+    """Connection-level fuzz on SASL_PLAINTEXT: whatever comes before authentication, the only
+    answers are ApiVersions, SaslHandshake or SaslAuthenticate ones, and the broker lives on."""
+    import random
+    import struct
+
+    rng = random.Random(1313)
+    address = sb.listener_address("SASL_PLAINTEXT")
+    allowed_first = {18, 17, 36}
+    for _ in range(40):
+        with WireClient(address, timeout=5) as wc:
+            sent: dict[int, int] = {}
+            for i in range(rng.randint(1, 4)):
+                key = rng.choice([0, 1, 3, 17, 18, 22, 36, 999])
+                corr = 1000 + i
+                sent[corr] = key
+                body = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 60)))
+                try:
+                    wc.send_frame(struct.pack(">hhih", key, rng.randint(0, 4), corr, -1) + body)
+                except OSError:  # closed already: the broker refused an earlier frame
+                    break
+            try:
+                while True:
+                    frame = wc.recv_frame()
+                    (corr,) = struct.unpack_from(">i", frame)
+                    assert sent.get(corr) in allowed_first, (
+                        f"answered API {sent.get(corr)} before authentication"
+                    )
+            except (ConnectionClosed, TimeoutError, OSError):
+                pass
+    with WireClient(address) as wc:
+        wc.send(SaslHandshakeRequest(mechanism="PLAIN"))
+        assert wc.send(SaslAuthenticateRequest(auth_bytes=b"\x00bob\x00bob-pw")).error_code == ErrorCode.none
