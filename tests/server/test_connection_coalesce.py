@@ -83,6 +83,8 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
         before_park: Callable[[], None] = lambda: None,
         may_defer: bool = False,
         file_slices: bool = False,
+        principal: str = "User:ANONYMOUS",
+        listener: str = "PLAINTEXT",
     ) -> list[bytes] | None:
         key, _version, tag = struct.unpack_from(">hhi", payload)
         started.append((tag, len(transport.writes)))

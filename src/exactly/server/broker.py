@@ -131,7 +131,6 @@ class Broker:
             self.credentials = CredentialStore.in_dir(data_dir)
         except (ListenerSecurityError, CredentialStoreError) as exc:
             raise ConfigError(str(exc)) from None
-        self.default_listener = next(iter(self.listeners.values()))
         self.bound: dict[str, Endpoint] = {}
         self.advertised_by_listener: dict[str, Endpoint] = {}
         self.advertised: Endpoint | None = None

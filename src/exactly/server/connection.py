@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME, FrameError, Framer
 from exactly.security.listener_security import ListenerSecurity
+from exactly.security.listeners import ListenerSpec, SecurityProtocol
 from exactly.security.principal import ANONYMOUS, PrincipalMappingError
 from exactly.security.sasl import Action, SaslAuthenticator, SaslState, Step
 from exactly.security.tls import certificate_principal
@@ -84,6 +85,8 @@ MAX_QUEUED_FRAMES = 32  # read-ahead before we stop reading the socket
 # connection: librdkafka's max.in.flight with idempotence, the Java client's default)
 MAX_DEFERRED = 16
 WRITE_HIGH_WATER = 8 * 1024 * 1024
+# the listener of a connection made without one (tests that drive a connection directly)
+PLAINTEXT_LISTENER = ListenerSecurity(ListenerSpec("PLAINTEXT", SecurityProtocol.PLAINTEXT, "", 0))
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -104,7 +107,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def __init__(self, broker: Broker, listener: ListenerSecurity | None = None) -> None:
         self.broker = broker
-        self.listener = listener if listener is not None else broker.default_listener
+        self.listener = listener if listener is not None else PLAINTEXT_LISTENER
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.principal = ANONYMOUS

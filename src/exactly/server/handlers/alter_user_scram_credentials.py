@@ -120,7 +120,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 mod.AlterUserScramCredentialsResult,
                 user=name,
                 error_code=error,
-                error_message=message if error is not ErrorCode.none else None,
+                error_message=message,  # "" on success, as Kafka writes it
             )
         )
     return build(ctx.api.response_type, results=tuple(results))

@@ -33,7 +33,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         if name in seen:
             continue
         seen.add(name)
-        error, message = ErrorCode.none, None
+        error, message = ErrorCode.none, ""  # Kafka's default, not null
         infos: tuple[Any, ...] = ()
         if counts[name] > 1:
             error, message = (
@@ -60,4 +60,4 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 credential_infos=infos,
             )
         )
-    return build(ctx.api.response_type, error_code=ErrorCode.none, error_message=None, results=tuple(results))
+    return build(ctx.api.response_type, error_code=ErrorCode.none, results=tuple(results))
