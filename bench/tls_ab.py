@@ -1,0 +1,184 @@
+"""TLS against plaintext on one broker, side by side in one run.
+
+    PYTHONPATH=src .venv/bin/python bench/tls_ab.py                  # -> bench/results/tls.md
+    PYTHONPATH=src .venv/bin/python bench/tls_ab.py --records 50000 --repeat 1 --out /tmp/tls.md
+
+One broker with two listeners, PLAINTEXT and SSL (server certificate only; made with the openssl
+command line in the scratch dir), so both paths share the process, the disk and the page cache.
+Per repetition and transport (order alternating): produce ``--records`` 1 KB records with
+kcat (acks=all, idempotent, linger.ms=10, 1 MB batches: bench/benchlib/drivers.PRODUCE_CONF) to
+a fresh 1-partition topic, then consume them back with kcat from offset 0. kcat rather than
+confluent-kafka in this process, so the Python client's CPU does not cap the figure. Reported:
+MB/s (record bytes / wall s, median of the repetitions, min-max), broker CPU-s/GB, and the ratio
+TLS / plaintext per repetition (target: >= 0.7).
+
+On TLS the broker copies Fetch answers through the TLS transport (no sendfile) and encrypts
+in OpenSSL; the CPU-s/GB column shows what that costs."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import drivers, procstat
+from exactly.testing.broker import Broker
+
+TRANSPORTS = ("PLAINTEXT", "SSL")
+
+
+def make_server_cert(directory: Path) -> tuple[Path, Path]:
+    """(keystore PEM with key + certificate, CA certificate) for 127.0.0.1."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=bench-ca")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    keystore = directory / "server-keystore.pem"
+    keystore.write_text((directory / "server.key").read_text() + (directory / "server.pem").read_text())
+    return keystore, directory / "ca.pem"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "tls.md")
+    args = parser.parse_args()
+    if shutil.which("kcat") is None:
+        print("tls_ab: kcat is needed", file=sys.stderr)
+        return 2
+    scratch = Path(tempfile.mkdtemp(prefix="exactly-bench-tls-"))
+    try:
+        keystore, ca = make_server_cert(scratch)
+        broker = Broker(
+            scratch / "data",
+            scratch / "broker.log",
+            overrides={
+                "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0",
+                "ssl.keystore.location": str(keystore),
+            },
+            name="tls-bench",
+        )
+        broker.start()
+        pid = broker.pid
+        assert pid is not None
+        env = drivers.kcat_env("bundled", scratch)
+        pool = drivers.payload_pool()
+        lines = drivers.write_lines_file(scratch / "records.txt", args.records, pool)
+        conf = {
+            "PLAINTEXT": {},
+            "SSL": {"security.protocol": "SSL", "ssl.ca.location": str(ca)},
+        }
+        rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        ratios: dict[str, list[float]] = {"produce": [], "consume": []}
+        timeout = 600.0
+        for rep in range(args.repeat):
+            order = TRANSPORTS if rep % 2 == 0 else tuple(reversed(TRANSPORTS))
+            mbps: dict[tuple[str, str], float] = {}
+            for transport in order:
+                address = broker.listener_address(transport)
+                topic = f"tls-{transport.lower()}-{rep}-{time.monotonic_ns()}"
+                cpu0 = procstat.cpu_seconds(pid)
+                run = drivers.kcat_produce(
+                    address, topic, lines, args.records, drivers.RECORD_SIZE, timeout, env, conf[transport]
+                )
+                cpu1 = procstat.cpu_seconds(pid)
+                if run.errors or run.records != args.records:
+                    raise RuntimeError(
+                        f"{transport} produce failed: {run.errors[:3]} ({run.records} records)"
+                    )
+                gb = run.bytes / 1e9
+                rows.setdefault(("produce", transport), []).append(
+                    (run.bytes / run.wall_s / 1e6, (cpu1 - cpu0) / gb)
+                )
+                mbps[("produce", transport)] = run.bytes / run.wall_s / 1e6
+                cpu0 = procstat.cpu_seconds(pid)
+                run = drivers.kcat_consume(
+                    address, topic, args.records, drivers.RECORD_SIZE, timeout, env, conf[transport]
+                )
+                cpu1 = procstat.cpu_seconds(pid)
+                if run.errors or run.records != args.records:
+                    raise RuntimeError(
+                        f"{transport} consume failed: {run.errors[:3]} ({run.records} records)"
+                    )
+                gb = run.bytes / 1e9
+                rows.setdefault(("consume", transport), []).append(
+                    (run.bytes / run.wall_s / 1e6, (cpu1 - cpu0) / gb)
+                )
+                mbps[("consume", transport)] = run.bytes / run.wall_s / 1e6
+            for kind in ratios:
+                ratios[kind].append(mbps[(kind, "SSL")] / mbps[(kind, "PLAINTEXT")])
+            print(
+                f"repetition {rep + 1}: " + ", ".join(f"{k} {t} {v:.1f} MB/s" for (k, t), v in mbps.items()),
+                flush=True,
+            )
+        broker.stop()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report(args, rows, ratios))
+        print(args.out.read_text())
+        return 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _fmt(values: list[float]) -> str:
+    med = statistics.median(values)
+    return f"{med:.1f} [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else f"{med:.1f}"
+
+
+def report(
+    args: argparse.Namespace,
+    rows: dict[tuple[str, str], list[tuple[float, float]]],
+    ratios: dict[str, list[float]],
+) -> str:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    load = os.getloadavg()
+    lines = [
+        "# TLS vs plaintext (bench/tls_ab.py)",
+        "",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, {platform.node()}, "
+        f"{os.cpu_count()} cores, load average {load[0]:.2f} at the end; {args.records:,} x 1 KB records, "
+        f"{args.repeat} repetition(s), kcat (librdkafka) over PLAINTEXT and SSL listeners of one broker.",
+        "",
+        "| workload | transport | MB/s | broker CPU-s/GB |",
+        "| --- | --- | --- | --- |",
+    ]
+    for (kind, transport), samples in sorted(rows.items()):
+        lines.append(
+            f"| {kind} | {transport} | {_fmt([m for m, _ in samples])} | {_fmt([c for _, c in samples])} |"
+        )
+    lines += ["", "| ratio TLS / plaintext MB/s | median [min-max] | target |", "| --- | --- | --- |"]
+    for kind, values in ratios.items():
+        med = statistics.median(values)
+        lines.append(f"| {kind} | {_fmt_ratio(values)} | >= 0.7 ({'met' if med >= 0.7 else 'missed'}) |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt_ratio(values: list[float]) -> str:
+    med = statistics.median(values)
+    return f"{med:.2f} [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else f"{med:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
