@@ -31,6 +31,7 @@ from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
 from exactly.testing.broker import child_env
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.certs import TestPki, make_pki
 from tests.support.clients import create_topic, produce_values
@@ -238,10 +239,14 @@ def test_bad_client_certificates_are_refused_and_the_broker_serves_on(
     conf = ssl_conf(sb, pki, pki.expired if which == "expired" else pki.untrusted)
     if which == "none":
         conf = {k: v for k, v in conf.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
+    before = failed_auth_total(sb)
     admin = AdminClient({**conf, "error_cb": lambda e: None})
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=3)
     assert AdminClient(ssl_conf(sb, pki)).list_topics(timeout=10).brokers
+    # failed TLS handshakes are counted and audited (Kafka's failed-authentication-total)
+    wait_until(lambda: failed_auth_total(sb) > before, 10, "a failed TLS handshake counted")
+    assert "TLS handshake did not complete" in sb.log_text()
 
 
 def test_plaintext_client_on_tls_ports_is_refused_cleanly(sb: Broker, pki: TestPki) -> None:

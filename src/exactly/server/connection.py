@@ -55,6 +55,7 @@ import os
 import sys
 import time
 import typing
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # the SASL exchange, until it is complete (None: no SASL on this listener, or done)
         self.sasl: SaslAuthenticator | None = None
         self.framer = Framer(broker.max_request_size)
+        # TLS: the protocol exists from the accept, but ``connection_made`` comes only after a
+        # successful handshake; a failed one (bad or expired certificate, a plaintext client)
+        # drops this object without another callback, so its finalizer counts the failure.
+        self._handshake_done = [False]
+        if self.listener.ssl_context is not None:
+            weakref.finalize(
+                self, _tls_handshake_failed, self._handshake_done, broker.metrics, self.listener.name
+            )
         self._frames = self.framer.frames  # whole frames not yet handled, in arrival order
         self._wakeup: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
@@ -131,6 +140,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     # ---- protocol callbacks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._handshake_done[0] = True
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -409,6 +419,17 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._task.cancel()
         if self.transport is not None:
             self.transport.abort()
+
+
+def _tls_handshake_failed(done: list[bool], metrics: Any, listener: str) -> None:
+    """Finalizer of a TLS connection: counted and audited when it never completed its handshake
+    (the peer is not known then: asyncio gives it to the protocol only after the handshake)."""
+    if done[0]:
+        return
+    metrics.authentication(listener, "SSL", False)
+    audit.warning(
+        "authentication failed: listener=%s mechanism=SSL (TLS handshake did not complete)", listener
+    )
 
 
 def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
