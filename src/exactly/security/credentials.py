@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 from pathlib import Path
+from typing import Protocol
 
 from exactly.security.scram import ScramCredential, ScramMechanism
 from exactly.storage.durable import write_durably
@@ -26,6 +27,32 @@ _VERSION = 1
 
 class CredentialStoreError(Exception):
     """The credential file exists but cannot be read."""
+
+
+class CredentialWriteError(OSError):
+    """A change could not be stored (the file, or ZooKeeper in a cluster)."""
+
+
+Credentials = dict[ScramMechanism, ScramCredential]
+
+
+class CredentialBackend(Protocol):
+    """What the broker needs of a credential store: this file store, or the cluster's ZooKeeper
+    one (exactly.cluster.zk_scram). ``lookup``/``users``/``set_user`` run on the event loop;
+    ``write`` may block (the ZooKeeper store's runs in an executor) and returns each touched
+    user's credentials afterwards, which the caller hands to ``set_user``."""
+
+    def lookup(self, user: str, mechanism: ScramMechanism) -> ScramCredential | None: ...
+
+    def users(self) -> dict[str, Credentials]: ...
+
+    def set_user(self, user: str, credentials: Credentials | None) -> None: ...
+
+    def write(
+        self,
+        upserts: list[tuple[str, ScramMechanism, ScramCredential]],
+        deletions: list[tuple[str, ScramMechanism]],
+    ) -> dict[str, Credentials]: ...
 
 
 class CredentialStore:
@@ -46,6 +73,21 @@ class CredentialStore:
 
     def users(self) -> dict[str, dict[ScramMechanism, ScramCredential]]:
         return {u: dict(m) for u, m in self._users.items()}
+
+    def set_user(self, user: str, credentials: Credentials | None) -> None:
+        """Nothing to do: ``write`` has already changed the file and this copy."""
+
+    def write(
+        self,
+        upserts: list[tuple[str, ScramMechanism, ScramCredential]],
+        deletions: list[tuple[str, ScramMechanism]],
+    ) -> dict[str, Credentials]:
+        touched = {u for u, _m, _c in upserts} | {u for u, _m in deletions}
+        try:
+            self.apply(upserts, deletions)
+        except OSError as exc:
+            raise CredentialWriteError(f"cannot write {self.path}: {exc}") from exc
+        return {u: dict(self._users.get(u, {})) for u in touched}
 
     def apply(
         self,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.security.acl_store import ACL_FILE, AclStore, AclStoreLike
 from exactly.security.authorizer import Authorizer, authorizer_from_config
-from exactly.security.credentials import CredentialStore, CredentialStoreError
+from exactly.security.credentials import CredentialBackend, CredentialStore, CredentialStoreError
 from exactly.security.listener_security import (
     ListenerSecurity,
     ListenerSecurityError,
@@ -128,7 +128,10 @@ class Broker:
             self.listeners: dict[str, ListenerSecurity] = {
                 spec.name: build_listener_security(config.values, spec) for spec in self.listener_config.bind
             }
-            self.credentials = CredentialStore.in_dir(data_dir)
+            # SCRAM credentials: the data directory's file, or ZooKeeper's /config/users in a cluster
+            self.credentials: CredentialBackend = (
+                self.replicas.scram if self.replicas is not None else CredentialStore.in_dir(data_dir)
+            )
         except (ListenerSecurityError, CredentialStoreError) as exc:
             raise ConfigError(str(exc)) from None
         self.bound: dict[str, Endpoint] = {}

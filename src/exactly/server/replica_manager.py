@@ -37,6 +37,7 @@ from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalanc
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
 from exactly.cluster.zk_acls import ZkAclStore
+from exactly.cluster.zk_scram import ZkScramStore
 from exactly.cluster.znodes import BrokerRegistration, Endpoint
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
 from exactly.replication.leader import LeaderPartition
@@ -105,6 +106,8 @@ class ReplicaManager:
             self.zk, self.cache, broker.logs, config, wait_for_cache=self.wait_for_cache, spawn=self._spawn
         )
         # Kazoo threads: the broker and topic sets, assignments and partition states (replica_watches).
+        # SCRAM credentials in /config/users, watched into a copy the event loop reads
+        self.scram = ZkScramStore()
         self.watches = ReplicaWatches(
             self.zk,
             hop=self._hop,
@@ -168,6 +171,7 @@ class ReplicaManager:
                 time.sleep(REGISTRATION_POLL_S)
 
     def _start_watches(self) -> None:
+        self.scram.start(self.zk.client, self._hop)
         self.zk.watch_controller(lambda controller: self._hop(self._set_controller, controller))
         self.watches.start()
         self.controller.shutdown_requests.watch(lambda ids: self._hop(self._set_shutting_down, ids))

@@ -9,11 +9,13 @@ deleting a credential that does not exist RESOURCE_NOT_FOUND. A user with any er
 its changes applied; the accepted changes of the request are written in one atomic file write.
 Authorization (ALTER on the Cluster) belongs to the authorizer.
 
-Cluster mode: the store is each broker's own data directory (not ZooKeeper yet), so the request
-is refused there with UNSUPPORTED_VERSION per user rather than silently applied to one broker."""
+Cluster mode: the credentials live in ZooKeeper (``/config/users``, Kafka's layout; see
+exactly.cluster.zk_scram), written from an executor thread; the other brokers learn them from
+their watches."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +58,6 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
                 ErrorCode.duplicate_resource,
                 "A user credential cannot be altered twice in the same request",
             )
-    if broker.replicas is not None:
-        for name in order:
-            refuse(
-                name, ErrorCode.unsupported_version, "SCRAM credentials are not stored in cluster mode yet"
-            )
     existing = broker.credentials.users()
     deletions: list[tuple[str, ScramMechanism]] = []
     upserts: list[tuple[str, ScramMechanism, ScramCredential]] = []
@@ -100,10 +97,17 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     deletions = [(n, m) for n, m in deletions if n not in errors]
     upserts = [(n, m, c) for n, m, c in upserts if n not in errors]
     if deletions or upserts:
+        store = broker.credentials
         try:
-            broker.credentials.apply(upserts, deletions)
+            if broker.replicas is not None:  # ZooKeeper: off the event loop
+                loop = asyncio.get_running_loop()
+                written = await loop.run_in_executor(None, store.write, upserts, deletions)
+            else:
+                written = store.write(upserts, deletions)
+            for user, credentials in written.items():
+                store.set_user(user, credentials)
         except OSError as exc:
-            log.error("cannot write the SCRAM credential store: %s", exc)
+            log.error("cannot write the SCRAM credential store: %r", exc)
             for name in order:
                 refuse(name, ErrorCode.unknown_server_error, "The credential store could not be written")
         else:
