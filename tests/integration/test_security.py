@@ -1,20 +1,15 @@
-"""TLS and SASL with real clients against one broker with four listeners:
-
-PLAINTEXT (the bootstrap and admin listener), SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN),
-SSL with required client certificates, and SASL_PLAINTEXT (the wire-level tests read its bytes).
-
-SCRAM users are created with ``exactly users`` over PLAINTEXT (there is no authorizer in these
-tests). Certificates come from the openssl command line (tests/support/certs.py)."""
+"""TLS and SASL with confluent-kafka against one broker with four listeners (see
+tests/support/security.py): produce, consume and a transactional consume-transform-produce over
+SASL_SSL (SCRAM-SHA-512) and SSL (client certificates); refusals (wrong password, unknown user,
+bad certificates, plaintext clients and garbage on TLS ports) that leave the broker serving;
+the SASL state machine seen on the wire; start-up refusals of unusable settings."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import ssl
 import subprocess
-import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -34,17 +29,19 @@ from exactly.testing.broker import child_env
 from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.certs import TestPki, make_pki
-from tests.support.clients import create_topic, produce_values
-from tests.support.metrics import metrics_url
+from tests.support.clients import create_topic
+from tests.support.security import (
+    ALICE_PW,
+    add_alice,
+    failed_auth_total,
+    read_values,
+    scram_conf,
+    secured_broker_config,
+    ssl_conf,
+)
 from tests.support.wire import ConnectionClosed, WireClient, encode_request
 
 pytestmark = pytest.mark.timeout(120)
-
-PLAIN_JAAS = (
-    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-    'username="admin" password="admin-pw" user_admin="admin-pw" user_bob="bob-pw";'
-)
-ALICE_PW = "alice-Pw,=1"  # a comma and an equals sign: SCRAM escapes them in names only
 
 
 @pytest.fixture(scope="module")
@@ -54,79 +51,18 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
 
 @pytest.fixture(scope="module")
 def module_broker_config(pki: TestPki) -> dict[str, str]:
-    return {
-        "listeners": "PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0,SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-        "ssl.keystore.location": str(pki.server_keystore),
-        "ssl.truststore.location": str(pki.ca),
-        "listener.name.ssl.ssl.client.auth": "required",
-        "sasl.enabled.mechanisms": "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN",
-        "listener.name.sasl_ssl.plain.sasl.jaas.config": PLAIN_JAAS,
-        "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS,
-        "group.initial.rebalance.delay.ms": "0",
-        "transaction.state.log.num.partitions": "2",
-        "offsets.topic.num.partitions": "2",
-        "metrics.port": "0",
-    }
+    return secured_broker_config(pki)
 
 
-def users_cli(broker: Broker, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exactly",
-            "users",
-            *args,
-            "--bootstrap-server",
-            broker.listener_address("PLAINTEXT"),
-        ],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=60,
-    )
+@pytest.fixture(scope="module")
+def _alice(_module_broker: Broker) -> None:
+    add_alice(_module_broker)  # stored in the data directory: survives restarts
 
 
 @pytest.fixture
-def sb(module_broker: Broker) -> Broker:
-    """The secured broker, with user alice (both SCRAM mechanisms) in its credential store."""
-    if not getattr(module_broker, "_alice", False) or module_broker.starts != module_broker._alice:
-        done = users_cli(module_broker, "add", "alice", "--password-stdin", stdin=ALICE_PW + "\n")
-        assert done.returncode == 0, done.stderr
-        module_broker._alice = module_broker.starts  # type: ignore[attr-defined]
+def sb(module_broker: Broker, _alice: None) -> Broker:
+    """The secured broker, with user alice (both SCRAM mechanisms)."""
     return module_broker
-
-
-def scram_conf(sb: Broker, pki: TestPki, *, password: str = ALICE_PW, user: str = "alice") -> dict[str, Any]:
-    return {
-        "bootstrap.servers": sb.listener_address("SASL_SSL"),
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": user,
-        "sasl.password": password,
-        "ssl.ca.location": str(pki.ca),
-    }
-
-
-def ssl_conf(sb: Broker, pki: TestPki, cert: Any = None) -> dict[str, Any]:
-    cert = cert or pki.alice
-    return {
-        "bootstrap.servers": sb.listener_address("SSL"),
-        "security.protocol": "SSL",
-        "ssl.ca.location": str(pki.ca),
-        "ssl.certificate.location": str(cert.cert),
-        "ssl.key.location": str(cert.key),
-    }
-
-
-def failed_auth_total(sb: Broker) -> float:
-    text = urllib.request.urlopen(metrics_url(sb), timeout=10).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("exactly_failed_authentication_total{")
-    )
 
 
 # ------------------------------------------------------------------ confluent-kafka
@@ -165,29 +101,6 @@ def consume_transform_produce(conf: dict[str, Any], src: str, dst: str, group: s
         assert {tp.partition: tp.offset for tp in committed} == ends
     finally:
         consumer.close()
-
-
-def read_values(conf: dict[str, Any], topic: str, n: int) -> list[bytes]:
-    c = Consumer(
-        {
-            **conf,
-            "group.id": f"reader-{time.monotonic_ns()}",
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        c.subscribe([topic])
-        out: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(out) < n and time.monotonic() < deadline:
-            for m in c.consume(n - len(out), 0.5):
-                if m.error() is None:
-                    out.append(m.value())
-        return out
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("transport", ["SASL_SSL", "SSL"])
@@ -358,244 +271,6 @@ def test_authenticated_connection_gets_its_listener_endpoints(sb: Broker) -> Non
         md = wc.send(_metadata())
         assert [b.port for b in md.brokers] == [sb.listener_ports["PLAINTEXT"]]
         assert wc.send(SaslHandshakeRequest(mechanism="PLAIN")).error_code == ErrorCode.illegal_sasl_state
-
-
-# ------------------------------------------------------------------ the users command
-def test_users_command_adds_lists_and_deletes_scram_credentials(sb: Broker, pki: TestPki) -> None:
-    done = users_cli(
-        sb,
-        "add",
-        "carol",
-        "--password-stdin",
-        "--mechanism",
-        "SCRAM-SHA-256",
-        "--iterations",
-        "8192",
-        stdin="carol-pw\n",
-    )
-    assert done.returncode == 0, done.stderr
-    listing = users_cli(sb, "list")
-    assert listing.returncode == 0, listing.stderr
-    assert "carol\tSCRAM-SHA-256\t8192" in listing.stdout.replace("  ", "\t") or any(
-        line.split() == ["carol", "SCRAM-SHA-256", "8192"] for line in listing.stdout.splitlines()
-    )
-    stored = (sb.data_dir / "scram-credentials.json").read_text()
-    assert "carol-pw" not in stored and "carol" in stored
-    conf = {**scram_conf(sb, pki, user="carol", password="carol-pw"), "sasl.mechanism": "SCRAM-SHA-256"}
-    assert AdminClient(conf).list_topics(timeout=10).brokers
-    bad = users_cli(sb, "add", "dave", "--password", "x", "--iterations", "100")
-    assert bad.returncode == 1 and "UNACCEPTABLE_CREDENTIAL" in bad.stderr
-    gone = users_cli(sb, "delete", "carol")
-    assert gone.returncode == 0, gone.stderr
-    assert not any(line.split()[:1] == ["carol"] for line in users_cli(sb, "list").stdout.splitlines())
-    missing = users_cli(sb, "delete", "carol", "--mechanism", "SCRAM-SHA-256")
-    assert missing.returncode == 1 and "RESOURCE_NOT_FOUND" in missing.stderr
-    with pytest.raises(KafkaException):
-        AdminClient({**conf, "error_cb": lambda e: None}).list_topics(timeout=3)
-
-
-# ------------------------------------------------------------------ kafka-python and aiokafka
-def test_kafka_python_scram_and_client_certificate(sb: Broker, pki: TestPki, topic: str) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
-
-    confs = {
-        "SASL_SSL": {
-            "bootstrap_servers": sb.listener_address("SASL_SSL"),
-            "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_plain_username": "alice",
-            "sasl_plain_password": ALICE_PW,
-            "ssl_cafile": str(pki.ca),
-        },
-        "SSL": {
-            "bootstrap_servers": sb.listener_address("SSL"),
-            "security_protocol": "SSL",
-            "ssl_cafile": str(pki.ca),
-            "ssl_certfile": str(pki.alice.cert),
-            "ssl_keyfile": str(pki.alice.key),
-        },
-    }
-    for name, conf in confs.items():
-        p = KafkaProducer(**conf, max_block_ms=15_000)
-        for i in range(5):
-            p.send(topic, f"{name}-{i}".encode())
-        p.flush(15)
-        p.close()
-    for conf in confs.values():
-        c = KafkaConsumer(
-            topic, **conf, auto_offset_reset="earliest", consumer_timeout_ms=10_000, group_id=None
-        )
-        values = [m.value for m in c]
-        c.close()
-        assert sorted(values) == sorted(f"{n}-{i}".encode() for n in confs for i in range(5))
-
-
-def test_kafka_python_transactional_copy_over_scram(
-    sb: Broker, pki: TestPki, unique_name: Callable[[str], str]
-) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
-    from kafka.structs import OffsetAndMetadata
-    from kafka.structs import TopicPartition as KTopicPartition
-
-    conf = {
-        "bootstrap_servers": sb.listener_address("SASL_SSL"),
-        "security_protocol": "SASL_SSL",
-        "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": "alice",
-        "sasl_plain_password": ALICE_PW,
-        "ssl_cafile": str(pki.ca),
-    }
-    src, dst, group = unique_name("kp-in"), unique_name("kp-out"), unique_name("kp-g")
-    produce_values(sb.listener_address("PLAINTEXT"), src, [f"x{i}".encode() for i in range(6)])
-    create_topic(sb.listener_address("PLAINTEXT"), dst)
-    c = KafkaConsumer(
-        src,
-        **conf,
-        group_id=group,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    p = KafkaProducer(**conf, transactional_id=f"{group}-tx", max_block_ms=15_000)
-    try:
-        p.init_transactions()
-        got: list[Any] = []
-        deadline = time.monotonic() + 30
-        while len(got) < 6 and time.monotonic() < deadline:
-            for recs in c.poll(500).values():
-                got += recs
-        assert len(got) == 6
-        p.begin_transaction()
-        for r in got:
-            p.send(dst, b"out-" + r.value)
-        p.send_offsets_to_transaction(
-            {KTopicPartition(src, 0): OffsetAndMetadata(got[-1].offset + 1, "", -1)}, c.group_metadata()
-        )
-        p.commit_transaction()
-    finally:
-        c.close()
-        p.close(timeout=5)
-    plain = {"bootstrap.servers": sb.listener_address("PLAINTEXT")}
-    assert sorted(read_values(plain, dst, 6)) == sorted(f"out-x{i}".encode() for i in range(6))
-
-
-def test_aiokafka_scram_transactional_copy_and_client_certificate(
-    sb: Broker, pki: TestPki, unique_name: Callable[[str], str]
-) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.helpers import create_ssl_context
-    from aiokafka.structs import OffsetAndMetadata
-    from aiokafka.structs import TopicPartition as ATopicPartition
-
-    scram = {
-        "bootstrap_servers": sb.listener_address("SASL_SSL"),
-        "security_protocol": "SASL_SSL",
-        "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": "alice",
-        "sasl_plain_password": ALICE_PW,
-        "ssl_context": create_ssl_context(cafile=str(pki.ca)),
-    }
-    mtls = {
-        "bootstrap_servers": sb.listener_address("SSL"),
-        "security_protocol": "SSL",
-        "ssl_context": create_ssl_context(
-            cafile=str(pki.ca), certfile=str(pki.alice.cert), keyfile=str(pki.alice.key)
-        ),
-    }
-    src, dst, group = unique_name("aio-in"), unique_name("aio-out"), unique_name("aio-g")
-    create_topic(sb.listener_address("PLAINTEXT"), src)
-    create_topic(sb.listener_address("PLAINTEXT"), dst)
-
-    async def main() -> list[bytes]:
-        p = AIOKafkaProducer(**mtls)  # produce the input over SSL with the client certificate
-        await p.start()
-        try:
-            for i in range(6):
-                await p.send_and_wait(src, f"a{i}".encode())
-        finally:
-            await p.stop()
-        c = AIOKafkaConsumer(
-            src,
-            **scram,
-            group_id=group,
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        tp = AIOKafkaProducer(**scram, transactional_id=f"{group}-tx")
-        await c.start()
-        await tp.start()
-        try:
-            got: list[Any] = []
-            deadline = time.monotonic() + 30
-            while len(got) < 6 and time.monotonic() < deadline:
-                for recs in (await c.getmany(timeout_ms=200)).values():
-                    got += recs
-            assert len(got) == 6
-            async with tp.transaction():
-                for r in got:
-                    await tp.send(dst, b"out-" + r.value)
-                await tp.send_offsets_to_transaction(
-                    {ATopicPartition(src, 0): OffsetAndMetadata(got[-1].offset + 1, "")}, group
-                )
-        finally:
-            await tp.stop()
-            await c.stop()
-        reader = AIOKafkaConsumer(dst, **mtls, isolation_level="read_committed", auto_offset_reset="earliest")
-        await reader.start()
-        try:
-            out: list[bytes] = []
-            deadline = time.monotonic() + 30
-            while len(out) < 6 and time.monotonic() < deadline:
-                for recs in (await reader.getmany(timeout_ms=200)).values():
-                    out += [r.value for r in recs]
-            return out
-        finally:
-            await reader.stop()
-
-    assert sorted(asyncio.run(main())) == sorted(f"out-a{i}".encode() for i in range(6))
-
-
-# ------------------------------------------------------------------ kcat
-def test_kcat_over_sasl_ssl_and_ssl(kcat: str, sb: Broker, pki: TestPki, topic: str, tmp_path: Path) -> None:
-    scram = [
-        "-X",
-        "security.protocol=SASL_SSL",
-        "-X",
-        "sasl.mechanisms=SCRAM-SHA-512",
-        "-X",
-        "sasl.username=alice",
-        "-X",
-        f"sasl.password={ALICE_PW}",
-        "-X",
-        f"ssl.ca.location={pki.ca}",
-    ]
-    mtls = [
-        "-X",
-        "security.protocol=SSL",
-        "-X",
-        f"ssl.ca.location={pki.ca}",
-        "-X",
-        f"ssl.certificate.location={pki.alice.cert}",
-        "-X",
-        f"ssl.key.location={pki.alice.key}",
-    ]
-    for address, opts, lines in (
-        (sb.listener_address("SASL_SSL"), scram, b"s1\ns2\n"),
-        (sb.listener_address("SSL"), mtls, b"m1\nm2\n"),
-    ):
-        done = subprocess.run(
-            [kcat, "-b", address, *opts, "-P", "-t", topic], input=lines, capture_output=True, timeout=60
-        )
-        assert done.returncode == 0, done.stderr.decode()
-    for address, opts in ((sb.listener_address("SASL_SSL"), scram), (sb.listener_address("SSL"), mtls)):
-        done = subprocess.run(
-            [kcat, "-b", address, *opts, "-C", "-t", topic, "-o", "beginning", "-c", "4", "-e"],
-            capture_output=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr.decode()
-        assert sorted(done.stdout.split()) == [b"m1", b"m2", b"s1", b"s2"]
 
 
 # ------------------------------------------------------------------ start-up refusals

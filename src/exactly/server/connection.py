@@ -120,9 +120,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # drops this object without another callback, so its finalizer counts the failure.
         self._handshake_done = [False]
         if self.listener.ssl_context is not None:
-            weakref.finalize(
+            finalizer = weakref.finalize(
                 self, _tls_handshake_failed, self._handshake_done, broker.metrics, self.listener.name
             )
+            finalizer.atexit = False  # not at interpreter exit: nothing failed then
         self._frames = self.framer.frames  # whole frames not yet handled, in arrival order
         self._wakeup: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
