@@ -450,6 +450,32 @@ CASES = [
         ((R.CLUSTER, "", Op.ALTER),),
         31,
     ),
+    Case(
+        ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+        0,
+        lambda m: {"users": None},
+        ((R.CLUSTER, "", Op.DESCRIBE),),
+        31,
+    ),
+    Case(
+        ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+        0,
+        lambda m: {
+            "deletions": (),
+            "upsertions": (
+                build(
+                    m.ScramCredentialUpsertion,
+                    name="carol",
+                    mechanism=2,
+                    iterations=4096,
+                    salt=b"salt" * 8,
+                    salted_password=b"x" * 64,
+                ),
+            ),
+        },
+        ((R.CLUSTER, "", Op.ALTER),),
+        31,
+    ),
 ]
 
 
@@ -486,9 +512,9 @@ def test_api_needs_its_acls(case: Case) -> None:
     run(scenario)
 
 
-def test_every_api_but_api_versions_is_in_the_matrix() -> None:
+def test_every_api_but_api_versions_and_sasl_is_in_the_matrix() -> None:
     covered = {c.api for c in CASES}
-    never_authorized = {ApiKey.API_VERSIONS}
+    never_authorized = {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}
     filtered = {ApiKey.LIST_GROUPS, ApiKey.LIST_TRANSACTIONS, ApiKey.DESCRIBE_CLUSTER}  # tested below
     assert set(ApiKey) - covered == never_authorized | filtered
 

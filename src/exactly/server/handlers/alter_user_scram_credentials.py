@@ -7,7 +7,7 @@ iterations outside 4096..16384 are UNACCEPTABLE_CREDENTIAL, an unknown mechanism
 UNSUPPORTED_SASL_MECHANISM, one user/mechanism pair twice in the request DUPLICATE_RESOURCE,
 deleting a credential that does not exist RESOURCE_NOT_FOUND. A user with any error has none of
 its changes applied; the accepted changes of the request are written in one atomic file write.
-Authorization (ALTER on the Cluster) belongs to the authorizer.
+Needs ALTER on the Cluster, else every user of the request gets CLUSTER_AUTHORIZATION_FAILED.
 
 Cluster mode: the credentials live in ZooKeeper (``/config/users``, Kafka's layout; see
 exactly.cluster.zk_scram), written from an executor thread; the other brokers learn them from
@@ -29,6 +29,7 @@ from exactly.security.scram import (
     ScramMechanism,
     credential_from_salted_password,
 )
+from exactly.server.authz import ALTER, authorize_cluster
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -51,6 +52,9 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     def refuse(name: str, error: ErrorCode, message: str) -> None:
         errors.setdefault(name, (error, message))
 
+    if not authorize_cluster(broker, ctx, ALTER):  # Kafka: every user of the request gets it
+        for name in order:
+            refuse(name, ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")
     for (name, _mech), count in pairs.items():
         if count > 1:
             refuse(

@@ -2,8 +2,8 @@
 its SCRAM credentials, never a salt or a key.
 
 Null or empty ``users``: every user that has a credential. Named users: RESOURCE_NOT_FOUND for one
-without any, DUPLICATE_RESOURCE for a name asked twice (as Kafka's ZkAdminManager). Authorization
-(DESCRIBE on the Cluster) belongs to the authorizer."""
+without any, DUPLICATE_RESOURCE for a name asked twice (as Kafka's ZkAdminManager). Needs DESCRIBE on the
+Cluster, else a top-level CLUSTER_AUTHORIZATION_FAILED."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey, build
+from exactly.server.authz import DESCRIBE, authorize_cluster
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -22,6 +23,14 @@ API_KEY = ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
+    if not authorize_cluster(broker, ctx, DESCRIBE):
+        broker.metrics.error(API_KEY, ErrorCode.cluster_authorization_failed)
+        return build(
+            ctx.api.response_type,
+            error_code=ErrorCode.cluster_authorization_failed,
+            error_message="Cluster authorization failed.",
+            results=(),
+        )
     users = broker.credentials.users()
     names = sorted(users) if not request.users else [u.name for u in request.users]
     counts: dict[str, int] = {}
