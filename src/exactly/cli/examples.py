@@ -57,6 +57,13 @@ EXAMPLES: dict[str, str] = {
         f"--transactional-id billing- --resource-pattern-type prefixed {_BS}\n"
         "  exactly acls --list --topic orders"
     ),
+    "users": f"printf 'alice-secret\\n' | exactly users add alice --password-stdin {_BS}",
+    "users add": (
+        "printf 'alice-secret\\n' | exactly users add alice --password-stdin --mechanism SCRAM-SHA-512\n"
+        "  exactly users add alice --password-stdin --command-config admin.properties   # a SASL_SSL listener"
+    ),
+    "users delete": f"exactly users delete alice --mechanism SCRAM-SHA-256 {_BS}",
+    "users list": f"exactly users list {_BS}",
     "cluster": "exactly cluster --brokers 3 --data-dir ./cluster",
     "cluster verify-replicas": f"exactly cluster verify-replicas {_BS} --topic orders",
     "cluster status": f"exactly cluster status {_BS} --json",
