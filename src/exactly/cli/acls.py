@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from exactly.cli.security_options import security_config
 from exactly.cli.topics import CliError, add_connection_options, guarded, strict
 from exactly.client import acl_admin
 from exactly.client.wire import WireClient, WireError
@@ -151,7 +152,9 @@ def cmd_acls(args: argparse.Namespace) -> int:
     if sum((args.add, args.remove, args.list)) != 1:
         raise CliError("give exactly one of --add, --remove, --list")
     try:
-        with WireClient.connect(args.bootstrap_server, timeout=args.request_timeout) as client:
+        with WireClient.connect(
+            args.bootstrap_server, timeout=args.request_timeout, config=security_config(args)
+        ) as client:
             if args.add:
                 bindings = _bindings(args)
                 acl_admin.create_acls(client, bindings)

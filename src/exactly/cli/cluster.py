@@ -36,6 +36,8 @@ import threading
 from pathlib import Path
 
 from exactly.cli.overrides import parse_overrides
+from exactly.cli.security_options import add_security_options, security_config
+from exactly.client.security import ClientConfigError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--topic", action="append", default=None, help="only this topic (repeatable; default: all)"
     )
     v.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
+    add_security_options(v)
     v.set_defaults(func=verify_replicas)
     st = tools.add_parser(
         "status",
@@ -91,6 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     st.add_argument("--fail-on-offline", action="store_true", help="exit 1 if any partition is offline")
     st.add_argument("--timeout", type=float, default=10.0, help="socket timeout in seconds (default 10)")
+    add_security_options(st)
     st.set_defaults(func=status)
 
 
@@ -99,8 +103,10 @@ def status(args: argparse.Namespace) -> int:
     from exactly.client.wire import WireError
 
     try:
-        state = read_status(args.bootstrap_server, args.topic, timeout_s=args.timeout)
-    except WireError as exc:
+        state = read_status(
+            args.bootstrap_server, args.topic, timeout_s=args.timeout, config=security_config(args)
+        )
+    except (WireError, ClientConfigError) as exc:
         print(f"exactly cluster status: {exc}", file=sys.stderr)
         return 1
     keys = [("group", g) for g in args.group] + [("transaction", t) for t in args.transactional_id]
@@ -134,8 +140,10 @@ def verify_replicas(args: argparse.Namespace) -> int:
     from exactly.client.wire import WireError
 
     try:
-        verdicts = verify(args.bootstrap_server, args.topic, timeout_s=args.timeout)
-    except WireError as exc:
+        verdicts = verify(
+            args.bootstrap_server, args.topic, timeout_s=args.timeout, config=security_config(args)
+        )
+    except (WireError, ClientConfigError) as exc:
         print(f"exactly cluster verify-replicas: {exc}", file=sys.stderr)
         return 1
     for verdict in verdicts:

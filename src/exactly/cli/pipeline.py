@@ -87,7 +87,7 @@ def register(subparsers: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    add_connection_options(parser)
+    add_connection_options(parser, security=False)
     parser.add_argument("--topic-prefix", default="", help="prefix for the three topic names")
 
 

@@ -25,7 +25,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from exactly.cli.output import add_json_option, print_json
+from exactly.cli.security_options import add_security_options, security_config
 from exactly.client.dirty_ratios import read_dirty_ratios
+from exactly.client.security import ClientConfigError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_REQUEST_TIMEOUT = 30.0
@@ -61,7 +63,9 @@ def strict(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def add_connection_options(parser: argparse.ArgumentParser) -> None:
+def add_connection_options(parser: argparse.ArgumentParser, *, security: bool = True) -> None:
+    """``--bootstrap-server``, ``--request-timeout`` and (unless ``security=False``, for a
+    command that does not pass them on yet) ``--command-config``/``-X``."""
     parser.add_argument(
         "--bootstrap-server",
         default=DEFAULT_BOOTSTRAP,
@@ -75,6 +79,8 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"give up on the broker after this long (default {DEFAULT_REQUEST_TIMEOUT:g})",
     )
+    if security:
+        add_security_options(parser)
 
 
 def positive_int(text: str) -> int:
@@ -126,7 +132,7 @@ def guarded(prog: str) -> Callable[[Command], Command]:
         def run(args: argparse.Namespace) -> int:
             try:
                 return func(args)
-            except CliError as exc:
+            except (CliError, ClientConfigError) as exc:
                 message = str(exc)
             except Exception as exc:  # a Kafka client error we did not map: still one line
                 from confluent_kafka import KafkaException
@@ -181,6 +187,7 @@ def client_config(args: argparse.Namespace, errors: ErrorLog, **extra: Any) -> d
         "log_level": 0,  # errors are reported through error_cb, as one line
         "error_cb": errors,
     }
+    conf.update(security_config(args))
     conf.update(extra)
     return conf
 
@@ -305,7 +312,9 @@ def cmd_describe(args: argparse.Namespace) -> int:
         for p in metadata.topics[name].partitions.values():
             if p.leader >= 0:
                 leaders.setdefault(p.leader, set()).add(name)
-    compacted, ratios = read_dirty_ratios(args.bootstrap_server, leaders, timeout_s=args.request_timeout)
+    compacted, ratios = read_dirty_ratios(
+        args.bootstrap_server, leaders, timeout_s=args.request_timeout, config=security_config(args)
+    )
     described = []
     for name in names:
         tmeta = metadata.topics[name]

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exactly.cli.output import add_json_option, print_json
+from exactly.cli.security_options import security_config
 from exactly.cli.topics import (
     CliError,
     StrictParser,
@@ -59,7 +60,9 @@ def wire_command(prog: str) -> Callable[[Callable[[argparse.Namespace, BrokerPoo
         @functools.wraps(func)
         def run(args: argparse.Namespace) -> int:
             try:
-                with BrokerPool.connect(args.bootstrap_server, timeout=args.request_timeout) as pool:
+                with BrokerPool.connect(
+                    args.bootstrap_server, timeout=args.request_timeout, config=security_config(args)
+                ) as pool:
                     return func(args, pool)
             except WireError as exc:
                 raise CliError(str(exc)) from None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from exactly.cli.topics import (
@@ -39,22 +38,10 @@ from exactly.cli.txn import print_table
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def _properties(path: Path | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    from exactly.server.config import ConfigError, parse_properties
-
-    try:
-        return parse_properties(path.read_text())
-    except (OSError, ConfigError) as exc:
-        raise CliError(f"--command-config: {exc}") from None
-
-
 def _admin(args: argparse.Namespace, errors: ErrorLog) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    extra = _properties(args.command_config)
-    return AdminClient(client_config(args, errors, **extra, **{"allow.auto.create.topics": False}))
+    return AdminClient(client_config(args, errors, **{"allow.auto.create.topics": False}))
 
 
 def _mechanism(name: str) -> Any:
@@ -165,14 +152,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     actions.required = True
 
     def common(q: argparse.ArgumentParser) -> None:
-        add_connection_options(q)
-        q.add_argument(
-            "--command-config",
-            type=Path,
-            default=None,
-            metavar="FILE",
-            help="client settings (librdkafka names: security.protocol, sasl.*, ssl.*)",
-        )
+        add_connection_options(q)  # --command-config / -X included
 
     add = strict(actions.add_parser("add", help="create a user or change its password"))
     add.add_argument("name")

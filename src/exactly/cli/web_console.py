@@ -18,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from exactly.cli.security_options import security_config
 from exactly.cli.topics import (
     add_connection_options,
     check_bootstrap,
@@ -37,7 +38,10 @@ DEFAULT_PORT = 8090
 def cmd_console(args: argparse.Namespace) -> int:
     check_bootstrap(args.bootstrap_server)
     gatherer = Gatherer(
-        args.bootstrap_server, timeout_s=args.request_timeout, hanging_after_ms=args.hanging_after_ms
+        args.bootstrap_server,
+        timeout_s=args.request_timeout,
+        hanging_after_ms=args.hanging_after_ms,
+        config=security_config(args),
     )
     app = create_app(gatherer, refresh_ms=args.refresh_ms)
     # bind first, so that --port 0 can be reported and a taken port fails before anything else
@@ -80,6 +84,8 @@ than --hanging-after-ms; so is a partition's open transaction that no coordinato
 example:
   exactly console --bootstrap-server 127.0.0.1:9092 --port 8090
   # then open http://127.0.0.1:8090/
+  exactly console --bootstrap-server 127.0.0.1:9094 --command-config client.properties
+  # a secured cluster: the same TLS/SASL settings as Kafka's tools take
 """
 
 

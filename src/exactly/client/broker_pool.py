@@ -17,13 +17,14 @@ NOT_LEADER_OR_FOLLOWER are retried after a fresh lookup (a coordinator or a lead
 until the pool's timeout; then the error is the caller's.
 
 A :class:`BrokerPool` opens one blocking :class:`WireClient` per broker on demand and closes them
-all on :meth:`BrokerPool.close` (or leaving its ``with`` block). Not thread-safe.
+all on :meth:`BrokerPool.close` (or leaving its ``with`` block); every connection uses the
+bootstrap connection's client configuration (TLS, SASL credentials). Not thread-safe.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from exactly.client.replica_verification import METADATA_MAX_VERSION, PartitionReplicas
@@ -67,8 +68,10 @@ class BrokerPool:
         self._live: set[int] = set()
 
     @classmethod
-    def connect(cls, bootstrap: str, *, timeout: float) -> BrokerPool:
-        return cls(WireClient.connect(bootstrap, timeout=timeout), timeout=timeout)
+    def connect(
+        cls, bootstrap: str, *, timeout: float, config: Mapping[str, Any] | None = None
+    ) -> BrokerPool:
+        return cls(WireClient.connect(bootstrap, timeout=timeout, config=config), timeout=timeout)
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -141,7 +144,7 @@ class BrokerPool:
         if address == self.bootstrap.address:
             client = self.bootstrap
         else:
-            client = WireClient.connect(address, timeout=self.timeout)
+            client = WireClient.connect(address, timeout=self.timeout, config=self.bootstrap.config)
         self._clients[broker_id] = client
         return client
 

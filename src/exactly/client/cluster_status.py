@@ -182,11 +182,15 @@ def summarize(
 
 
 def read_status(
-    bootstrap: str, topics: Sequence[str] | None = None, *, timeout_s: float = 10.0
+    bootstrap: str,
+    topics: Sequence[str] | None = None,
+    *,
+    timeout_s: float = 10.0,
+    config: Mapping[str, Any] | None = None,
 ) -> ClusterStatus:
     """One Metadata request (every topic, internal ones included, or ``topics``) to the first
     reachable bootstrap server. Raises WireError (one line) on failure or a topic error."""
-    with WireClient.connect(bootstrap, timeout=timeout_s) as client:
+    with WireClient.connect(bootstrap, timeout=timeout_s, config=config) as client:
         version = client.version_for(ApiKey.METADATA, METADATA_MAX_VERSION)
         module: Any = client.module(ApiKey.METADATA, version)
         wanted = None if topics is None else tuple(build(module.MetadataRequestTopic, name=t) for t in topics)

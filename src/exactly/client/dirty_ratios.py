@@ -19,7 +19,11 @@ TOPIC_RESOURCE = 2
 
 
 def read_dirty_ratios(
-    bootstrap: str, leaders: Mapping[int, Collection[str]], *, timeout_s: float
+    bootstrap: str,
+    leaders: Mapping[int, Collection[str]],
+    *,
+    timeout_s: float,
+    config: Mapping[str, Any] | None = None,
 ) -> tuple[set[str], dict[tuple[str, int], float]]:
     """(compacted topics, {(topic, partition): dirty ratio}) from each partition leader.
 
@@ -33,7 +37,7 @@ def read_dirty_ratios(
     if not leaders:
         return compacted, ratios
     try:
-        pool = BrokerPool.connect(bootstrap, timeout=timeout_s)
+        pool = BrokerPool.connect(bootstrap, timeout=timeout_s, config=config)
     except (OSError, WireError):
         return compacted, ratios
     with pool:

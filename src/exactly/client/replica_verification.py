@@ -20,7 +20,7 @@ this cluster they are local to each broker, not replicated).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,10 +141,14 @@ def _fetch(client: WireClient, tp: TopicPartition, offset: int) -> Any:
 
 
 def verify_replicas(
-    bootstrap: str, topics: Sequence[str] | None = None, *, timeout_s: float = 10.0
+    bootstrap: str,
+    topics: Sequence[str] | None = None,
+    *,
+    timeout_s: float = 10.0,
+    config: Mapping[str, Any] | None = None,
 ) -> list[PartitionVerdict]:
     """One verdict per partition of ``topics`` (default: every non-internal topic)."""
-    with WireClient.connect(bootstrap, timeout=timeout_s) as client:
+    with WireClient.connect(bootstrap, timeout=timeout_s, config=config) as client:
         brokers, partitions = cluster_partitions(client, topics)
     logs: dict[TopicPartition, list[ReplicaLog]] = {p.tp: [] for p in partitions}
     unreachable: dict[TopicPartition, list[str]] = {p.tp: [] for p in partitions}
@@ -156,7 +160,7 @@ def verify_replicas(
                 unreachable[p.tp].append(f"replica {broker_id}: broker not alive")
             continue
         try:
-            client = WireClient.connect(address, timeout=timeout_s)
+            client = WireClient.connect(address, timeout=timeout_s, config=config)
         except WireError as exc:
             for p in hosted:
                 unreachable[p.tp].append(f"replica {broker_id}: {exc}")

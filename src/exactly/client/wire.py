@@ -15,6 +15,13 @@ always v0 (so a client can parse it whatever version it asked for).
 ``connect`` negotiates versions with ApiVersions (v3, falling back to v0 when the broker answers
 UNSUPPORTED_VERSION); ``version_for`` then picks the highest version both sides know.
 
+Security: ``connect(..., config=CONF)`` takes a Kafka client configuration with librdkafka's names
+(``security.protocol``, ``ssl.*``, ``sasl.*``: :mod:`exactly.client.security`), the same dict the
+CLI gives confluent-kafka. SSL/SASL_SSL wrap the socket in TLS first; SASL_PLAINTEXT/SASL_SSL then
+authenticate as librdkafka does: ApiVersions, SaslHandshake v1 (the mechanism), and the tokens in
+SaslAuthenticate (v2 or lower, as the broker offers). A refused login is an
+:class:`AuthenticationError` carrying the broker's (generic) message.
+
 Every failure is a :class:`WireError` with a one-line message: unreachable broker, closed
 connection, timeout, an API the broker does not offer.
 """
@@ -24,8 +31,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import socket
+import ssl
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -39,11 +47,14 @@ from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeade
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
+from exactly.client.security import ClientConfigError, ClientSecurity
 from exactly.protocol.apis import ApiKey, build
 from exactly.protocol.primitives import Reader
+from exactly.security.scram import ScramError
 
 __all__ = [
     "ApiKey",
+    "AuthenticationError",
     "WireClient",
     "WireError",
     "error_name",
@@ -54,10 +65,17 @@ API_VERSIONS = int(ApiKey.API_VERSIONS)
 _SIZE = struct.Struct(">i")
 _MAX_RESPONSE = 512 * 1024 * 1024
 _UNSUPPORTED_VERSION = 35
+_SASL_HANDSHAKE_VERSION = 1  # v0 sends the tokens unframed; v1 wraps them in SaslAuthenticate
+_SASL_AUTHENTICATE_MAX_VERSION = 2
 
 
 class WireError(Exception):
     """A connection or protocol failure, with a one-line message for the user."""
+
+
+class AuthenticationError(WireError):
+    """The broker refused the credentials (SASL_AUTHENTICATION_FAILED), or the TLS handshake
+    failed (an untrusted broker certificate, a refused client certificate)."""
 
 
 def error_name(code: int) -> str:
@@ -236,18 +254,39 @@ _CUSTOM_READERS: dict[tuple[int, int], Callable[[bytes, int], Any]] = {
 class WireClient:
     """One blocking TCP connection to a broker. Not thread-safe; one request at a time."""
 
-    def __init__(self, sock: socket.socket, address: str, client_id: str | None = "exactly-cli") -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        address: str,
+        client_id: str | None = "exactly-cli",
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.sock = sock
         self.address = address
         self.client_id = client_id
+        #: the client configuration it was opened with (a pool opens its other brokers alike)
+        self.config: dict[str, Any] = dict(config or {})
         self.api_versions: dict[int, tuple[int, int]] = {}
+        self.principal: str | None = None
         self._correlation = 0
 
     @classmethod
     def connect(
-        cls, bootstrap: str, *, timeout: float = 30.0, client_id: str | None = "exactly-cli"
+        cls,
+        bootstrap: str,
+        *,
+        timeout: float = 30.0,
+        client_id: str | None = "exactly-cli",
+        config: Mapping[str, Any] | None = None,
     ) -> WireClient:
-        """Connect to the first reachable bootstrap address and negotiate API versions."""
+        """Connect to the first reachable bootstrap address, set up TLS and SASL as ``config``
+        says, and negotiate API versions. Authentication failures are not retried on the next
+        address (the credentials are the same there)."""
+        try:
+            security = ClientSecurity.from_config(config)
+            context = security.ssl_context() if security.uses_tls else None
+        except ClientConfigError as exc:
+            raise WireError(str(exc)) from None
         last: str = "no address"
         for host, port in parse_bootstrap(bootstrap):
             address = f"{host}:{port}"
@@ -260,9 +299,13 @@ class WireClient:
                 last = f"{address}: {exc.strerror or exc}"
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client = cls(sock, address, client_id)
+            if context is not None:
+                sock = _tls_handshake(context, sock, host, address)
+            client = cls(sock, address, client_id, config)
             try:
                 client._negotiate()
+                if security.uses_sasl:
+                    client._authenticate(security)
             except WireError:
                 client.close()
                 raise
@@ -293,6 +336,31 @@ class WireClient:
         self.api_versions = {
             int(a.api_key): (int(a.min_version), int(a.max_version)) for a in response.api_keys
         }
+
+    def _authenticate(self, security: ClientSecurity) -> None:
+        """SaslHandshake v1, then the mechanism's tokens in SaslAuthenticate requests."""
+        mechanism = security.sasl_mechanism or ""
+        handshake = self.call(ApiKey.SASL_HANDSHAKE, _SASL_HANDSHAKE_VERSION, mechanism=mechanism)
+        if int(handshake.error_code):
+            offered = ", ".join(str(m) for m in handshake.mechanisms) or "none"
+            raise AuthenticationError(
+                f"the broker at {self.address} does not offer SASL mechanism {mechanism} "
+                f"({error_name(handshake.error_code)}; enabled: {offered})"
+            )
+        version = self.version_for(ApiKey.SASL_AUTHENTICATE, _SASL_AUTHENTICATE_MAX_VERSION)
+        session = security.sasl_session()
+        token: bytes | None = session.first()
+        who = f"user '{security.sasl_username}' ({mechanism}) at {self.address}"
+        while token is not None:
+            response = self.call(ApiKey.SASL_AUTHENTICATE, version, auth_bytes=token)
+            if int(response.error_code):
+                message = response.error_message or error_name(response.error_code)
+                raise AuthenticationError(f"authentication failed for {who}: {message}")
+            try:
+                token = session.respond(bytes(response.auth_bytes))
+            except ScramError as exc:
+                raise AuthenticationError(f"authentication failed for {who}: {exc}") from None
+        self.principal = f"User:{security.sasl_username}"
 
     def version_for(self, api_key: int, max_version: int | None = None) -> int:
         """The highest version of ``api_key`` the broker supports, kio knows and <= max_version."""
@@ -346,6 +414,7 @@ class WireClient:
         return body
 
     def _recv_exact(self, n: int) -> bytes:
+        # an SSLSocket's recv raises SSLError (an OSError) on a broken TLS stream: send() maps it
         chunks = bytearray()
         while len(chunks) < n:
             chunk = self.sock.recv(min(n - len(chunks), 1 << 20))
@@ -359,3 +428,24 @@ class WireClient:
         if not 0 <= size <= _MAX_RESPONSE:
             raise WireError(f"bad response size {size} from {self.address}")
         return self._recv_exact(size)
+
+
+def _tls_handshake(context: ssl.SSLContext, sock: socket.socket, host: str, address: str) -> socket.socket:
+    """Wrap ``sock`` in TLS (the server name is the address's host, checked against the
+    certificate unless ``ssl.endpoint.identification.algorithm=none``)."""
+    try:
+        return context.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLCertVerificationError as exc:
+        sock.close()
+        raise AuthenticationError(
+            f"TLS handshake with {address} failed: the broker's certificate is not trusted ({exc.verify_message})"
+        ) from None
+    except ssl.SSLError as exc:
+        sock.close()
+        raise AuthenticationError(f"TLS handshake with {address} failed: {exc.reason or exc}") from None
+    except TimeoutError:
+        sock.close()
+        raise WireError(f"TLS handshake with {address} timed out") from None
+    except OSError as exc:
+        sock.close()
+        raise WireError(f"TLS handshake with {address} failed: {exc.strerror or exc}") from None

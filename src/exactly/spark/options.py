@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exactly.security.plain import JaasError, parse_jaas_options
+from exactly.client.security import ClientConfigError, translate_java_security
 from exactly.spark.faults import Faults, parse_faults
 
 # Options the connector sets itself; a user value would break its guarantees (Spark rejects most).
@@ -112,33 +112,14 @@ def client_config(options: Mapping[str, Any]) -> dict[str, str]:
     return conf
 
 
-_JAAS_MODULES = (
-    "org.apache.kafka.common.security.scram.ScramLoginModule",
-    "org.apache.kafka.common.security.plain.PlainLoginModule",
-)
-
-
 def _translate_java_security(conf: dict[str, str]) -> None:
     """The Java client's ``sasl.jaas.config`` and PEM truststore, as librdkafka settings."""
-    jaas = conf.pop("sasl.jaas.config", None)
-    if jaas is not None:
-        try:
-            module, jaas_options = parse_jaas_options(jaas)
-        except JaasError as exc:
-            raise OptionError(f"kafka.sasl.jaas.config: {exc}") from None
-        if module not in _JAAS_MODULES:
-            raise OptionError(f"kafka.sasl.jaas.config: login module {module} is not supported")
-        for java, rdkafka in (("username", "sasl.username"), ("password", "sasl.password")):
-            if java in jaas_options:
-                conf.setdefault(rdkafka, jaas_options[java])
-    store_type = conf.pop("ssl.truststore.type", None)
-    store = conf.pop("ssl.truststore.location", None)
-    if store is not None:
-        if (store_type or "JKS").upper() != "PEM":
-            raise OptionError(
-                "kafka.ssl.truststore.location needs kafka.ssl.truststore.type=PEM (or use kafka.ssl.ca.location)"
-            )
-        conf.setdefault("ssl.ca.location", store)
+    try:
+        translated = translate_java_security(conf)
+    except ClientConfigError as exc:
+        raise OptionError(f"kafka.{exc}") from None
+    conf.clear()
+    conf.update(translated)
 
 
 @dataclass(frozen=True)

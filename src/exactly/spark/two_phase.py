@@ -84,7 +84,7 @@ def resolve_atomic(options: SinkOptions) -> bool:
     if not options.exactly_once or options.atomic_batches == "false":
         return False
     try:
-        with BrokerPool.connect(_bootstrap(options), timeout=30) as pool:
+        with BrokerPool.connect(_bootstrap(options), timeout=30, config=options.client) as pool:
             supported = supports_two_phase_commit(pool)
     except (OSError, WireError):
         supported = False
@@ -130,7 +130,7 @@ def resolve_leftover(options: SinkOptions, write_id: str, txn_id: str, partition
 
     Undecided leftovers are left to ``init_transactions``, which aborts them.
     """
-    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S) as pool:
+    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S, config=options.client) as pool:
         try:
             state = describe_one(pool, txn_id)
         except OpsError:
@@ -151,7 +151,7 @@ def resolve_leftover(options: SinkOptions, write_id: str, txn_id: str, partition
 
 def prepare(options: SinkOptions, txn_id: str) -> PreparedTxn:
     """After the flush: adopt the task's own open transaction as a 2PC transaction."""
-    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S) as pool:
+    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S, config=options.client) as pool:
         adopted = adopt_prepared(pool, txn_id, timeout_s=_TIMEOUT_S)
     if not adopted.kept:
         raise TwoPhaseError(f"{txn_id}: no open transaction to prepare (was it aborted?)")
@@ -176,7 +176,7 @@ def commit(
         record_decision(options, write_id, partitions, Decision(batch, txns))
         recorded_before = set()
     options.faults.after_decision(batch)
-    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S) as pool:
+    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S, config=options.client) as pool:
         for txn in txns:
             try:
                 end_prepared(pool, txn, commit=True, timeout_s=_TIMEOUT_S)
@@ -202,7 +202,7 @@ def abort(
         commit(options, write_id, partitions, batch, prepared)
         return
     prefix = f"{options.transactional_id_prefix}-{write_id}-"
-    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S) as pool:
+    with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S, config=options.client) as pool:
         for txn in prepared:
             try:
                 end_prepared(pool, txn, commit=False, timeout_s=_TIMEOUT_S)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from confluent_kafka import ConsumerGroupTopicPartitions
@@ -52,8 +52,17 @@ class Gatherer:
     """Connections to one cluster (opened lazily, reopened after a failure) and the calls that
     read it. ``timeout_s`` bounds every request."""
 
-    def __init__(self, bootstrap: str, *, timeout_s: float, hanging_after_ms: int) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        timeout_s: float,
+        hanging_after_ms: int,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
+        #: client security settings (librdkafka names), for the wire client and AdminClient alike
+        self.config: dict[str, Any] = dict(config or {})
         self.timeout_s = timeout_s
         self.hanging_after_ms = hanging_after_ms
         self._pool: BrokerPool | None = None
@@ -67,13 +76,14 @@ class Gatherer:
 
     def pool(self) -> BrokerPool:
         if self._pool is None:
-            self._pool = BrokerPool.connect(self.bootstrap, timeout=self.timeout_s)
+            self._pool = BrokerPool.connect(self.bootstrap, timeout=self.timeout_s, config=self.config)
         return self._pool
 
     def admin(self) -> Any:
         if self._admin is None:
             # librdkafka's own log lines go to this module's logger (the page shows the errors)
             conf: dict[str, Any] = {
+                **self.config,
                 "bootstrap.servers": self.bootstrap,
                 "client.id": "exactly-console",
                 "logger": LOG,
@@ -99,7 +109,9 @@ class Gatherer:
             return default
 
         status: ClusterStatus | None = attempt(
-            "Metadata", lambda: read_status(self.bootstrap, timeout_s=self.timeout_s), None
+            "Metadata",
+            lambda: read_status(self.bootstrap, timeout_s=self.timeout_s, config=self.config),
+            None,
         )
         if status is None:
             return model.Snapshot(
