@@ -34,7 +34,11 @@ EXAMPLES: dict[str, str] = {
     ),
     "consume": "exactly consume orders --from-beginning --print-key --max-messages 10",
     "txn": f"exactly txn list --state Ongoing {_BS} --json",
-    "txn list": "exactly txn list --state Ongoing --duration-ms 60000\n  exactly txn list --json",
+    "txn list": (
+        "exactly txn list --state Ongoing --duration-ms 60000\n  exactly txn list --json\n"
+        "  exactly txn list --bootstrap-server 127.0.0.1:9094 -X security.protocol=SASL_SSL "
+        "-X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=ops -X sasl.password=... -X ssl.ca.location=ca.pem"
+    ),
     "txn describe": "exactly txn describe payments-1 payments-2 --json",
     "txn abort": (
         "exactly txn abort --transactional-id payments-1\n"
@@ -51,11 +55,15 @@ EXAMPLES: dict[str, str] = {
     "pipeline demo": "exactly pipeline demo --orders 5000\n  exactly pipeline demo --cluster 3 --kill-broker-after 5",
     "pipeline verify": f"exactly pipeline verify {_BS} --json",
     "zookeeper": "exactly zookeeper --data-dir ./zk --port 2181",
-    "console": f"exactly console {_BS} --port 8090   # then open http://127.0.0.1:8090/",
+    "console": (
+        f"exactly console {_BS} --port 8090   # then open http://127.0.0.1:8090/\n"
+        "  exactly console --bootstrap-server 127.0.0.1:9094 --command-config client.properties   # TLS/SASL"
+    ),
     "acls": (
         f"exactly acls --add --allow-principal User:billing --producer --topic orders "
         f"--transactional-id billing- --resource-pattern-type prefixed {_BS}\n"
-        "  exactly acls --list --topic orders"
+        "  exactly acls --list --topic orders\n"
+        "  exactly acls --list --command-config admin.properties   # a SASL_SSL listener, as kafka-acls.sh"
     ),
     "users": f"printf 'alice-secret\\n' | exactly users add alice --password-stdin {_BS}",
     "users add": (

@@ -13,9 +13,10 @@ delete NAME
 list
     ``USER<TAB>MECHANISM<TAB>ITERATIONS`` per credential, with a header line.
 
-``--command-config FILE`` gives client settings in librdkafka's names (``security.protocol``,
-``sasl.mechanism``, ``sasl.username``, ``ssl.ca.location``, ...) for a secured listener, like
-Kafka's tools' ``--command-config``. Every failure is one stderr line, exit code 1.
+``--command-config FILE`` (Kafka's tools' properties file; ``sasl.jaas.config`` and a PEM
+truststore are understood) and ``-X KEY=VALUE`` (librdkafka's names: ``security.protocol``,
+``sasl.mechanism``, ``sasl.username``, ``ssl.ca.location``, ...) reach a secured listener, as for
+every command (:mod:`exactly.cli.security_options`). Every failure is one stderr line, exit code 1.
 """
 
 from __future__ import annotations

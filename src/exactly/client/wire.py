@@ -267,7 +267,6 @@ class WireClient:
         #: the client configuration it was opened with (a pool opens its other brokers alike)
         self.config: dict[str, Any] = dict(config or {})
         self.api_versions: dict[int, tuple[int, int]] = {}
-        self.principal: str | None = None
         self._correlation = 0
 
     @classmethod
@@ -360,7 +359,6 @@ class WireClient:
                 token = session.respond(bytes(response.auth_bytes))
             except ScramError as exc:
                 raise AuthenticationError(f"authentication failed for {who}: {exc}") from None
-        self.principal = f"User:{security.sasl_username}"
 
     def version_for(self, api_key: int, max_version: int | None = None) -> int:
         """The highest version of ``api_key`` the broker supports, kio knows and <= max_version."""
