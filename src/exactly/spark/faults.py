@@ -19,6 +19,11 @@ Spark Python worker, not in the test process:
 * ``testing.crashAfterDecision=true`` - two-phase mode: the driver's first ``commit`` of each
   batch raises right after its decision is durable and before any transaction is committed
   (``crashed-after-decision-<batch>`` marks it done), as a driver dying there would leave it.
+* ``testing.driverHang=before-decision|after-decision|mid-commit`` - two-phase mode: the first
+  driver ``commit`` (per hook dir) that makes a new decision stops at that step -- before the
+  decision is recorded, after it is and before any commit, or after the first of at least two
+  commits -- creates ``driver-<step>-<batch>`` and waits for ``driver-resume`` (at most 120 s).
+  A test SIGKILLs the driver there, or kills the broker and then resumes it, at that exact step.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Faults:
     hang_batch: int | None = None
     fail_after_prepare: int | None = None
     crash_after_decision: bool = False
+    driver_hang: str | None = None
 
     @property
     def active(self) -> bool:
@@ -96,6 +102,18 @@ class Faults:
             self._touch(name)
             raise InjectedFault(f"injected driver crash after the decision of batch {batch}")
 
+    def driver_step(self, step: str, batch: int) -> None:
+        """``testing.driverHang``: stop once per hook dir at ``step`` of a new decision."""
+        if not self.active or self.driver_hang != step:
+            return
+        self._path("").mkdir(parents=True, exist_ok=True)
+        try:  # once per hook dir (atomic create): a restarted driver with the same dir runs on
+            self._path(f"driver-claimed-{step}").open("x").close()
+        except FileExistsError:
+            return
+        self._touch(f"driver-{step}-{batch}")
+        self._wait_for("driver-resume")
+
     def after_commit(self, batch: int, partition: int) -> None:
         if not self.active:
             return
@@ -123,4 +141,5 @@ def parse_faults(get: dict[str, str]) -> Faults:
         hang_batch=int(hang) if hang is not None else None,
         fail_after_prepare=int(fail_prepared) if fail_prepared is not None else None,
         crash_after_decision=get.get("testing.crashafterdecision", "false").lower() == "true",
+        driver_hang=get.get("testing.driverhang"),
     )

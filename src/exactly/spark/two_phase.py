@@ -173,11 +173,17 @@ def commit(
         if not prepared:
             return
         txns = tuple(prepared)
+        options.faults.driver_step("before-decision", batch)
         record_decision(options, write_id, partitions, Decision(batch, txns))
         recorded_before = set()
     options.faults.after_decision(batch)
+    fresh = not recorded_before
+    if fresh:
+        options.faults.driver_step("after-decision", batch)
     with BrokerPool.connect(_bootstrap(options), timeout=_TIMEOUT_S, config=options.client) as pool:
-        for txn in txns:
+        for i, txn in enumerate(txns):
+            if i == 1 and fresh:
+                options.faults.driver_step("mid-commit", batch)
             try:
                 end_prepared(pool, txn, commit=True, timeout_s=_TIMEOUT_S)
             except TwoPhaseError:
