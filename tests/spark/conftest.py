@@ -1,6 +1,7 @@
 """Fixtures for the PySpark connector tests. The session's one SparkSession (``spark``) lives in
-tests/conftest.py, shared with the cluster tests. The crash tests (test_crash.py) do not use it:
-they run the pipeline as subprocesses so they can SIGKILL the driver JVM.
+tests/conftest.py, shared with the cluster tests. The crash tests (test_crash.py,
+test_two_phase_crash.py) do not use it: they run the pipeline as subprocesses
+(pipeline_process.py) so they can SIGKILL the driver JVM.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ creates ``driver-<step>-<batch>`` in the hook dir and waits), and the test kills
     while the driver is dead, and the restart aborts and rewrites it;
 (b) SIGKILL between the recorded decision and the commits: still invisible; the restart commits
     the decided transactions (the replayed tasks find them) and never rewrites the batch;
-(c) SIGKILL after the first of several commits: part of the batch is visible while the driver is
-    dead (the commit phase, cut short, lasts until the restart); the restart completes it;
+(c) SIGKILL after the first of several commits: part of the batch may be visible while the
+    driver is dead (the commit phase, cut short, lasts until the restart), no other batch is
+    partly visible, and the restart completes it;
 (d) kill -9 of the broker while the batch's transactions are prepared and undecided; they
     survive the broker's restart, and the resumed driver decides and commits them.
 
@@ -35,7 +36,7 @@ from tests.spark.pipeline_process import Pipeline, all_logs, catch_up, crash_top
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ORDERS = 3000
+ORDERS = 2000  # 3-4 micro-batches of 700 offsets: each step needs one, the last one ends
 ATOMIC = ("--sink-option", "atomicBatches=true")
 RUN = ("--trigger", "processingTime:1s", "--max-offsets-per-trigger", "700", *ATOMIC)
 
@@ -122,9 +123,10 @@ def test_driver_sigkill_at_each_commit_step_and_broker_kill9_while_prepared(
     # (c) the first of several commits done: the driver dies in the commit phase
     run, batch = _hang(log, bootstrap, topics, ckpt, hooks / "c", "mid-commit")
     run.kill_jvm()
-    view = BatchView(bootstrap, topics)
-    assert view.records.get(batch, 0) > 0, f"batch {batch}: the first commit is not visible"
+    # one EndTxn went through, the rest is open (whether the committed part is visible yet depends
+    # on the markers and on an open transaction holding the partition's LSO before it)
     assert _open_transactions(bootstrap, sink_prefix), "no transaction left to commit"
+    view = BatchView(bootstrap, topics)
     assert view.partial() == [p for p in view.partial() if p.startswith(f"batch {batch}:")]
     mid_commit = batch
     print(f"(c) killed in the commit phase of batch {batch}: {view.records[batch]} records visible")
