@@ -37,7 +37,8 @@ from tests.spark.pipeline_process import Pipeline, all_logs, catch_up, crash_top
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ORDERS = 2000  # 3-4 micro-batches of 700 offsets: each step needs one, the last one ends
-ATOMIC = ("--sink-option", "atomicBatches=true")
+# two shuffle partitions: one wave of tasks on local[2], still two transactions per batch (9 keys)
+ATOMIC = ("--sink-option", "atomicBatches=true", "--shuffle-partitions", "2")
 RUN = ("--trigger", "processingTime:1s", "--max-offsets-per-trigger", "700", *ATOMIC)
 
 
