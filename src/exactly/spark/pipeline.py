@@ -45,6 +45,9 @@ class JobConfig:
     transactional_id_prefix: str = "orders-pipeline"
     query_name: str = "orders-pipeline"
     extra_sink_options: tuple[tuple[str, str], ...] = ()
+    # ``kafka.*`` client options for both the source and the sink (e.g. ``kafka.security.protocol``,
+    # ``kafka.sasl.*``, ``kafka.ssl.*``): the connection settings a secured cluster needs
+    kafka_options: tuple[tuple[str, str], ...] = ()
 
 
 def running_totals(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
@@ -88,6 +91,8 @@ def build_updates(spark: Any, config: JobConfig) -> Any:
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
     )
+    for key, value in config.kafka_options:
+        reader = reader.option(key, value)
     if config.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
     orders = (
@@ -127,7 +132,7 @@ def start(spark: Any, config: JobConfig) -> Any:
         .option("deliveryGuarantee", config.delivery)
         .option("transactionalIdPrefix", config.transactional_id_prefix)
     )
-    for key, value in config.extra_sink_options:
+    for key, value in (*config.kafka_options, *config.extra_sink_options):
         writer = writer.option(key, value)
     if config.trigger == "availableNow":
         writer = writer.trigger(availableNow=True)
