@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -169,3 +169,35 @@ def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeade
             )
         )
     return header, records
+
+
+def record_key_values(
+    buf: bytes | memoryview, header: BatchHeader
+) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of each record of the batch ``header`` describes, skipping timestamps
+    and headers and building no :class:`Record`: what a coordinator's load replays, for every
+    batch of its partitions, so it stays the cheapest full read. Same codecs and errors as
+    :func:`decode_batch`; the values are exactly what it would give."""
+    start = header.position + HEADER_SIZE
+    payload: bytes | memoryview = memoryview(buf)[start : header.position + header.size]
+    compression = header.attributes & COMPRESSION_MASK
+    if compression == COMPRESSION_GZIP:
+        payload = gzip.decompress(payload)
+    elif compression != 0:
+        raise ValueError(f"cannot decode compression codec {compression}")
+    base_offset = header.base_offset
+    pos = 0
+    for _ in range(header.record_count):
+        length, pos = read_varint(payload, pos)
+        rec_end = pos + length
+        _ts, cursor = read_varlong(payload, pos + 1)  # after the record attributes
+        delta, cursor = read_varint(payload, cursor)
+        key_len, cursor = read_varint(payload, cursor)
+        key = None
+        if key_len >= 0:
+            key = bytes(payload[cursor : cursor + key_len])
+            cursor += key_len
+        value_len, cursor = read_varint(payload, cursor)
+        value = None if value_len < 0 else bytes(payload[cursor : cursor + value_len])
+        yield base_offset + delta, key, value
+        pos = rec_end

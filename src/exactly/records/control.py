@@ -73,6 +73,28 @@ def read_control_marker(buf: bytes | bytearray | memoryview, header: BatchHeader
     return ControlMarker(ControlType(ctype), coordinator_epoch)
 
 
+_BY_VALUE = {int(t): t for t in ControlType}
+# A marker's record as the broker writes it, up to its key's type: length (1 byte), attributes,
+# timestamp delta 0, offset delta 0, key length 4 (zig-zag 8), key version int16, key type int16.
+_MARKER_PREFIX = struct.Struct(">BbBBBhh")
+
+
+def control_type(buf: bytes | bytearray | memoryview, header: BatchHeader) -> ControlType:
+    """The type of a control batch's marker: what a coordinator's load needs of each of the many
+    markers it replays. A record laid out as :func:`build_control_batch` writes it (every varint
+    one byte) is read with one unpack; any other layout goes through :func:`read_control_marker`,
+    with the same result and errors."""
+    pos = header.position + HEADER_SIZE
+    if pos + _MARKER_PREFIX.size <= len(buf):
+        length, _attributes, ts_delta, offset_delta, key_len, _version, ctype = _MARKER_PREFIX.unpack_from(
+            buf, pos
+        )
+        known = _BY_VALUE.get(ctype)
+        if length < 0x80 and ts_delta == 0 and offset_delta == 0 and key_len == 8 and known is not None:
+            return known
+    return read_control_marker(buf, header).type
+
+
 def marker_of(buf: bytes | bytearray | memoryview, header: BatchHeader) -> tuple[ControlType | None, int]:
     """(type, coordinator epoch) of a control batch's marker, (None, -1) for a data batch, as an
     append needs them. Raises InvalidRecordError(INVALID_RECORD) for an unreadable marker."""

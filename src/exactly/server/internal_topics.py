@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 from kio.schema.errors import ErrorCode
 
 from exactly.records.batch import BatchHeader, InvalidRecordError, iter_batches
-from exactly.records.builder import Record, build_batch, decode_batch
-from exactly.records.control import ControlType, build_control_batch, read_control_marker
+from exactly.records.builder import Record, build_batch, record_key_values
+from exactly.records.control import ControlType, build_control_batch, control_type
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
@@ -294,10 +294,9 @@ class InternalTopics:
                     control = None
                     entries: tuple[tuple[int, bytes | None, bytes | None], ...] = ()
                     if header.is_control:
-                        control = read_control_marker(data, header).type
+                        control = control_type(data, header)
                     else:
-                        _h, recs = decode_batch(data, header.position)
-                        entries = tuple((r.offset, r.key, r.value) for r in recs)
+                        entries = tuple(record_key_values(data, header))
                     yield ReplayedBatch(
                         partition,
                         header.base_offset,

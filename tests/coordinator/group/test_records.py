@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,8 @@ from exactly.coordinator.group.records import (
     OffsetCommitKey,
     OffsetCommitValue,
     RecordDecodeError,
+    _decode_key,
+    _decode_offset_commit_value,
     decode_group_metadata_value,
     decode_key,
     decode_offset_commit_value,
@@ -254,3 +257,58 @@ def test_decoders_never_crash_unexpectedly(data: bytes) -> None:
             decode(data)
         except RecordDecodeError:
             pass
+
+
+# -- the struct-only fast paths give exactly what the generic reader gives ------------------------
+
+
+def _outcome(decode: Callable[[bytes], object], data: bytes) -> object:
+    try:
+        return decode(data)
+    except RecordDecodeError:
+        return RecordDecodeError
+
+
+@given(offset_values, st.integers(0, 4), st.integers(0, 40), st.binary(max_size=3))
+def test_fast_value_decoding_matches_the_generic_reader(
+    value: OffsetCommitValue, version: int, cut: int, tail: bytes
+) -> None:
+    """Whole, truncated and padded encodings of every version, and a null metadata string."""
+    whole = encode_offset_commit_value(value, version)
+    null_metadata = whole.replace(
+        struct.pack(">h", len(value.metadata.encode())) + value.metadata.encode(), b"\xff\xff", 1
+    )
+    for data in (whole, whole[:cut], whole + tail, null_metadata):
+        assert _outcome(decode_offset_commit_value, data) == _outcome(_decode_offset_commit_value, data)
+
+
+@given(text, text, i32, st.integers(0, 30), st.binary(max_size=3), st.integers(0, 1))
+def test_fast_key_decoding_matches_the_generic_reader(
+    group: str, topic: str, partition: int, cut: int, tail: bytes, version: int
+) -> None:
+    whole = struct.pack(">h", version) + encode_key(OffsetCommitKey(group, topic, partition))[2:]
+    for data in (whole, whole[:cut], whole + tail):
+        assert _outcome(decode_key, data) == _outcome(_decode_key, data)
+
+
+@given(st.binary(max_size=64))
+def test_fast_decoding_matches_the_generic_reader_on_any_bytes(data: bytes) -> None:
+    for fast, generic in (
+        (decode_key, _decode_key),
+        (decode_offset_commit_value, _decode_offset_commit_value),
+    ):
+        for candidate in (data, b"\x00\x01" + data, b"\x00\x03" + data):
+            assert _outcome(fast, candidate) == _outcome(generic, candidate)
+
+
+def test_invalid_utf8_and_negative_lengths_fall_back_to_the_generic_errors() -> None:
+    bad_group = b"\x00\x01\x00\x02\xff\xfe\x00\x02in\x00\x00\x00\x00"
+    negative_topic = b"\x00\x01\x00\x01g\xff\xfe\x00\x00\x00\x00"
+    bad_metadata = b"\x00\x03" + struct.pack(">qih", 5, 0, 2) + b"\xff\xfe" + struct.pack(">q", 1)
+    for decode, data in (
+        (decode_key, bad_group),
+        (decode_key, negative_topic),
+        (decode_offset_commit_value, bad_metadata),
+    ):
+        with pytest.raises(RecordDecodeError):
+            decode(data)

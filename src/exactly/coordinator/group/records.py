@@ -42,6 +42,9 @@ DEFAULT_NUM_PARTITIONS = 50
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+_I16_I16 = struct.Struct(">hh")
+_I64_I64 = struct.Struct(">qq")
+_VALUE_HEAD = struct.Struct(">hqi")  # version, offset, then v3's leader epoch (v1: metadata length + 2 bytes)
 _T = TypeVar("_T")
 
 
@@ -172,9 +175,39 @@ def encode_key(key: RecordKey) -> bytes:
     return _I16.pack(GROUP_METADATA_KEY_VERSION) + _string(key.group, False)
 
 
-@_decoder
 def decode_key(data: bytes) -> RecordKey | None:
-    """Decode a key; None for record types this coordinator does not own (e.g. KIP-848 ones)."""
+    """Decode a key; None for record types this coordinator does not own (e.g. KIP-848 ones).
+
+    Offset-commit keys, nearly every record a load replays, take a struct-only path; anything it
+    does not accept as well formed goes through the generic reader, which gives the same key or
+    raises the same RecordDecodeError."""
+    fast = _offset_commit_key(data)
+    return fast if fast is not None else _decode_key(data)
+
+
+def _offset_commit_key(data: bytes) -> OffsetCommitKey | None:
+    """A well-formed v0/v1 offset-commit key with struct unpacks only, else None."""
+    size = len(data)
+    if size < 8:
+        return None
+    version, group_len = _I16_I16.unpack_from(data)
+    topic_at = 4 + group_len
+    if version not in (0, 1) or group_len < 0 or topic_at + 2 > size:
+        return None
+    topic_len = _I16.unpack_from(data, topic_at)[0]
+    partition_at = topic_at + 2 + topic_len
+    if topic_len < 0 or partition_at + 4 > size:
+        return None
+    try:
+        group = str(data[4:topic_at], "utf-8")
+        topic = str(data[topic_at + 2 : partition_at], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    return OffsetCommitKey(group, topic, _I32.unpack_from(data, partition_at)[0])
+
+
+@_decoder
+def _decode_key(data: bytes) -> RecordKey | None:
     r = Reader(data)
     version = r.int16()
     if version in (0, 1):
@@ -216,8 +249,48 @@ def encode_offset_commit_value(value: OffsetCommitValue, version: int | None = N
     return b"".join(out)
 
 
-@_decoder
 def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
+    """Decode any version; v3 and v1 (what Kafka writes) take a struct-only path when well formed,
+    everything else the generic reader (same value, or the same RecordDecodeError)."""
+    size = len(data)
+    if size >= 16:
+        version, offset, word = _VALUE_HEAD.unpack_from(data)
+        if version == 3:
+            meta_len = _I16.unpack_from(data, 14)[0]
+            end = 16 + max(meta_len, 0)
+            if end + 8 <= size:
+                try:
+                    metadata = str(data[16:end], "utf-8")
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    return OffsetCommitValue(
+                        offset=offset,
+                        metadata=metadata,
+                        commit_timestamp=_I64.unpack_from(data, end)[0],
+                        leader_epoch=word,
+                    )
+        elif version == 1:
+            meta_len = word >> 16  # the int16 length right after the offset (signed: shift)
+            end = 12 + max(meta_len, 0)
+            if end + 16 <= size:
+                try:
+                    metadata = str(data[12:end], "utf-8")
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    commit_timestamp, expire_timestamp = _I64_I64.unpack_from(data, end)
+                    return OffsetCommitValue(
+                        offset=offset,
+                        metadata=metadata,
+                        commit_timestamp=commit_timestamp,
+                        expire_timestamp=expire_timestamp,
+                    )
+    return _decode_offset_commit_value(data)
+
+
+@_decoder
+def _decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
     r = Reader(data)
     v = r.int16()
     if not 0 <= v <= 4:

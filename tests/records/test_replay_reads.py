@@ -1,0 +1,78 @@
+"""The cheap reads a coordinator's load makes of every batch: ``record_key_values`` gives exactly
+what ``decode_batch`` gives (offsets, keys, values; headers and timestamps skipped), and
+``control_type`` exactly what ``read_control_marker`` gives, through its one-unpack path for the
+markers the broker writes and through the full read for any other layout."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exactly.records.batch import BatchHeader, iter_batches
+from exactly.records.builder import COMPRESSION_GZIP, Record, build_batch, decode_batch, record_key_values
+from exactly.records.control import ControlType, build_control_batch, control_type, read_control_marker
+
+records = st.lists(
+    st.builds(
+        Record,
+        value=st.none() | st.binary(max_size=300),
+        key=st.none() | st.binary(max_size=200),
+        headers=st.lists(st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=5)), max_size=2).map(
+            tuple
+        ),
+        timestamp=st.none() | st.integers(0, 2**40),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(records, st.sampled_from([0, COMPRESSION_GZIP]), st.integers(0, 2**40))
+def test_record_key_values_is_decode_batch_without_records(
+    batch_records: list[Record], compression: int, base_offset: int
+) -> None:
+    prefix = build_batch([Record(value=b"before")])  # headers are found at their position
+    data = prefix + build_batch(batch_records, base_offset=base_offset, compression=compression)
+    header = list(iter_batches(data))[1]
+    _h, decoded = decode_batch(data, header.position)
+    assert list(record_key_values(data, header)) == [(r.offset, r.key, r.value) for r in decoded]
+
+
+def test_record_key_values_refuses_unknown_codecs() -> None:
+    raw = bytearray(build_batch([Record(value=b"v")]))
+    struct.pack_into(">h", raw, 21, 2)  # attributes: snappy (the CRC is not checked here)
+    with pytest.raises(ValueError, match="compression codec 2"):
+        list(record_key_values(bytes(raw), BatchHeader.parse(raw)))
+
+
+@pytest.mark.parametrize("marker", list(ControlType))
+def test_control_type_of_a_broker_marker(marker: ControlType) -> None:
+    data = build_batch([Record(value=b"x")]) + build_control_batch(
+        marker, producer_id=9, producer_epoch=2, coordinator_epoch=4, timestamp=1_700_000_000_000
+    )
+    header = list(iter_batches(data))[1]
+    assert control_type(data, header) is marker is read_control_marker(data, header).type
+
+
+@pytest.mark.parametrize("marker", list(ControlType))
+def test_control_type_of_another_layout_takes_the_full_read(marker: ControlType) -> None:
+    """A marker record with a timestamp delta (multi-byte varint) and a longer key: not the
+    broker's layout, so the full read decides, with the same answer."""
+    key = struct.pack(">hh", 0, int(marker)) + b"\x00\x00"
+    record = Record(key=key, value=struct.pack(">hi", 0, 3), timestamp=5_000)
+    data = build_batch([record], producer_id=9, transactional=True, control=True, base_timestamp=0)
+    header = BatchHeader.parse(data)
+    assert control_type(data, header) is marker is read_control_marker(data, header).type
+
+
+def test_control_type_of_an_unknown_type_raises_as_the_full_read_does() -> None:
+    record = Record(key=struct.pack(">hh", 0, 7), value=struct.pack(">hi", 0, 3))
+    data = build_batch([record], producer_id=9, transactional=True, control=True)
+    header = BatchHeader.parse(data)
+    with pytest.raises(ValueError):
+        read_control_marker(data, header)
+    with pytest.raises(ValueError):
+        control_type(data, header)
