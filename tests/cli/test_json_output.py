@@ -9,11 +9,10 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
 
 from tests.cli.test_ops_cli import exactly, ok, open_transaction, tid, txn_producer
 from tests.support.broker import Broker
-from tests.support.clients import create_topic, produce_values
+from tests.support.clients import create_topic, member_that_committed, produce_values
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -104,27 +103,7 @@ def test_groups_json(broker: Broker, topic: str) -> None:
     create_topic(broker.bootstrap, topic)
     produce_values(broker.bootstrap, topic, [f"v{i}".encode() for i in range(5)])
     group = tid("group-json")
-    c = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap,
-            "group.id": group,
-            "client.id": "json-test-client",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
-    )
-    try:
-        c.subscribe([topic])
-        seen: list[Any] = []
-        deadline = time.monotonic() + 60
-        while len(seen) < 3 and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                seen.append(m)
-        assert len(seen) == 3
-        c.commit(message=seen[-1], asynchronous=False)  # commits offset 3
-
+    with member_that_committed(broker.bootstrap, topic, group, "json-test-client") as c:  # committed offset 3
         listed = doc("groups", "list", *bs)
         assert {"group_id": group, "state": "Stable"} in listed["groups"]
 
@@ -150,8 +129,6 @@ def test_groups_json(broker: Broker, topic: str) -> None:
                 "member_id": c.memberid(),
             }
         ]
-    finally:
-        c.close()
 
 
 def test_topics_describe_json(broker: Broker, topic: str) -> None:

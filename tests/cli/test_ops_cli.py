@@ -11,11 +11,11 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 
 from exactly.client.wire import ApiKey, WireClient
 from tests.support.broker import Broker, child_env
-from tests.support.clients import consume, create_topic, produce_values
+from tests.support.clients import consume, create_topic, member_that_committed, produce_values
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -305,27 +305,7 @@ def test_groups_list_and_describe_after_a_commit(broker: Broker, topic: str) -> 
     create_topic(broker.bootstrap, topic)
     produce_values(broker.bootstrap, topic, [f"v{i}".encode() for i in range(5)])
     group = tid("group")
-    c = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap,
-            "group.id": group,
-            "client.id": "ops-test-client",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
-    )
-    try:
-        c.subscribe([topic])
-        seen: list[Any] = []
-        deadline = time.monotonic() + 60
-        while len(seen) < 3 and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                seen.append(m)
-        assert len(seen) == 3
-        c.commit(message=seen[-1], asynchronous=False)  # commits offset 3
-
+    with member_that_committed(broker.bootstrap, topic, group, "ops-test-client") as c:  # committed offset 3
         groups = table(ok("groups", "list", *bs))
         assert {"GROUP": group, "STATE": "Stable"} in groups
 
@@ -338,8 +318,6 @@ def test_groups_list_and_describe_after_a_commit(broker: Broker, topic: str) -> 
         assert (row["CURRENT-OFFSET"], row["LOG-END-OFFSET"], row["LAG"]) == ("3", "5", "2")
         assert row["CONSUMER-ID"] == c.memberid()
         assert row["CLIENT-ID"] == "ops-test-client"
-    finally:
-        c.close()
 
     out = ok("groups", "describe", group, *bs)
     summary, rest = out.split("\n", 1)

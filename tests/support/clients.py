@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +148,37 @@ def consume(
                 )
                 last = time.monotonic()
         return got
+    finally:
+        c.close()
+
+
+@contextmanager
+def member_that_committed(
+    bootstrap: str, topic: str, group: str, client_id: str, n: int = 3
+) -> Iterator[Consumer]:
+    """A group member (subscribed to ``topic``) that has read ``n`` records and committed offset
+    ``n``; it stays in the group until the block ends, then leaves it."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "client.id": client_id,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    try:
+        c.subscribe([topic])
+        seen: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(seen) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                seen.append(m)
+        assert len(seen) == n
+        c.commit(message=seen[-1], asynchronous=False)
+        yield c
     finally:
         c.close()
 
