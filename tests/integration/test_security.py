@@ -28,41 +28,24 @@ from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from exactly.testing.broker import child_env
 from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
-from tests.support.certs import TestPki, make_pki
+from tests.support.certs import TestPki
 from tests.support.clients import create_topic
 from tests.support.security import (
     ALICE_PW,
-    add_alice,
     failed_auth_total,
     read_values,
     scram_conf,
-    secured_broker_config,
     ssl_conf,
+)
+from tests.support.security_fixtures import (  # noqa: F401  (fixtures: pki, module_broker_config, _alice, sb)
+    alice_fixture,
+    pki_fixture,
+    secured_broker_config_fixture,
+    secured_broker_fixture,
 )
 from tests.support.wire import ConnectionClosed, WireClient, encode_request
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def module_broker_config(pki: TestPki) -> dict[str, str]:
-    return secured_broker_config(pki)
-
-
-@pytest.fixture(scope="module")
-def _alice(_module_broker: Broker) -> None:
-    add_alice(_module_broker)  # stored in the data directory: survives restarts
-
-
-@pytest.fixture
-def sb(module_broker: Broker, _alice: None) -> Broker:
-    """The secured broker, with user alice (both SCRAM mechanisms)."""
-    return module_broker
 
 
 # ------------------------------------------------------------------ confluent-kafka

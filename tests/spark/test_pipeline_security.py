@@ -16,21 +16,15 @@ import pytest
 from exactly.spark.orders import Topics, create_topics, generate, verify
 from exactly.spark.pipeline import JobConfig, run
 from tests.support.broker import Broker
-from tests.support.certs import TestPki, make_pki
+from tests.support.certs import TestPki
 from tests.support.metrics import metrics_url
-from tests.support.security import ALICE_PW, add_alice, secured_broker_config
+from tests.support.security import ALICE_PW, add_alice
+from tests.support.security_fixtures import (  # noqa: F401  (fixtures: pki, module_broker_config)
+    pki_fixture,
+    secured_broker_config_fixture,
+)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def module_broker_config(pki: TestPki) -> dict[str, str]:
-    return secured_broker_config(pki)
 
 
 def successful_sasl_ssl_logins(broker: Broker) -> float:
