@@ -105,6 +105,20 @@ class AuthzBroker:
     async def call(self, principal: str, api_key: int, version: int, **fields: Any) -> Any:
         return await self.send(principal, self.request(api_key, version, **fields))
 
+    async def describe_acls(self, principal: str, **filters: Any) -> Any:
+        """DescribeAcls v3 with a match-anything filter (resource type ANY, pattern ANY, operation
+        and permission ANY), narrowed by ``filters`` (the request's field names)."""
+        fields: dict[str, Any] = {
+            "resource_type_filter": 1,
+            "resource_name_filter": None,
+            "pattern_type_filter": 1,
+            "principal_filter": None,
+            "host_filter": None,
+            "operation": 1,
+            "permission_type": 1,
+        }
+        return await self.call(principal, ApiKey.DESCRIBE_ACLS, 3, **{**fields, **filters})
+
     async def _acl(
         self,
         api: ApiKey,

@@ -558,32 +558,10 @@ def test_acl_apis_refuse_malformed_bindings_and_filters_with_invalid_request() -
         )
         deleted = await ab.call("User:admin", ApiKey.DELETE_ACLS, 3, filters=(flt,))
         assert [int(r.error_code) for r in deleted.filter_results] == [42]
-        described = await ab.call(
-            "User:admin",
-            ApiKey.DESCRIBE_ACLS,
-            3,
-            resource_type_filter=1,
-            resource_name_filter=None,
-            pattern_type_filter=77,
-            principal_filter=None,
-            host_filter=None,
-            operation=1,
-            permission_type=1,
-        )
+        described = await ab.describe_acls("User:admin", pattern_type_filter=77)
         assert int(described.error_code) == 42
         assert ab.broker is not None and ab.broker.acls is not None
-        everything = await ab.call(
-            "User:admin",
-            ApiKey.DESCRIBE_ACLS,
-            3,
-            resource_type_filter=1,
-            resource_name_filter=None,
-            pattern_type_filter=1,
-            principal_filter=None,
-            host_filter=None,
-            operation=1,
-            permission_type=1,
-        )
+        everything = await ab.describe_acls("User:admin")
         assert [(r.resource_name, len(r.acls)) for r in everything.resources] == [("t", 1)]
 
     run(scenario)

@@ -34,18 +34,7 @@ def test_without_an_authorizer_everything_is_allowed_and_acl_apis_are_disabled()
                 producer_epoch=-1,
             )
             assert init.error_code == 0
-            described = await ab.call(
-                "User:nobody",
-                ApiKey.DESCRIBE_ACLS,
-                3,
-                resource_type_filter=1,
-                resource_name_filter=None,
-                pattern_type_filter=1,
-                principal_filter=None,
-                host_filter=None,
-                operation=1,
-                permission_type=1,
-            )
+            described = await ab.describe_acls("User:nobody")
             assert error_codes(described) == [54]  # SECURITY_DISABLED
         finally:
             await ab.close()
