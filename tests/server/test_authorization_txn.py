@@ -95,16 +95,23 @@ async def _open_transaction(ab: AuthzBroker) -> tuple[int, int]:
         v3_and_below_topics=(build(m.AddPartitionsToTxnTopic, name=TOPIC, partitions=(0,)),),
     )
     assert set(error_codes(added)) == {0}
+    produced = await _produce_transactional(ab, ALICE, pid, epoch, sequence=0)
+    assert set(error_codes(produced)) == {0}
+    return pid, epoch
+
+
+async def _produce_transactional(ab: AuthzBroker, principal: str, pid: int, epoch: int, sequence: int) -> Any:
+    """One transactional record to ``TOPIC``-0 as ``principal``, with ``TXN``'s producer id and epoch."""
     batch = build_batch(
         [Record(value=b"v", key=None)],
         producer_id=pid,
         producer_epoch=epoch,
-        base_sequence=0,
+        base_sequence=sequence,
         transactional=True,
     )
     pm = ab.module(ApiKey.PRODUCE, 8)
-    produced = await ab.call(
-        ALICE,
+    return await ab.call(
+        principal,
         ApiKey.PRODUCE,
         8,
         transactional_id=TXN,
@@ -118,8 +125,6 @@ async def _open_transaction(ab: AuthzBroker) -> tuple[int, int]:
             ),
         ),
     )
-    assert set(error_codes(produced)) == {0}
-    return pid, epoch
 
 
 def test_without_write_on_the_transactional_id_no_init_no_fencing_no_abort() -> None:
@@ -130,29 +135,7 @@ def test_without_write_on_the_transactional_id_no_init_no_fencing_no_abort() -> 
         await ab.grant(R.TRANSACTIONAL_ID, TXN, Op.DESCRIBE, MALLORY)
         assert (await _init(ab, MALLORY)).error_code == 53
         assert await _end(ab, MALLORY, pid, epoch, commit=False) == 53
-        pm = ab.module(ApiKey.PRODUCE, 8)
-        batch = build_batch(
-            [Record(value=b"x", key=None)],
-            producer_id=pid,
-            producer_epoch=epoch,
-            base_sequence=1,
-            transactional=True,
-        )
-        produced = await ab.call(
-            MALLORY,
-            ApiKey.PRODUCE,
-            8,
-            transactional_id=TXN,
-            acks=1,
-            timeout=MINUTE,
-            topic_data=(
-                build(
-                    pm.TopicProduceData,
-                    name=TOPIC,
-                    partition_data=(build(pm.PartitionProduceData, index=0, records=batch),),
-                ),
-            ),
-        )
+        produced = await _produce_transactional(ab, MALLORY, pid, epoch, sequence=1)
         assert error_codes(produced) == [53]
         state = await _describe_txn(ab)
         assert (state.transaction_state, int(state.producer_id), int(state.producer_epoch)) == (
