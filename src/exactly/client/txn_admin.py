@@ -25,6 +25,7 @@ import datetime
 import functools
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from exactly.client.broker_pool import RETRIABLE, BrokerPool, Retry
 from exactly.client.wire import (
@@ -161,6 +162,18 @@ class ActiveProducer:
     coordinator_epoch: int
     current_txn_start_offset: int
 
+    @classmethod
+    def from_response(cls, state: Any) -> ActiveProducer:
+        """From one ``ProducerState`` of a DescribeProducers answer."""
+        return cls(
+            int(state.producer_id),
+            int(state.producer_epoch),
+            int(state.last_sequence),
+            int(state.last_timestamp),
+            int(state.coordinator_epoch),
+            int(state.current_txn_start_offset),
+        )
+
 
 def describe_producers(pool: BrokerPool, topic: str, partition: int) -> list[ActiveProducer]:
     """DescribeProducers at the partition's leader (a follower's producer state may lag)."""
@@ -190,17 +203,7 @@ def _describe_producers_at(client: WireClient, tp: TopicPartition) -> list[Activ
             if p.error_code:
                 detail = f" ({p.error_message})" if p.error_message else ""
                 raise OpsError(f"DescribeProducers {tp.topic}-{tp.partition} failed: {code}{detail}")
-            return [
-                ActiveProducer(
-                    int(s.producer_id),
-                    int(s.producer_epoch),
-                    int(s.last_sequence),
-                    int(s.last_timestamp),
-                    int(s.coordinator_epoch),
-                    int(s.current_txn_start_offset),
-                )
-                for s in p.active_producers
-            ]
+            return [ActiveProducer.from_response(s) for s in p.active_producers]
     raise OpsError(f"DescribeProducers: no answer for {tp.topic}-{tp.partition}")
 
 

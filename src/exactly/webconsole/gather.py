@@ -286,17 +286,7 @@ class Gatherer:
                             f"DescribeProducers {tp.topic}-{tp.partition}: {error_name(p.error_code)}"
                         )
                         continue
-                    out[tp] = [
-                        txn_admin.ActiveProducer(
-                            int(s.producer_id),
-                            int(s.producer_epoch),
-                            int(s.last_sequence),
-                            int(s.last_timestamp),
-                            int(s.coordinator_epoch),
-                            int(s.current_txn_start_offset),
-                        )
-                        for s in p.active_producers
-                    ]
+                    out[tp] = [txn_admin.ActiveProducer.from_response(s) for s in p.active_producers]
         return out
 
     def _transactions(self, now: int) -> list[model.Transaction]:
