@@ -11,6 +11,7 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersions
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsV3
 from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
+from kio.schema.write_txn_markers.v1 import request as wm
 
 from tests.support.broker import Broker
 from tests.support.wire import (
@@ -236,4 +237,28 @@ def test_produce_to_unknown_topic_and_partition(sb: Broker, topic: str) -> None:
         assert part.error_code == 3
         md = c.send(MetadataV1(topics=None))
         assert missing not in {t.name for t in md.topics}
+    assert_still_serving(sb)
+
+
+@pytest.mark.parametrize(("producer_id", "producer_epoch"), [(-1, 0), (1000, -1)])
+def test_txn_marker_without_a_producer_is_refused_and_writes_nothing(
+    sb: Broker, topic: str, producer_id: int, producer_epoch: int
+) -> None:
+    """WriteTxnMarkers for a marker with no producer (negative id or epoch): INVALID_REQUEST on its
+    partition, nothing appended, the connection stays open (it used to be closed on an internal
+    error from the producer state)."""
+    with WireClient(sb.bootstrap) as c:
+        assert create_topic(c, topic).error_code == 0
+        before = log_end_offset(c, topic, 0)
+        marker = wm.WritableTxnMarker(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            transaction_result=True,
+            topics=(wm.WritableTxnMarkerTopic(name=topic, partition_indexes=(0,)),),
+            coordinator_epoch=0,
+        )
+        response = c.send(wm.WriteTxnMarkersRequest(markers=(marker,)))
+        (result,) = response.markers
+        assert [int(p.error_code) for t in result.topics for p in t.partitions] == [42]  # INVALID_REQUEST
+        assert log_end_offset(c, topic, 0) == before
     assert_still_serving(sb)

@@ -6,6 +6,11 @@ producer state, so a marker from an older coordinator epoch is refused
 (TRANSACTION_COORDINATOR_FENCED) and one for a stale producer epoch too (INVALID_PRODUCER_EPOCH).
 In cluster mode only the partition's leader appends, acknowledged by the ISR
 (``txn_marker_sender.write_local_marker``; NOT_LEADER_OR_FOLLOWER elsewhere).
+
+A marker without a producer (a negative producer id or epoch) gets INVALID_REQUEST on each of its
+partitions and writes nothing. Deliberately stricter than Kafka, which appends such a marker as a
+control batch that no producer state tracks: only a broken or hostile peer sends one, and a marker
+that decides no transaction has no business in the log.
 """
 
 from __future__ import annotations
@@ -38,8 +43,13 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     )
     results = []
     for marker in request.markers:
+        refused = None
         if not allowed:
-            code = ErrorCode.cluster_authorization_failed
+            refused = ErrorCode.cluster_authorization_failed
+        elif marker.producer_id < 0 or marker.producer_epoch < 0:
+            refused = ErrorCode.invalid_request
+        if refused is not None:
+            code = refused
             results.append(
                 build(
                     mod.WritableTxnMarkerResult,
