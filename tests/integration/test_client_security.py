@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from exactly.cli.pipeline import spark_kafka_options
 from exactly.client.broker_pool import BrokerPool
 from exactly.client.wire import AuthenticationError
 from exactly.spark.options import parse_sink_options
@@ -189,3 +190,37 @@ def test_spark_two_phase_probe_over_sasl_ssl(sb: Broker, pki: TestPki) -> None:
 
     assert resolve_atomic(parse_sink_options(options(ALICE_PW))) is True
     assert resolve_atomic(parse_sink_options(options("not-it"))) is False
+
+
+def test_pipeline_generate_and_verify_over_sasl_ssl_as_the_authenticated_user(
+    sb: Broker, pki: TestPki
+) -> None:
+    """``exactly pipeline generate`` / ``verify`` take the same ``-X`` settings (creating the topics,
+    writing transactionally and reading back read_committed over SASL_SSL); bob, without ACLs, is
+    refused with one line, no traceback. (``pipeline run`` hands the same settings to Spark as
+    ``kafka.*`` options: ``spark_kafka_options``, and tests/spark/test_pipeline_security.py runs the
+    job over SASL_SSL.)"""
+    address = sb.listener_address("SASL_SSL")
+    prefix = f"psec{uuid.uuid4().hex[:6]}-"
+    alice = x_options(client_settings(sb, pki))
+    common = ("--bootstrap-server", address, "--topic-prefix", prefix)
+    made = exactly("pipeline", "generate", "--orders", "300", "--txn-size", "50", "-q", *common, *alice)
+    assert made.returncode == 0, made.stderr
+    assert "generated 300 committed orders" in made.stdout
+    checked = exactly("pipeline", "verify", "--json", *common, *alice)
+    # no job ran: verify reads the 300 orders back over SASL_SSL and reports the outputs missing
+    assert checked.returncode == 1, checked.stderr
+    assert '"orders": 300' in checked.stdout and "no update at all" in checked.stdout, checked.stdout
+    bob = x_options(client_settings(sb, pki, user="bob", password=BOB_PW))
+    refused = exactly("pipeline", "generate", "--orders", "10", "-q", *common, *bob)
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def test_spark_kafka_options_carry_the_client_settings() -> None:
+    settings = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice"}
+    assert spark_kafka_options(settings) == (
+        ("kafka.sasl.mechanism", "SCRAM-SHA-512"),
+        ("kafka.sasl.username", "alice"),
+        ("kafka.security.protocol", "SASL_SSL"),
+    )

@@ -25,7 +25,8 @@ from typing import Any
 
 from exactly.cli import pipeline_demo
 from exactly.cli.progress import progress
-from exactly.cli.topics import add_connection_options, positive_int, strict
+from exactly.cli.security_options import security_config
+from exactly.cli.topics import add_connection_options, guarded, positive_int, strict
 
 
 def register(subparsers: Any) -> None:
@@ -87,12 +88,18 @@ def register(subparsers: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    add_connection_options(parser, security=False)
+    add_connection_options(parser)
     parser.add_argument("--topic-prefix", default="", help="prefix for the three topic names")
 
 
 def _quiet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def spark_kafka_options(client: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The client settings of ``--command-config``/``-X`` as the Spark source's and sink's ``kafka.*``
+    options (which hand them to librdkafka)."""
+    return tuple((f"kafka.{key}", str(value)) for key, value in sorted(client.items()))
 
 
 def _pairs(items: list[str]) -> list[tuple[str, str]]:
@@ -105,11 +112,13 @@ def _pairs(items: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+@guarded("exactly pipeline generate")
 def _generate(args: argparse.Namespace) -> int:
     from exactly.spark.orders import Topics, create_topics, generate
 
     topics = Topics.with_prefix(args.topic_prefix)
-    create_topics(args.bootstrap_server, topics, partitions=args.partitions)
+    client = security_config(args)
+    create_topics(args.bootstrap_server, topics, partitions=args.partitions, client=client)
     with progress(f"generate {topics.orders}", args.orders, unit="orders", quiet=args.quiet) as tracker:
         result = generate(
             args.bootstrap_server,
@@ -121,6 +130,7 @@ def _generate(args: argparse.Namespace) -> int:
             seed=args.seed,
             first_order_id=args.first_order_id,
             progress=lambda done: tracker.update(done.committed),
+            client=client,
         )
     print(
         f"generated {result.committed} committed orders ({result.aborted} more in "
@@ -129,13 +139,15 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+@guarded("exactly pipeline run")
 def _run(args: argparse.Namespace) -> int:
     from exactly.spark.orders import Topics, create_topics
     from exactly.spark.pipeline import JobConfig, run
     from exactly.spark.session import build_session
 
     topics = Topics.with_prefix(args.topic_prefix)
-    create_topics(args.bootstrap_server, topics)
+    client = security_config(args)
+    create_topics(args.bootstrap_server, topics, client=client)
     conf = {"spark.sql.shuffle.partitions": str(args.shuffle_partitions), **dict(_pairs(args.spark_conf))}
     spark = build_session(args.master, "exactly-orders-pipeline", conf)
     print(f"spark {spark.version} master {args.master}; pid {os.getpid()}", flush=True)
@@ -153,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         delivery=args.delivery,
         transactional_id_prefix=args.transactional_id_prefix,
         extra_sink_options=tuple(_pairs(args.sink_option)),
+        kafka_options=spark_kafka_options(client),
     )
     try:
         # the input's size is unknown to a stream (and a resumed checkpoint skips part of it):
@@ -182,10 +195,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+@guarded("exactly pipeline verify")
 def _verify(args: argparse.Namespace) -> int:
     from exactly.spark.orders import Topics, category_table, verify
 
-    report = verify(args.bootstrap_server, Topics.with_prefix(args.topic_prefix))
+    report = verify(
+        args.bootstrap_server, Topics.with_prefix(args.topic_prefix), client=security_config(args)
+    )
     if args.json:
         print(
             json.dumps(

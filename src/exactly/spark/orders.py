@@ -23,7 +23,7 @@ import json
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 CATEGORIES = ("books", "electronics", "garden", "grocery", "toys", "sports", "music", "beauty")
 TOTAL_KEY = "total"
+# further librdkafka settings of the helpers' clients (a secured cluster's: security.protocol, sasl.*,
+# ssl.*); bootstrap.servers is the helpers' own argument
+ClientSettings = Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,12 @@ class Topics:
         return cls(f"{prefix}order-completed", f"{prefix}category-sales", f"{prefix}total-sales")
 
 
-def create_topics(bootstrap: str, topics: Topics, partitions: int = 3, timeout: float = 30) -> None:
-    """Create the three topics (input with ``partitions``, category-sales 3, total-sales 1)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+def create_topics(
+    bootstrap: str, topics: Topics, partitions: int = 3, timeout: float = 30, *, client: ClientSettings = None
+) -> None:
+    """Create the three topics (input with ``partitions``, category-sales 3, total-sales 1).
+    ``client``: further librdkafka settings (here and below: a secured cluster's)."""
+    admin = AdminClient({**(client or {}), "bootstrap.servers": bootstrap, "log_level": 3})
     wanted = [
         NewTopic(topics.orders, num_partitions=partitions, replication_factor=-1),
         NewTopic(topics.category, num_partitions=3, replication_factor=-1),
@@ -84,6 +90,7 @@ def generate(
     first_order_id: int = 0,
     transactional_id: str | None = None,
     progress: Callable[[Generated], None] | None = None,
+    client: ClientSettings = None,
 ) -> Generated:
     """Write ``orders`` committed order-completed events; ``progress`` gets the running result
     after each transaction (idempotent mode: every ``txn_size`` orders).
@@ -94,6 +101,7 @@ def generate(
     rng = random.Random(seed)
     result = Generated()
     conf: dict[str, Any] = {
+        **(client or {}),
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
@@ -182,10 +190,13 @@ class Record:
     value: bytes | None
 
 
-def read_committed(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
+def read_committed(
+    bootstrap: str, topic: str, timeout: float = 60, *, client: ClientSettings = None
+) -> list[Record]:
     """Every record a read_committed consumer sees, from the log start up to the current LSO."""
     consumer = Consumer(
         {
+            **(client or {}),
             "bootstrap.servers": bootstrap,
             "group.id": "exactly-orders-verify",
             "isolation.level": "read_committed",
@@ -255,11 +266,13 @@ class Verification:
         return f"FAILED ({len(self.problems)} problems):\n  {shown}{more}"
 
 
-def truth(bootstrap: str, topics: Topics) -> tuple[int, dict[str, int], dict[str, int]]:
+def truth(
+    bootstrap: str, topics: Topics, *, client: ClientSettings = None
+) -> tuple[int, dict[str, int], dict[str, int]]:
     cents: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     seen: set[int] = set()
-    for rec in read_committed(bootstrap, topics.orders):
+    for rec in read_committed(bootstrap, topics.orders, client=client):
         order = json.loads(rec.value or b"{}")
         seen.add(int(order["order_id"]))
         cents[order["category"]] += int(order["amount"])
@@ -269,8 +282,8 @@ def truth(bootstrap: str, topics: Topics) -> tuple[int, dict[str, int], dict[str
     return len(seen), dict(cents), dict(counts)
 
 
-def verify(bootstrap: str, topics: Topics) -> Verification:
-    n, cents, counts = truth(bootstrap, topics)
+def verify(bootstrap: str, topics: Topics, *, client: ClientSettings = None) -> Verification:
+    n, cents, counts = truth(bootstrap, topics, client=client)
     report = Verification(orders=n, truth_cents=cents, truth_orders=counts)
     if n != counts.get(TOTAL_KEY, 0):
         report.problems.append(
@@ -280,7 +293,7 @@ def verify(bootstrap: str, topics: Topics) -> Verification:
     partitions: dict[str, set[tuple[str, int]]] = defaultdict(set)
     batches: set[int] = set()
     for topic in (topics.category, topics.total):
-        for rec in read_committed(bootstrap, topic):
+        for rec in read_committed(bootstrap, topic, client=client):
             update = json.loads(rec.value or b"{}")
             key = (rec.key or b"").decode()
             if update.get("key") != key:
