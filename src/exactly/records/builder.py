@@ -123,17 +123,24 @@ def build_batch(
     )
 
 
+def record_payload(buf: bytes | memoryview, header: BatchHeader) -> bytes | memoryview:
+    """The records of the batch ``header`` describes, after its 61-byte header: a view of ``buf``
+    when uncompressed, the decompressed bytes for gzip. Raises ValueError for another codec."""
+    payload: bytes | memoryview = memoryview(buf)[
+        header.position + HEADER_SIZE : header.position + header.size
+    ]
+    compression = header.attributes & COMPRESSION_MASK
+    if compression == COMPRESSION_GZIP:
+        return gzip.decompress(payload)
+    if compression != 0:
+        raise ValueError(f"cannot decode compression codec {compression}")
+    return payload
+
+
 def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeader, list[Record]]:
     """Decode every record of the batch at ``position`` (uncompressed or gzip)."""
     header = BatchHeader.parse(buf, position)
-    start = position + HEADER_SIZE
-    end = position + header.size
-    payload: bytes | memoryview = bytes(buf[start:end])
-    compression = header.attributes & COMPRESSION_MASK
-    if compression == COMPRESSION_GZIP:
-        payload = gzip.decompress(payload)
-    elif compression != 0:
-        raise ValueError(f"cannot decode compression codec {compression}")
+    payload = bytes(record_payload(buf, header))  # the records' keys and values are bytes
     records: list[Record] = []
     pos = 0
     for _ in range(header.record_count):
@@ -178,13 +185,7 @@ def record_key_values(
     and headers and building no :class:`Record`: what a coordinator's load replays, for every
     batch of its partitions, so it stays the cheapest full read. Same codecs and errors as
     :func:`decode_batch`; the values are exactly what it would give."""
-    start = header.position + HEADER_SIZE
-    payload: bytes | memoryview = memoryview(buf)[start : header.position + header.size]
-    compression = header.attributes & COMPRESSION_MASK
-    if compression == COMPRESSION_GZIP:
-        payload = gzip.decompress(payload)
-    elif compression != 0:
-        raise ValueError(f"cannot decode compression codec {compression}")
+    payload = record_payload(buf, header)
     base_offset = header.base_offset
     pos = 0
     for _ in range(header.record_count):

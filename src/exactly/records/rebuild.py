@@ -39,7 +39,7 @@ from exactly.records.batch import (
     TRANSACTIONAL_FLAG,
     BatchHeader,
 )
-from exactly.records.builder import COMPRESSION_GZIP, Record, encode_records
+from exactly.records.builder import COMPRESSION_GZIP, Record, encode_records, record_payload
 
 _PREFIX = struct.Struct(">qiibI")
 _AFTER_CRC = struct.Struct(">hiqqqhii")
@@ -123,13 +123,7 @@ def record_key_states(
     """(offset, key, is_tombstone) of each record, skipping values and headers: what the cleaner's
     per-record retain decision needs, so a batch that is kept whole or dropped whole is never fully
     decoded. Same codecs and errors as :func:`record_keys`."""
-    start = header.position + HEADER_SIZE
-    payload: bytes | memoryview = memoryview(buf)[start : header.position + header.size]
-    compression = header.attributes & COMPRESSION_MASK
-    if compression == COMPRESSION_GZIP:
-        payload = gzip.decompress(payload)
-    elif compression != 0:
-        raise ValueError(f"cannot read compression codec {compression}")
+    payload = record_payload(buf, header)
     pos = 0
     for _ in range(header.record_count):
         length, pos = read_varint(payload, pos)
