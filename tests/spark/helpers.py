@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Producer, TopicPartition
@@ -94,3 +95,29 @@ def read_all(
         return got
     finally:
         c.close()
+
+
+def stream_copy(
+    spark: Any, bootstrap: str, source: str, target: str, ckpt: Path, guarantee: str, **sink_options: str
+) -> Any:
+    """Start a query that copies ``source`` to ``target`` upper-cased, 40 offsets per micro-batch,
+    over two partitions (``sink_options``: further options of the sink)."""
+    writer = (
+        spark.readStream.format("exactly")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "40")
+        .load()
+        .selectExpr("key", "upper(cast(value as string)) as value")
+        .repartition(2)
+        .writeStream.format("exactly")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", target)
+        .option("deliveryGuarantee", guarantee)
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+    )
+    for key, value in sink_options.items():
+        writer = writer.option(key, value)
+    return writer.start()

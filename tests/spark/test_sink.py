@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from exactly.testing.wait import wait_until
-from tests.spark.helpers import read_all
+from tests.spark.helpers import read_all, stream_copy
 from tests.support.clients import create_topic, produce_values
 
 pytestmark = pytest.mark.timeout(300)
@@ -142,26 +142,6 @@ def test_write_task_fails_once_and_is_retried(
     assert len(dirty) == (600 if stage == "before-commit" else 300)
 
 
-def _stream_copy(spark: Any, bootstrap: str, source: str, target: str, ckpt: Path, guarantee: str) -> Any:
-    return (
-        spark.readStream.format("exactly")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", source)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "40")
-        .load()
-        .selectExpr("key", "upper(cast(value as string)) as value")
-        .repartition(2)
-        .writeStream.format("exactly")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", target)
-        .option("deliveryGuarantee", guarantee)
-        .option("checkpointLocation", str(ckpt))
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_replayed_batch_is_skipped(
     spark: Any, bootstrap: str, unique_name: Any, tmp_path: Path, guarantee: str
@@ -174,7 +154,7 @@ def test_replayed_batch_is_skipped(
     create_topic(bootstrap, target)
     produce_values(bootstrap, source, [b"r%03d" % i for i in range(100)])
     ckpt = tmp_path / "ckpt"
-    query = _stream_copy(spark, bootstrap, source, target, ckpt, guarantee)
+    query = stream_copy(spark, bootstrap, source, target, ckpt, guarantee)
     assert query.awaitTermination(180)
     assert query.exception() is None
     first = sorted(g.value for g in read_all(bootstrap, target))
@@ -185,7 +165,7 @@ def test_replayed_batch_is_skipped(
     crc = ckpt / "commits" / f".{last.name}.crc"
     if crc.exists():
         crc.unlink()
-    replay = _stream_copy(spark, bootstrap, source, target, ckpt, guarantee)
+    replay = stream_copy(spark, bootstrap, source, target, ckpt, guarantee)
     assert replay.awaitTermination(180)
     assert replay.exception() is None
     assert any(p["batchId"] == int(last.name) and p["numInputRows"] > 0 for p in replay.recentProgress)

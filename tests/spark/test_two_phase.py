@@ -21,7 +21,7 @@ from exactly.client.txn_admin import describe_one, list_transactions
 from exactly.spark import sink
 from exactly.spark.faults import InjectedFault
 from exactly.spark.options import SinkOptions, parse_sink_options
-from tests.spark.helpers import read_all
+from tests.spark.helpers import read_all, stream_copy
 from tests.support.broker import Broker
 from tests.support.clients import create_topic, produce_values
 from tests.support.txn_helpers import txn_broker_config
@@ -212,23 +212,7 @@ def test_streaming_micro_batches_are_atomic_and_a_replay_is_skipped(
     ckpt = tmp_path / "ckpt"
 
     def run() -> Any:
-        query = (
-            spark.readStream.format("exactly")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", source)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "40")
-            .load()
-            .selectExpr("key", "upper(cast(value as string)) as value")
-            .repartition(2)
-            .writeStream.format("exactly")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", target)
-            .option("atomicBatches", "true")
-            .option("checkpointLocation", str(ckpt))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = stream_copy(spark, bootstrap, source, target, ckpt, "exactly_once", atomicBatches="true")
         assert query.awaitTermination(180)
         assert query.exception() is None
         return query
