@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from exactly.cli.common import CliError, add_connection_options, guarded, strict
 from exactly.cli.security_options import security_config
-from exactly.cli.topics import CliError, add_connection_options, guarded, strict
 from exactly.client import acl_admin
 from exactly.client.wire import WireClient, WireError
 from exactly.security.acl import (

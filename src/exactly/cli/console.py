@@ -28,8 +28,7 @@ import time
 import uuid
 from typing import IO, Any
 
-from exactly.cli.progress import Tracker, progress
-from exactly.cli.topics import (
+from exactly.cli.common import (
     CliError,
     ErrorLog,
     add_connection_options,
@@ -43,6 +42,7 @@ from exactly.cli.topics import (
     strict,
     topic_error,
 )
+from exactly.cli.progress import Tracker, progress
 
 _TRANSIENT_TOPIC_ERRORS = ("LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION", "_WAIT_COORD")
 

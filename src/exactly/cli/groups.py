@@ -23,8 +23,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from exactly.cli.output import add_json_option, print_json
-from exactly.cli.topics import (
+from exactly.cli.common import (
     CliError,
     ErrorLog,
     StrictParser,
@@ -34,6 +33,7 @@ from exactly.cli.topics import (
     kafka_error_of,
     strict,
 )
+from exactly.cli.output import add_json_option, print_json
 from exactly.cli.txn import print_table
 
 _TRANSPORT = ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN")

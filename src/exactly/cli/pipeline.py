@@ -24,9 +24,9 @@ import sys
 from typing import Any
 
 from exactly.cli import pipeline_demo
+from exactly.cli.common import add_connection_options, guarded, positive_int, strict
 from exactly.cli.progress import progress
 from exactly.cli.security_options import security_config
-from exactly.cli.topics import add_connection_options, guarded, positive_int, strict
 
 
 def register(subparsers: Any) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from exactly.cli.common import add_connection_options, non_negative_int, strict
 from exactly.cli.output import add_json_option, print_json
-from exactly.cli.topics import add_connection_options, non_negative_int, strict
 from exactly.cli.txn import print_table, wire_command
 from exactly.client import txn_admin
 from exactly.client.broker_pool import BrokerPool

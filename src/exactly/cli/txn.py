@@ -34,9 +34,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from exactly.cli.output import add_json_option, print_json
-from exactly.cli.security_options import security_config
-from exactly.cli.topics import (
+from exactly.cli.common import (
     CliError,
     StrictParser,
     add_connection_options,
@@ -44,6 +42,8 @@ from exactly.cli.topics import (
     non_negative_int,
     strict,
 )
+from exactly.cli.output import add_json_option, print_json
+from exactly.cli.security_options import security_config
 from exactly.client import txn_admin
 from exactly.client.broker_pool import BrokerPool
 from exactly.client.wire import DescribedTransactionState, WireError, error_name

@@ -25,7 +25,7 @@ import argparse
 import sys
 from typing import Any
 
-from exactly.cli.topics import (
+from exactly.cli.common import (
     CliError,
     ErrorLog,
     add_connection_options,

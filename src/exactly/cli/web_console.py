@@ -18,8 +18,7 @@ from typing import Any
 
 import uvicorn
 
-from exactly.cli.security_options import security_config
-from exactly.cli.topics import (
+from exactly.cli.common import (
     add_connection_options,
     check_bootstrap,
     guarded,
@@ -27,6 +26,7 @@ from exactly.cli.topics import (
     positive_int,
     strict,
 )
+from exactly.cli.security_options import security_config
 from exactly.webconsole.app import create_app
 from exactly.webconsole.gather import Gatherer
 from exactly.webconsole.model import DEFAULT_HANGING_AFTER_MS
