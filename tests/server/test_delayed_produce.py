@@ -59,3 +59,38 @@ def test_leadership_moved_and_timeout() -> None:
         return await moved, timed_out
 
     assert asyncio.run(scenario()) == (ErrorCode.not_leader_or_follower, ErrorCode.request_timed_out)
+
+
+def test_a_wake_answers_the_produces_it_completes_and_leaves_the_others_parked() -> None:
+    async def scenario() -> tuple[ErrorCode, ErrorCode]:
+        delayed = DelayedProduces()
+        lp = leader()
+        lp.on_leader_append(5, now_ms=1)
+        first = asyncio.ensure_future(delayed.wait(TP, lp, lambda: True, 3, 2, timeout_s=10))
+        second = asyncio.ensure_future(delayed.wait(TP, lp, lambda: True, 5, 2, timeout_s=10))
+        await asyncio.sleep(0)
+        lp.on_follower_fetch(2, 3, 0, now_ms=2)  # HW 3: the first is done, the second is not
+        delayed.wake(TP)
+        await asyncio.sleep(0)
+        assert not second.done()
+        lp.on_follower_fetch(2, 5, 0, now_ms=3)
+        delayed.wake(TP)
+        return await first, await second
+
+    assert asyncio.run(scenario()) == (ErrorCode.none, ErrorCode.none)
+
+
+def test_a_cancelled_produce_leaves_nothing_parked() -> None:
+    async def scenario() -> ErrorCode:
+        delayed = DelayedProduces()
+        lp = leader()
+        lp.on_leader_append(5, now_ms=1)
+        gone = asyncio.ensure_future(delayed.wait(TP, lp, lambda: True, 5, 2, timeout_s=10))
+        await asyncio.sleep(0)
+        gone.cancel()  # its connection closed
+        await asyncio.gather(gone, return_exceptions=True)
+        lp.on_follower_fetch(2, 5, 0, now_ms=2)
+        delayed.wake(TP)  # nothing parked: no error, nothing resolved twice
+        return await delayed.wait(TP, lp, lambda: True, 5, 2, timeout_s=10)  # done at once
+
+    assert asyncio.run(scenario()) == ErrorCode.none

@@ -26,7 +26,6 @@ FETCH_SESSION_ID_NOT_FOUND as in Kafka.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -72,8 +71,12 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     from_follower = int(getattr(request, "replica_id", -1)) >= 0 and broker.replicas is not None
     slice_from = SLICE_FROM if ctx.file_slices else None
     denied = _denied_topics(broker, ctx, request)
+    first = True
     while True:
-        responses, total, errors = _read_all(broker, request, slice_from, denied)
+        # a follower's fetch offset is recorded once, on arrival (as Kafka's fetchMessages; its
+        # DelayedFetch re-reads without it): the re-reads after a wake-up move nothing
+        responses, total, errors = _read_all(broker, request, slice_from, denied, first)
+        first = False
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or errors or remaining <= 0:
             break
@@ -83,7 +86,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             break
         await broker.waiters.wait(tps, remaining, up_to_log_end=from_follower)
         if time.monotonic() >= deadline:
-            responses, total, errors = _read_all(broker, request, slice_from, denied)
+            responses, total, errors = _read_all(broker, request, slice_from, denied, False)
             break
     return encode_fetch_response(ctx.version, 0, 0, responses)
 
@@ -101,8 +104,15 @@ def _denied_topics(broker: Broker, ctx: RequestContext, request: Any) -> frozens
 
 
 def _read_all(
-    broker: Broker, request: Any, slice_from: int | None, denied: frozenset[str] = frozenset()
+    broker: Broker,
+    request: Any,
+    slice_from: int | None,
+    denied: frozenset[str] = frozenset(),
+    record_follower: bool = True,
 ) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int, bool]:
+    """Every partition's answer, the record bytes in them and whether one carries an error.
+    ``record_follower``: a follower's fetch offsets move the leader's HW and ISR (its first
+    read only)."""
     read_committed = request.isolation_level == READ_COMMITTED
     replica_id = int(getattr(request, "replica_id", -1))
     from_follower = replica_id >= 0 and broker.replicas is not None
@@ -177,12 +187,14 @@ def _read_all(
                 broker.metrics.error(ApiKey.FETCH, ErrorCode.offset_out_of_range)
                 parts.append(_error_partition(p.partition, ErrorCode.offset_out_of_range))
                 continue
+            high_watermark = result.high_watermark
             if from_follower and broker.replicas is not None:
                 # The follower's fetch offset is its log end: the leader's HW and ISR follow it.
-                broker.replicas.on_follower_fetch(
-                    plog, replica_id, p.fetch_offset, getattr(p, "log_start_offset", -1)
-                )
-                result = replace(result, high_watermark=plog.high_watermark)
+                if record_follower:
+                    broker.replicas.on_follower_fetch(
+                        plog, replica_id, p.fetch_offset, getattr(p, "log_start_offset", -1)
+                    )
+                high_watermark = plog.high_watermark
             size = len(result.records)
             if size:
                 min_one = False
@@ -195,7 +207,7 @@ def _read_all(
                 FetchPartitionResult(
                     p.partition,
                     0,
-                    result.high_watermark,
+                    high_watermark,
                     result.last_stable_offset,
                     result.log_start_offset,
                     aborted,
