@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--records", type=int, default=100_000, help="1 KB records per throughput run")
     ap.add_argument("--latency-seconds", type=float, default=10.0)
     ap.add_argument("--skip", nargs="*", default=[], choices=["latency", "throughput"])
+    ap.add_argument(
+        "--client-io-nice", type=int, metavar="N", help="see run.py --client-io-nice (both sides alike)"
+    )
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "raw", help="JSON goes here")
     return ap.parse_args(argv)
 
@@ -113,6 +116,7 @@ def one(ctx: Context, cluster: Cluster, warmup: str, skip: list[str]) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    drivers.CLIENT_IO_NICE = args.client_io_nice
     scratch = Path(tempfile.mkdtemp(prefix="exactly-bench-cluster-ab-"))
     ctx = Context(
         quick=False,

@@ -100,6 +100,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rerender", action="store_true", help="rewrite <name>.md from its latest raw JSON and exit"
     )
     ap.add_argument("--keep", action="store_true", help="keep the /tmp scratch dir (data, broker logs)")
+    ap.add_argument(
+        "--client-io-nice",
+        type=int,
+        metavar="N",
+        help="nice value for the confluent-kafka producers' librdkafka threads in every workload "
+        "(their poll() spin while 5 requests are in flight; see benchlib/drivers.CLIENT_IO_NICE)",
+    )
     ap.add_argument("--list", action="store_true", help="list workloads and exit")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
@@ -333,6 +340,7 @@ def merge(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    drivers.CLIENT_IO_NICE = args.client_io_nice
     if args.list:
         for w in REGISTRY.values():
             flags = [] if w.default else ["not default"]
@@ -373,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"confluent-kafka {confluent_kafka.version()[0]} / librdkafka "
                 f"{confluent_kafka.libversion()[0]}; {drivers.kcat_version(kenv)} ({args.kcat_lib}); "
                 f"producer {drivers.PRODUCE_CONF}"
+                + (
+                    ""
+                    if args.client_io_nice is None
+                    else f"; librdkafka threads at nice {args.client_io_nice}"
+                )
             ),
             "brokers": [],
             "notes": [],

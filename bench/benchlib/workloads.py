@@ -721,6 +721,7 @@ def fixed_rate_latency(ctx: Context, broker: Any, topic: str) -> dict[str, Any]:
         {"bootstrap.servers": broker.bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0, **kafka.QUIET}
     )
     p.list_topics(topic, timeout=30)
+    drivers.deprioritise_io_threads()
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     consumer_ready.wait(30)
