@@ -17,6 +17,7 @@ import os
 import ssl
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 from exactly.security.principal import MappingRule, map_dn, subject_dn
 
@@ -26,6 +27,28 @@ _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_
 
 class TlsConfigError(ValueError):
     """An ssl.* setting the broker cannot use."""
+
+
+class DirectSSLObject(ssl.SSLObject):
+    """``ssl.SSLObject`` whose ``read``, ``write`` and ``pending`` are the C object's own methods.
+
+    Why: the event loop's TLS transport (uvloop's, and asyncio's) decrypts by calling ``read``
+    and ``pending`` once per TLS record. ``ssl.SSLObject``'s versions are Python functions that
+    only forward to the C object, so each record also paid two Python calls. librdkafka writes a
+    TLS record per buffer segment, often one per message (a 10-byte record header and a 1 KB
+    value in separate records), so a produce stream carries hundreds of records per MB and the
+    forwarding was a measurable share of the broker's TLS cost (bench/results/tls-profile.md).
+    Behaviour is unchanged: the same OpenSSL calls with the same arguments, results and
+    exceptions (the transports call ``read(n)`` or ``read(n, buffer)``, both of which the C
+    method takes). Everything else (handshake, ``getpeercert``, ``cipher``...) is inherited."""
+
+    @classmethod
+    def _create(cls, *args: Any, **kwargs: Any) -> DirectSSLObject:
+        obj: DirectSSLObject = super()._create(*args, **kwargs)  # type: ignore[misc]
+        inner = getattr(obj, "_sslobj", None)
+        if inner is not None:  # CPython's layout; elsewhere the inherited methods stay
+            obj.__dict__.update(read=inner.read, write=inner.write, pending=inner.pending)
+        return obj
 
 
 def _with_pem_file(text: str, use: Callable[[str], None]) -> None:
@@ -47,6 +70,7 @@ def server_context(setting: Callable[[str], str], client_auth: str) -> ssl.SSLCo
         if kind != "PEM":
             raise TlsConfigError(f"{key}={kind} is not supported: use PEM")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.sslobject_class = DirectSSLObject
     enabled = [
         p.strip() for p in (setting("ssl.enabled.protocols") or "TLSv1.2,TLSv1.3").split(",") if p.strip()
     ]

@@ -34,7 +34,9 @@ parks), so a long-polling Fetch or a parked produce never delays an answer that 
 Security (exactly.security): the connection belongs to one listener. On a TLS listener the
 transport is TLS (the handshake is done before ``connection_made``), the principal is the
 client certificate's mapped name (or ``User:ANONYMOUS`` without one), and Fetch answers are
-copied rather than sent with sendfile (the kernel cannot encrypt them). On a SASL listener
+copied rather than sent with sendfile (the kernel cannot encrypt them), and a large answer is
+written a piece per loop iteration so that the client decrypts while the broker encrypts
+(exactly.server.tls_write). On a SASL listener
 every frame goes to the connection's ``SaslAuthenticator`` until it is authenticated: only
 ApiVersions reaches the dispatcher before then, frames are limited to
 sasl.server.max.receive.size, and a failed authentication answers (when the framing allows),
@@ -68,6 +70,7 @@ from exactly.security.sasl import Action, SaslAuthenticator, SaslState, Step
 from exactly.security.tls import certificate_principal
 from exactly.server.deferred_response import Deferred
 from exactly.server.dispatch import CloseConnection, dispatch
+from exactly.server.tls_write import PIECE, send_in_pieces, write_now
 from exactly.storage.file_slice import FileSlice
 
 if TYPE_CHECKING:
@@ -233,6 +236,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         frames = self._frames
         deferred = self._deferred
         release = self.framer.release
+        tls = self.listener.ssl_context is not None
+        write = write_now if tls else _write
         pending: list[Any] = []  # responses held back for one combined write, in request order
         pending_bytes = 0
 
@@ -240,7 +245,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             """A handler is about to park (an acks=all produce waiting for the ISR)."""
             nonlocal pending, pending_bytes
             if pending:
-                _write(transport, pending)
+                write(transport, pending)
                 pending, pending_bytes = [], 0
 
         try:
@@ -255,12 +260,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
                             pending_bytes += len(c)
                 if self._draining and not deferred:
                     if pending:
-                        _write(transport, pending)
+                        write(transport, pending)
                     self._close("broker shutting down", logging.DEBUG)
                     return
                 if not frames or self._draining or self._blocked():
                     if pending:
-                        _write(transport, pending)
+                        write(transport, pending)
                         pending, pending_bytes = [], 0
                         if self._writable is not None and not self._writable.done():
                             await self._writable
@@ -274,7 +279,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self._paused_reading = False
                 if pending and _api_key(payload) not in NEVER_WAIT:
                     # this request may park
-                    _write(transport, pending)
+                    write(transport, pending)
                     pending, pending_bytes = [], 0
                 broker.metrics.bytes_in += len(payload) + 4
                 if self.sasl is not None:
@@ -283,7 +288,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         if step.response:
                             pending.append(step.response)
                         if pending:
-                            _write(transport, pending)
+                            write(transport, pending)
                             pending, pending_bytes = [], 0
                         if not self._sasl_step(step):
                             return
@@ -302,7 +307,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     )
                 except CloseConnection as exc:
                     if pending and not self._closing:
-                        _write(transport, pending)  # answers owed to earlier requests
+                        write(transport, pending)  # answers owed to earlier requests
                     self._close(str(exc))
                     return
                 self.in_request = False
@@ -333,8 +338,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         pending_bytes += len(c)
                 if frames and pending_bytes < PENDING_MAX_BYTES and len(frames[0]) < LARGE_FRAME:
                     continue  # a small request is queued: answer it together with this one
-                if pending:
-                    _write(transport, pending)
+                if tls and pending_bytes > PIECE:
+                    # a large answer (a Fetch): each piece leaves before the next is encrypted
+                    chunks, pending, pending_bytes = pending, [], 0
+                    await send_in_pieces(transport, chunks)
+                elif pending:
+                    write(transport, pending)
                     pending, pending_bytes = [], 0
                 if self._writable is not None and not self._writable.done():
                     await self._writable
