@@ -9,8 +9,13 @@ Per repetition and transport (order alternating): produce ``--records`` 1 KB rec
 kcat (acks=all, idempotent, linger.ms=10, 1 MB batches: bench/benchlib/drivers.PRODUCE_CONF) to
 a fresh 1-partition topic, then consume them back with kcat from offset 0. kcat rather than
 confluent-kafka in this process, so the Python client's CPU does not cap the figure. Reported:
-MB/s (record bytes / wall s, median of the repetitions, min-max), broker CPU-s/GB, and the ratio
-TLS / plaintext per repetition (target: >= 0.7).
+MB/s (record bytes / wall s, median of the repetitions, min-max), broker and client (kcat) CPU-s/GB,
+the ratio TLS / plaintext per repetition (target: >= 0.7 for produce and consume, printed with the
+report), the load average at the start and the end, and the TLS version and cipher the broker
+negotiates with an OpenSSL client using OpenSSL's defaults (as librdkafka does).
+
+On a shared box MB/s moves with the load; CPU-s/GB (CPU time per byte) much less, so compare those
+when the load average is not near zero.
 
 On TLS the broker copies Fetch answers through the TLS transport (no sendfile) and encrypts
 in OpenSSL; the CPU-s/GB column shows what that costs."""
@@ -22,6 +27,8 @@ import datetime
 import os
 import platform
 import shutil
+import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -54,6 +61,18 @@ def make_server_cert(directory: Path) -> tuple[Path, Path]:
     return keystore, directory / "ca.pem"
 
 
+def negotiated(address: str, ca: Path) -> str:
+    """The TLS version and cipher suite the broker picks for a client with OpenSSL's defaults."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        cipher = tls.cipher()
+        return f"{tls.version()} {cipher[0] if cipher else '?'}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,6 +96,7 @@ def main() -> int:
             },
             name="tls-bench",
         )
+        load_start = os.getloadavg()[0]
         broker.start()
         pid = broker.pid
         assert pid is not None
@@ -87,7 +107,8 @@ def main() -> int:
             "PLAINTEXT": {},
             "SSL": {"security.protocol": "SSL", "ssl.ca.location": str(ca)},
         }
-        rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        tls = negotiated(broker.listener_address("SSL"), ca)
+        rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
         ratios: dict[str, list[float]] = {"produce": [], "consume": []}
         timeout = 600.0
         for rep in range(args.repeat):
@@ -107,7 +128,7 @@ def main() -> int:
                     )
                 gb = run.bytes / 1e9
                 rows.setdefault(("produce", transport), []).append(
-                    (run.bytes / run.wall_s / 1e6, (cpu1 - cpu0) / gb)
+                    (run.bytes / run.wall_s / 1e6, (cpu1 - cpu0) / gb, run.client_cpu_s / gb)
                 )
                 mbps[("produce", transport)] = run.bytes / run.wall_s / 1e6
                 cpu0 = procstat.cpu_seconds(pid)
@@ -121,7 +142,7 @@ def main() -> int:
                     )
                 gb = run.bytes / 1e9
                 rows.setdefault(("consume", transport), []).append(
-                    (run.bytes / run.wall_s / 1e6, (cpu1 - cpu0) / gb)
+                    (run.bytes / run.wall_s / 1e6, (cpu1 - cpu0) / gb, run.client_cpu_s / gb)
                 )
                 mbps[("consume", transport)] = run.bytes / run.wall_s / 1e6
             for kind in ratios:
@@ -132,22 +153,25 @@ def main() -> int:
             )
         broker.stop()
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report(args, rows, ratios))
+        args.out.write_text(report(args, rows, ratios, load_start, tls))
         print(args.out.read_text())
         return 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _fmt(values: list[float]) -> str:
+def _fmt(values: list[float], digits: int = 1) -> str:
     med = statistics.median(values)
-    return f"{med:.1f} [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else f"{med:.1f}"
+    d = digits
+    return f"{med:.{d}f} [{min(values):.{d}f}-{max(values):.{d}f}]" if len(values) > 1 else f"{med:.{d}f}"
 
 
 def report(
     args: argparse.Namespace,
-    rows: dict[tuple[str, str], list[tuple[float, float]]],
+    rows: dict[tuple[str, str], list[tuple[float, float, float]]],
     ratios: dict[str, list[float]],
+    load_start: float,
+    tls: str,
 ) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -157,15 +181,17 @@ def report(
         "# TLS vs plaintext (bench/tls_ab.py)",
         "",
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}, {platform.node()}, "
-        f"{os.cpu_count()} cores, load average {load[0]:.2f} at the end; {args.records:,} x 1 KB records, "
-        f"{args.repeat} repetition(s), kcat (librdkafka) over PLAINTEXT and SSL listeners of one broker.",
+        f"{os.cpu_count()} cores, load average {load_start:.2f} at the start and {load[0]:.2f} at the end; "
+        f"{args.records:,} x 1 KB records, {args.repeat} repetition(s), kcat (librdkafka) over PLAINTEXT "
+        f"and SSL listeners of one broker; TLS negotiated: {tls}.",
         "",
-        "| workload | transport | MB/s | broker CPU-s/GB |",
-        "| --- | --- | --- | --- |",
+        "| workload | transport | MB/s | broker CPU-s/GB | client CPU-s/GB |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for (kind, transport), samples in sorted(rows.items()):
         lines.append(
-            f"| {kind} | {transport} | {_fmt([m for m, _ in samples])} | {_fmt([c for _, c in samples])} |"
+            f"| {kind} | {transport} | {_fmt([s[0] for s in samples])} | {_fmt([s[1] for s in samples], 2)} "
+            f"| {_fmt([s[2] for s in samples], 2)} |"
         )
     lines += ["", "| ratio TLS / plaintext MB/s | median [min-max] | target |", "| --- | --- | --- |"]
     for kind, values in ratios.items():
