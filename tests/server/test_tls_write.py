@@ -14,7 +14,7 @@ import uvloop
 from tests.support.certs import TestPki, make_pki
 
 from exactly.security.tls import DirectSSLObject, server_context
-from exactly.server.tls_write import PIECE, pieces, send_in_pieces, write_now
+from exactly.server.tls_write import PIECE, pieces, write_tls
 from exactly.storage.file_slice import FileSlice
 
 
@@ -52,8 +52,8 @@ def test_a_file_slice_is_read_and_closed_and_a_cut_file_breaks_the_answer(tmp_pa
 
 
 class _Answering(asyncio.Protocol):
-    """Writes ``answers`` once the handshake is done: the first with ``write_now``, the others
-    with ``send_in_pieces``, then closes; records which SSL object class the transport used."""
+    """Writes ``answers`` once the handshake is done, one ``write_tls`` call each with a loop
+    iteration in between, then closes; records which SSL object class the transport used."""
 
     def __init__(self, answers: list[list[bytes]], done: asyncio.Future[str]) -> None:
         self.answers = answers
@@ -63,9 +63,9 @@ class _Answering(asyncio.Protocol):
         asyncio.get_running_loop().create_task(self._answer(transport))  # type: ignore[arg-type]
 
     async def _answer(self, transport: asyncio.Transport) -> None:
-        write_now(transport, self.answers[0])
-        for chunks in self.answers[1:]:
-            await send_in_pieces(transport, chunks)
+        for chunks in self.answers:
+            write_tls(transport, chunks)
+            await asyncio.sleep(0)
         self.done.set_result(type(transport.get_extra_info("ssl_object")).__name__)
         transport.close()
 

@@ -34,8 +34,8 @@ parks), so a long-polling Fetch or a parked produce never delays an answer that 
 Security (exactly.security): the connection belongs to one listener. On a TLS listener the
 transport is TLS (the handshake is done before ``connection_made``), the principal is the
 client certificate's mapped name (or ``User:ANONYMOUS`` without one), and Fetch answers are
-copied rather than sent with sendfile (the kernel cannot encrypt them), and a large answer is
-written a piece per loop iteration so that the client decrypts while the broker encrypts
+copied rather than sent with sendfile (the kernel cannot encrypt them) and handed to the
+transport in pieces, so that the client decrypts while the broker encrypts
 (exactly.server.tls_write). On a SASL listener
 every frame goes to the connection's ``SaslAuthenticator`` until it is authenticated: only
 ApiVersions reaches the dispatcher before then, frames are limited to
@@ -70,7 +70,7 @@ from exactly.security.sasl import Action, SaslAuthenticator, SaslState, Step
 from exactly.security.tls import certificate_principal
 from exactly.server.deferred_response import Deferred
 from exactly.server.dispatch import CloseConnection, dispatch
-from exactly.server.tls_write import PIECE, send_in_pieces, write_now
+from exactly.server.tls_write import write_tls
 from exactly.storage.file_slice import FileSlice
 
 if TYPE_CHECKING:
@@ -236,8 +236,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         frames = self._frames
         deferred = self._deferred
         release = self.framer.release
-        tls = self.listener.ssl_context is not None
-        write = write_now if tls else _write
+        write = _write if self.listener.ssl_context is None else write_tls  # TLS: in pieces
         pending: list[Any] = []  # responses held back for one combined write, in request order
         pending_bytes = 0
 
@@ -338,11 +337,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         pending_bytes += len(c)
                 if frames and pending_bytes < PENDING_MAX_BYTES and len(frames[0]) < LARGE_FRAME:
                     continue  # a small request is queued: answer it together with this one
-                if tls and pending_bytes > PIECE:
-                    # a large answer (a Fetch): each piece leaves before the next is encrypted
-                    chunks, pending, pending_bytes = pending, [], 0
-                    await send_in_pieces(transport, chunks)
-                elif pending:
+                if pending:
                     write(transport, pending)
                     pending, pending_bytes = [], 0
                 if self._writable is not None and not self._writable.done():

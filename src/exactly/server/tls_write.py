@@ -1,14 +1,13 @@
 """Writing responses to a TLS connection in pieces, so that encrypting and sending overlap.
 
-Why: a TLS transport (uvloop's SSL protocol, like asyncio's) encrypts whatever one ``write`` or
-``writelines`` call hands it, and uvloop sends queued bytes only when the event loop finishes
-its current iteration. A 1 MB Fetch answer written at once is therefore encrypted whole before
-its first byte leaves, and the consumer, which sends its next Fetch only after this answer is
-in, decrypts only after that: broker and client take turns on the CPU instead of working at the
-same time. ``send_in_pieces`` hands the transport PIECE bytes, lets the loop send them, then
-encrypts the next piece while the client decrypts the previous one. ``write_now`` cuts the same
-pieces without waiting in between, for the places that must write synchronously (before a
-request parks, before closing).
+Why: a TLS transport (uvloop's SSL protocol, like asyncio's) encrypts everything one ``write``
+or ``writelines`` call hands it before it passes the ciphertext to the socket. A 1 MB Fetch
+answer written in one call is therefore encrypted whole before its first byte leaves, and the
+consumer, which sends its next Fetch only once this answer is in, starts decrypting only after
+that: broker and client take turns instead of working at the same time. Handed over PIECE
+bytes per call, each piece is encrypted and written to the socket (uvloop writes at once while
+the socket takes the bytes) before the next piece is encrypted, so the client decrypts piece n
+while the broker encrypts piece n + 1.
 
 Nothing else changes: the same bytes in the same order, with no extra copy (pieces of a large
 chunk are memoryview slices, encrypted by the transport within the call that gets them, so no
@@ -58,21 +57,10 @@ def pieces(chunks: list[Any]) -> Iterator[list[Any]]:
         yield batch
 
 
-def write_now(transport: asyncio.Transport, chunks: list[Any]) -> None:
-    """All of ``chunks`` to the transport in this call (in PIECE calls)."""
+def write_tls(transport: asyncio.Transport, chunks: list[Any]) -> None:
+    """``chunks`` to a TLS transport, a ``writelines`` call per piece."""
     for batch in pieces(chunks):
         transport.writelines(batch)
-
-
-async def send_in_pieces(transport: asyncio.Transport, chunks: list[Any]) -> None:
-    """``chunks`` to the transport a piece per event-loop iteration, so each piece is on the
-    socket before the next is encrypted. Stops early when the transport is closing (its
-    connection is going away: nothing more can be delivered)."""
-    for batch in pieces(chunks):
-        if transport.is_closing():
-            return
-        transport.writelines(batch)
-        await asyncio.sleep(0)
 
 
 def _read_slice(piece: FileSlice) -> bytes:
