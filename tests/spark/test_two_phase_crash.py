@@ -21,17 +21,14 @@ category-sales and total-sales). Four JVM starts in all; marked slow.
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exactly.client.broker_pool import BrokerPool
-from exactly.client.txn_admin import list_transactions
-from exactly.spark.orders import TOTAL_KEY, Topics, create_topics, generate, read_committed, verify
+from exactly.spark.orders import Topics, create_topics, generate, verify
 from exactly.testing.wait import wait_until
+from tests.spark.batch_view import BatchView, open_transactions
 from tests.spark.pipeline_process import Pipeline, all_logs, catch_up, crash_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -40,43 +37,6 @@ ORDERS = 2000  # 3-4 micro-batches of 700 offsets: each step needs one, the last
 # two shuffle partitions: one wave of tasks on local[2], still two transactions per batch (9 keys)
 ATOMIC = ("--sink-option", "atomicBatches=true", "--shuffle-partitions", "2")
 RUN = ("--trigger", "processingTime:1s", "--max-offsets-per-trigger", "700", *ATOMIC)
-
-
-class BatchView:
-    """What a read_committed reader sees of each micro-batch in the two output topics."""
-
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
-        self.category: dict[int, int] = defaultdict(int)  # batch -> sum of the category deltas
-        self.total: dict[int, int] = {}  # batch -> the total's delta
-        self.records: dict[int, int] = defaultdict(int)
-        for topic in (topics.category, topics.total):
-            for rec in read_committed(bootstrap, topic):
-                update = json.loads(rec.value or b"{}")
-                batch = int(update["batch"])
-                self.records[batch] += 1
-                if update["key"] == TOTAL_KEY:
-                    assert batch not in self.total, f"batch {batch}: two total updates"
-                    self.total[batch] = int(update["delta_cents"])
-                else:
-                    self.category[batch] += int(update["delta_cents"])
-
-    def partial(self) -> list[str]:
-        """Batches seen in part: a topic without the batch, or categories not adding up to the total."""
-        return [
-            f"batch {b}: categories {self.category.get(b)} vs total {self.total.get(b)}"
-            for b in sorted(set(self.category) | set(self.total))
-            if self.category.get(b) != self.total.get(b)
-        ]
-
-
-def _open_transactions(bootstrap: str, prefix: str) -> list[str]:
-    """The sink's transactions still open (prepared and not yet committed or aborted)."""
-    with BrokerPool.connect(bootstrap, timeout=30) as pool:
-        return sorted(
-            t.transactional_id
-            for t in list_transactions(pool, states=("Ongoing",))
-            if t.transactional_id.startswith(prefix)
-        )
 
 
 def _hang(
@@ -106,7 +66,7 @@ def test_driver_sigkill_at_each_commit_step_and_broker_kill9_while_prepared(
     # (a) prepared, undecided: the driver dies; nothing of the batch is visible
     run, batch = _hang(log, bootstrap, topics, ckpt, hooks / "a", "before-decision")
     run.kill_jvm()
-    prepared = _open_transactions(bootstrap, sink_prefix)
+    prepared = open_transactions(bootstrap, sink_prefix)
     assert prepared, "no prepared transaction left by the killed driver"
     view = BatchView(bootstrap, topics)
     assert view.records.get(batch, 0) == 0, f"undecided batch {batch} visible: {view.records[batch]}"
@@ -115,7 +75,7 @@ def test_driver_sigkill_at_each_commit_step_and_broker_kill9_while_prepared(
     # (b) decided, nothing committed: the driver dies; still nothing of the batch is visible
     run, batch = _hang(log, bootstrap, topics, ckpt, hooks / "b", "after-decision")
     run.kill_jvm()
-    assert _open_transactions(bootstrap, sink_prefix), "the decided transactions are not open"
+    assert open_transactions(bootstrap, sink_prefix), "the decided transactions are not open"
     view = BatchView(bootstrap, topics)
     assert view.records.get(batch, 0) == 0, f"uncommitted batch {batch} visible: {view.records[batch]}"
     assert not view.partial(), view.partial()
@@ -126,7 +86,7 @@ def test_driver_sigkill_at_each_commit_step_and_broker_kill9_while_prepared(
     run.kill_jvm()
     # one EndTxn went through, the rest is open (whether the committed part is visible yet depends
     # on the markers and on an open transaction holding the partition's LSO before it)
-    assert _open_transactions(bootstrap, sink_prefix), "no transaction left to commit"
+    assert open_transactions(bootstrap, sink_prefix), "no transaction left to commit"
     view = BatchView(bootstrap, topics)
     assert view.partial() == [p for p in view.partial() if p.startswith(f"batch {batch}:")]
     mid_commit = batch
@@ -136,16 +96,16 @@ def test_driver_sigkill_at_each_commit_step_and_broker_kill9_while_prepared(
     run, batch = _hang(
         log, bootstrap, topics, ckpt, hooks / "d", "before-decision", "--until-caught-up", "--timeout", "240"
     )
-    prepared = _open_transactions(bootstrap, sink_prefix)
+    prepared = open_transactions(bootstrap, sink_prefix)
     assert prepared
     broker.kill()
     broker.restart(same_port=True)
     assert broker.bootstrap == bootstrap
     wait_until(  # the restarted coordinator loads its log first
-        lambda: _open_transactions(bootstrap, sink_prefix) == prepared,
+        lambda: open_transactions(bootstrap, sink_prefix) == prepared,
         60,
         "the prepared transactions back after the broker restart",
-        describe=lambda: _open_transactions(bootstrap, sink_prefix),
+        describe=lambda: open_transactions(bootstrap, sink_prefix),
     )
     view = BatchView(bootstrap, topics)
     assert view.records.get(batch, 0) == 0, f"undecided batch {batch} visible after the broker restart"
@@ -161,4 +121,4 @@ def test_driver_sigkill_at_each_commit_step_and_broker_kill9_while_prepared(
     assert report.orders == ORDERS
     view = BatchView(bootstrap, topics)
     assert not view.partial(), "\n".join(view.partial()) + "\n" + all_logs(log)
-    assert not _open_transactions(bootstrap, sink_prefix)
+    assert not open_transactions(bootstrap, sink_prefix)

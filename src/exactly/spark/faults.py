@@ -16,6 +16,10 @@ Spark Python worker, not in the test process:
   committed, some left open transactions, and Spark never wrote its commit log for B.
 * ``testing.failAfterPrepare=P`` - two-phase mode: every attempt of the task of Spark partition P
   raises right after it prepared its transaction (a task that fails for good).
+* ``testing.taskHang=B`` - two-phase mode, micro-batch B: the first task (per hook dir) to
+  prepare its transaction writes its process id to ``task-prepared-B-<partition>`` and hangs
+  there (at most 120 s), before its commit message reaches the driver. A test SIGKILLs that
+  Python worker: a task that died holding a prepared transaction, which Spark retries.
 * ``testing.crashAfterDecision=true`` - two-phase mode: the driver's first ``commit`` of each
   batch raises right after its decision is durable and before any transaction is committed
   (``crashed-after-decision-<batch>`` marks it done), as a driver dying there would leave it.
@@ -28,6 +32,7 @@ Spark Python worker, not in the test process:
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +52,7 @@ class Faults:
     pause_batch: int | None = None
     hang_batch: int | None = None
     fail_after_prepare: int | None = None
+    task_hang: int | None = None
     crash_after_decision: bool = False
     driver_hang: str | None = None
 
@@ -91,8 +97,25 @@ class Faults:
             self._wait_for("never")
 
     def after_prepare(self, batch: int, partition: int) -> None:
-        if self.active and self.fail_after_prepare == partition:
+        if not self.active:
+            return
+        if self.fail_after_prepare == partition:
             raise InjectedFault(f"injected failure after prepare (batch {batch}, partition {partition})")
+        if self.task_hang == batch and self._claim(f"task-claimed-{batch}"):
+            ready = self._path(f"task-prepared-{batch}-{partition}")
+            staged = ready.with_name(ready.name + ".tmp")
+            staged.write_text(str(os.getpid()))
+            staged.rename(ready)  # whole or absent: the test reads the pid as soon as it appears
+            self._wait_for("never")
+
+    def _claim(self, name: str) -> bool:
+        """Create ``name`` in the hook dir unless it exists (atomic: one claimant wins)."""
+        self._path("").mkdir(parents=True, exist_ok=True)
+        try:
+            self._path(name).open("x").close()
+        except FileExistsError:
+            return False
+        return True
 
     def after_decision(self, batch: int) -> None:
         if not self.active or not self.crash_after_decision:
@@ -106,10 +129,7 @@ class Faults:
         """``testing.driverHang``: stop once per hook dir at ``step`` of a new decision."""
         if not self.active or self.driver_hang != step:
             return
-        self._path("").mkdir(parents=True, exist_ok=True)
-        try:  # once per hook dir (atomic create): a restarted driver with the same dir runs on
-            self._path(f"driver-claimed-{step}").open("x").close()
-        except FileExistsError:
+        if not self._claim(f"driver-claimed-{step}"):  # once per hook dir: a restarted driver runs on
             return
         self._touch(f"driver-{step}-{batch}")
         self._wait_for("driver-resume")
@@ -118,11 +138,7 @@ class Faults:
         if not self.active:
             return
         if self.hang_batch == batch:
-            self._path("").mkdir(parents=True, exist_ok=True)
-            try:  # the first committer of the batch claims the hang (atomic create)
-                self._path(f"claimed-{batch}").open("x").close()
-            except FileExistsError:
-                pass
+            self._claim(f"claimed-{batch}")  # the first committer of the batch claims the hang
             self._touch(f"committed-{batch}-{partition}")
             self._wait_for("never")
         self._fail_once("after-commit", batch, partition)
@@ -132,6 +148,7 @@ def parse_faults(get: dict[str, str]) -> Faults:
     """From the lower-cased writer options."""
     hang = get.get("testing.hangbatch")
     fail_prepared = get.get("testing.failafterprepare")
+    task_hang = get.get("testing.taskhang")
     pause = get.get("testing.pausebatch")
     return Faults(
         hook_dir=get.get("testing.hookdir"),
@@ -140,6 +157,7 @@ def parse_faults(get: dict[str, str]) -> Faults:
         pause_batch=int(pause) if pause is not None else None,
         hang_batch=int(hang) if hang is not None else None,
         fail_after_prepare=int(fail_prepared) if fail_prepared is not None else None,
+        task_hang=int(task_hang) if task_hang is not None else None,
         crash_after_decision=get.get("testing.crashafterdecision", "false").lower() == "true",
         driver_hang=get.get("testing.driverhang"),
     )
