@@ -17,9 +17,10 @@ Spark Python worker, not in the test process:
 * ``testing.failAfterPrepare=P`` - two-phase mode: every attempt of the task of Spark partition P
   raises right after it prepared its transaction (a task that fails for good).
 * ``testing.taskHang=B`` - two-phase mode, micro-batch B: the first task (per hook dir) to
-  prepare its transaction writes its process id to ``task-prepared-B-<partition>`` and hangs
-  there (at most 120 s), before its commit message reaches the driver. A test SIGKILLs that
-  Python worker: a task that died holding a prepared transaction, which Spark retries.
+  prepare its transaction writes its process id to ``task-prepared-B-<partition>`` and waits
+  for ``task-resume-B`` (at most 120 s) before its commit message goes to the driver. A test
+  SIGKILLs that Python worker there (a task that died holding a prepared transaction, which
+  Spark retries), or kills a broker while the batch is prepared and then resumes the task.
 * ``testing.crashAfterDecision=true`` - two-phase mode: the driver's first ``commit`` of each
   batch raises right after its decision is durable and before any transaction is committed
   (``crashed-after-decision-<batch>`` marks it done), as a driver dying there would leave it.
@@ -106,7 +107,7 @@ class Faults:
             staged = ready.with_name(ready.name + ".tmp")
             staged.write_text(str(os.getpid()))
             staged.rename(ready)  # whole or absent: the test reads the pid as soon as it appears
-            self._wait_for("never")
+            self._wait_for(f"task-resume-{batch}")
 
     def _claim(self, name: str) -> bool:
         """Create ``name`` in the hook dir unless it exists (atomic: one claimant wins)."""
