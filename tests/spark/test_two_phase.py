@@ -229,3 +229,43 @@ def test_streaming_micro_batches_are_atomic_and_a_replay_is_skipped(
     replay = run()
     assert any(p["batchId"] == int(last.name) and p["numInputRows"] > 0 for p in replay.recentProgress)
     assert Counter(g.value for g in read_all(bootstrap, target, range(2))) == expected
+
+
+def test_a_prepared_transaction_on_the_progress_partition_does_not_block_other_tasks(
+    bootstrap: str, unique_name: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More tasks than progress partitions (a second wave of tasks, or another query's batch left
+    prepared by a dead driver): a task's prepared transaction holds its progress partition's LSO
+    until the driver decides, which comes only after every task of the batch finished. The other
+    tasks' look-ups of their own progress must not wait behind it (a read_committed read up to the
+    high watermark would, until ``progressWaitMs``, and then fail the task)."""
+    topic = unique_name("shared-progress")
+    create_topic(bootstrap, topic, partitions=2)
+    options = _options(
+        bootstrap,
+        topic,
+        tmp_path / "hooks",
+        progressTopic=unique_name("progress"),
+        progressTopicPartitions="1",
+        progressWaitMs="3000",
+    )
+    writer = _writer(options)
+    write_id, batch = f"q-{topic}", 0
+    run = _task_runner(monkeypatch, topic, write_id, batch)
+    first = run(writer, 0)  # prepared: its transaction stays open on progress partition 0
+    second = run(writer, 1)  # the same progress partition
+    assert first.prepared is not None and second.prepared is not None
+    writer.commit([first, second], batch)
+    assert _visible(bootstrap, topic) == _everything()
+
+    # the next batch: a replay of batch 0 is skipped, batch 1 is written, while another write's
+    # prepared transaction (undecided: its driver is gone) sits on the same progress partition
+    other = _task_runner(monkeypatch, topic, f"other-{topic}", 5)(writer, 0)
+    assert other.prepared is not None
+    replay = [run(writer, p) for p in range(2)]
+    assert [m.skipped for m in replay] == [True, True]
+    nxt = _task_runner(monkeypatch, topic, write_id, 1)
+    written = [nxt(writer, p) for p in range(2)]
+    assert all(m.prepared is not None and not m.skipped for m in written)
+    writer.abort([other], 5)
+    assert _open_txns(bootstrap, f"exactly-spark-other-{topic}-") == []

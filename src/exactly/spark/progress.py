@@ -23,6 +23,11 @@ earlier transaction of the same transactional.id:
 3. A per-process cache remembers (marker offset, batch) per transactional.id so the next batch of
    the same task only reads the markers written since (Python workers are reused).
 
+Two-phase mode cannot wait like that: a prepared transaction stays open until its driver decides,
+after every task of the batch finished. Its tasks read only up to the LSO
+(``last_committed_batch_below_lso``) and let the driver's decision records answer for what lies
+above (``two_phase.last_committed_batch``).
+
 The topic is created (compacted, keyed by transactional.id) by the driver before any task runs.
 """
 
@@ -121,6 +126,26 @@ def last_committed_batch(
     client_conf: dict[str, str], topic: str, partition: int, txn_id: str, *, wait_s: float
 ) -> int | None:
     """The highest batch id with a committed marker for ``txn_id``, or None if there is none."""
+    low, high = _watermarks_uncommitted(client_conf, topic, partition)
+    return _newest_marker(client_conf, topic, partition, txn_id, low, high, wait_s)
+
+
+def last_committed_batch_below_lso(
+    client_conf: dict[str, str], topic: str, partition: int, txn_id: str
+) -> tuple[int | None, bool]:
+    """Like ``last_committed_batch``, but reads only up to the partition's LSO, so it never waits
+    for another writer's open transaction. Returns (batch or None, whether the LSO was the high
+    watermark: if not, a committed marker of ours may sit above an open transaction, unread)."""
+    low, high = _watermarks_uncommitted(client_conf, topic, partition)
+    _low, lso = _watermarks_uncommitted(client_conf, topic, partition, isolation="read_committed")
+    lso = min(lso, high)
+    return _newest_marker(client_conf, topic, partition, txn_id, low, lso, 60.0), lso >= high
+
+
+def _newest_marker(
+    client_conf: dict[str, str], topic: str, partition: int, txn_id: str, low: int, high: int, wait_s: float
+) -> int | None:
+    """The newest batch of ``txn_id``'s markers in ``[low, high)`` (read_committed)."""
     consumer = Consumer(
         {
             "log_level": 3,
@@ -134,7 +159,6 @@ def last_committed_batch(
         }
     )
     try:
-        low, high = _watermarks_uncommitted(client_conf, topic, partition)
         key = txn_id.encode()
         with _CACHE_LOCK:
             cached = _CACHE.get((client_conf["bootstrap.servers"], topic, txn_id, partition))
@@ -159,14 +183,16 @@ def last_committed_batch(
         consumer.close()
 
 
-def _watermarks_uncommitted(client_conf: dict[str, str], topic: str, partition: int) -> tuple[int, int]:
-    """(log start, high watermark) regardless of open transactions."""
+def _watermarks_uncommitted(
+    client_conf: dict[str, str], topic: str, partition: int, *, isolation: str = "read_uncommitted"
+) -> tuple[int, int]:
+    """(log start, high watermark) regardless of open transactions (read_committed: the LSO)."""
     consumer = Consumer(
         {
             "log_level": 3,
             **client_conf,
             "group.id": "exactly-spark-progress-reader",
-            "isolation.level": "read_uncommitted",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
         }
     )

@@ -249,9 +249,14 @@ def write_exactly_once(
     call_retrying(lambda: producer.init_transactions(timeout), timeout, f"{txn_id}: init_transactions")
     timings["init"] = time.monotonic() - t0
     marker_partition = partition % progress_partitions
-    last = progress.last_committed_batch(
-        options.client, options.progress_topic, marker_partition, txn_id, wait_s=options.progress_wait_s
-    )
+    if atomic:  # never waits behind a prepared transaction, which stays open until the driver decides
+        last = two_phase.last_committed_batch(
+            options, write_id, txn_id, marker_partition, progress_partitions
+        )
+    else:
+        last = progress.last_committed_batch(
+            options.client, options.progress_topic, marker_partition, txn_id, wait_s=options.progress_wait_s
+        )
     timings["lookup"] = time.monotonic() - t0 - timings["init"]
     if last is not None and last >= batch_id:
         if last > batch_id:

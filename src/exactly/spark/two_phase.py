@@ -24,9 +24,10 @@ batch is all-or-nothing across every partition and topic it writes:
    decided, open transactions. Spark replays the batch (its commit log lacks it); each replayed
    task, before ``init_transactions`` (which would abort an open transaction of its id), looks at
    its id: an open 2PC transaction that the latest decision lists is committed first. The task
-   then finds its progress marker and skips, as in per-task mode. A driver that died before its
-   decision leaves undecided transactions: the replay's ``init_transactions`` aborts them and the
-   batch is written again.
+   then finds its progress marker -- or, when an open transaction on the progress partition hides
+   the marker, the decision naming it (:func:`last_committed_batch`) -- and skips, as in per-task
+   mode. A driver that died before its decision leaves undecided transactions: the replay's
+   ``init_transactions`` aborts them and the batch is written again.
 
 Guarantee: under read_committed every record exactly once; a batch (micro-batch or batch job) is
 all-or-nothing; a reader may see part of a batch only during the driver's commit phase (one EndTxn
@@ -147,6 +148,31 @@ def resolve_leftover(options: SinkOptions, write_id: str, txn_id: str, partition
                 "%s: batch %d was decided before the driver stopped; committing it", txn_id, decision.batch
             )
             end_prepared(pool, held, commit=True, timeout_s=_TIMEOUT_S)
+
+
+def last_committed_batch(
+    options: SinkOptions, write_id: str, txn_id: str, marker_partition: int, partitions: int
+) -> int | None:
+    """After ``init_transactions``: the newest batch ``txn_id`` committed, without waiting for
+    other writers' transactions (``progress.last_committed_batch`` would).
+
+    A prepared transaction holds its progress partition's LSO until its driver decides, after
+    every task of the batch finished; a task of a later wave (more Spark partitions than progress
+    partitions) or of another query whose driver is gone must not wait behind it. So the markers
+    are read only up to the LSO; when that is below the high watermark (a committed marker of
+    ours may sit above the open transaction), the write's latest decision answers too: it lists
+    every transaction committed for its batch (those of ours were committed by
+    ``resolve_leftover`` at the latest).
+    """
+    last, whole = progress.last_committed_batch_below_lso(
+        options.client, options.progress_topic, marker_partition, txn_id
+    )
+    if whole:
+        return last
+    decision = read_decision(options, write_id, partitions)
+    if decision is not None and any(t.transactional_id == txn_id for t in decision.txns):
+        return decision.batch if last is None else max(last, decision.batch)
+    return last
 
 
 def prepare(options: SinkOptions, txn_id: str) -> PreparedTxn:
