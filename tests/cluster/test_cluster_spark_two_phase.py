@@ -43,8 +43,8 @@ from tests.support.broker import Broker
 # ``spark`` is the session's one SparkSession (tests/conftest.py), shared with tests/spark.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-ORDERS = 1500
-HANG_BATCH = 2
+ORDERS = 1200
+HANG_BATCH = 1
 TASKS = 2  # the session's spark.sql.shuffle.partitions: one transaction per task and batch
 
 
@@ -173,6 +173,10 @@ def test_two_phase_pipeline_survives_kill9_of_the_coordinator_while_prepared(
         if query.isActive:
             query.stop()
         watch.stop()
+    print(
+        "batch durations (s):",
+        [(p["batchId"], p["durationMs"].get("triggerExecution", 0) / 1000) for p in query.recentProgress],
+    )
 
     report = verify(bootstrap, topics)
     assert report.ok, report.summary()

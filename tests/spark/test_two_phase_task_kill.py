@@ -119,6 +119,10 @@ def test_task_sigkilled_after_prepare_is_retried_and_the_batch_commits_once(
         if query.isActive:
             query.stop()
         watch.stop()
+    print(
+        "batch durations (s):",
+        [(p["batchId"], p["durationMs"].get("triggerExecution", 0) / 1000) for p in query.recentProgress],
+    )
     elapsed = time.monotonic() - started
 
     # the retried attempt fenced the dead one (a later epoch of the same id) and its batch is in
