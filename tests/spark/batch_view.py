@@ -119,7 +119,7 @@ class PartialWatch(threading.Thread):
 
     def run(self) -> None:
         lsos: _Lsos | None = None
-        while not self.stopping.wait(0.3):
+        while not self.stopping.wait(0.5):
             try:
                 if lsos is None:
                     lsos = _Lsos(self.bootstrap, self.topics)
