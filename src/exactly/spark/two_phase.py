@@ -162,7 +162,9 @@ def last_committed_batch(
     are read only up to the LSO; when that is below the high watermark (a committed marker of
     ours may sit above the open transaction), the write's latest decision answers too: it lists
     every transaction committed for its batch (those of ours were committed by
-    ``resolve_leftover`` at the latest).
+    ``resolve_leftover`` at the latest). Not covered: a batch that a per-task run of the same
+    query committed (no decision) with its marker above another writer's open transaction -- a
+    query switched from per-task mode to two-phase mode while its driver died after that commit.
     """
     last, whole = progress.last_committed_batch_below_lso(
         options.client, options.progress_topic, marker_partition, txn_id
