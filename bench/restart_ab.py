@@ -61,10 +61,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--commits", type=int, default=100_000)
     ap.add_argument("--transactions", type=int, default=20_000)
+    ap.add_argument(
+        "--data",
+        type=Path,
+        help="restart from copies of this data dir (built by an earlier run with the same --commits) "
+        "instead of building one",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="restart-ab-"))
-    pristine = work / "pristine" / "data"
-    build(pristine, args.commits, args.transactions)
+    pristine = args.data or work / "pristine" / "data"
+    if args.data is None:
+        build(pristine, args.commits, args.transactions)
     last_group = f"group-{(args.commits // 100 - 1) % GROUPS}"
     expected = args.commits // 100 - 1
     times: dict[str, list[float]] = {"A": [], "B": [], "fresh": []}

@@ -342,11 +342,15 @@ def _check(code: Any, what: str) -> str:
     return name
 
 
-def offset_commits(w: Wire, commits: int, groups: int, topic: str, partitions: int = 100) -> None:
-    """``commits`` OffsetCommit entries, 100 partitions per request, round-robin over ``groups``."""
+def offset_commits(
+    w: Wire, commits: int, groups: int, topic: str, partitions: int = 100, *, start: int = 0
+) -> None:
+    """``commits`` OffsetCommit entries, 100 partitions per request, round-robin over ``groups``;
+    ``start``: the index of the first request (request ``i`` commits offset ``i``), so a load can be
+    written in slices."""
     mod = w.module(ApiKey.OFFSET_COMMIT)
     requests = commits // partitions
-    for i in range(requests):
+    for i in range(start, start + requests):
         group = f"group-{i % groups}"
         parts = tuple(
             build(
@@ -367,12 +371,22 @@ def offset_commits(w: Wire, commits: int, groups: int, topic: str, partitions: i
                 _check(p.error_code, "OffsetCommit")
 
 
-def transactions(w: Wire, count: int, tids: int, topic: str) -> None:
+def transactions(
+    w: Wire,
+    count: int,
+    tids: int,
+    topic: str,
+    *,
+    start: int = 0,
+    producers: dict[int, tuple[int, int]] | None = None,
+) -> None:
     """``count`` transactions (AddOffsetsToTxn, TxnOffsetCommit, EndTxn commit), round-robin over
-    ``tids`` transactional ids, each with a group of its own."""
+    ``tids`` transactional ids, each with a group of its own. ``start`` and ``producers`` (the
+    ids' producer id and epoch, filled in here) let a load be written in slices."""
     mod = w.module(ApiKey.TXN_OFFSET_COMMIT)
-    producers: dict[int, tuple[int, int]] = {}
-    for i in range(count):
+    if producers is None:
+        producers = {}
+    for i in range(start, start + count):
         n = i % tids
         tid, group = f"txn-{n}", f"txn-group-{n}"
         if n not in producers:
@@ -497,9 +511,20 @@ class InternalTopicsCompaction(Workload):
 
     extra_options: tuple[str, ...] = ()
 
+    def write_load(self, w: Wire, shape: dict[str, int], sample: dict[str, Any], v: str) -> None:
+        """The load of one broker (``v``: on / off): all the offset commits, then all the
+        transactions, as fast as the broker takes them."""
+        t0 = time.perf_counter()
+        offset_commits(w, shape["commits"], shape["groups"], "bench-offsets")
+        sample[f"{v}_commit_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        transactions(w, shape["transactions"], shape["tids"], "bench-offsets")
+        sample[f"{v}_txn_s"] = time.perf_counter() - t0
+
     def options(self, ctx: Context, segment: int) -> list[str]:
         return [
             *ctx.broker_options,
+            *self.time_options(ctx),
             *self.extra_options,
             "offsets.topic.num.partitions=1",
             "transaction.state.log.num.partitions=1",
@@ -508,6 +533,10 @@ class InternalTopicsCompaction(Workload):
             "log.cleaner.backoff.ms=200",
             "metrics.port=0",
         ]
+
+    def time_options(self, ctx: Context) -> list[str]:
+        """Broker settings that depend on how fast the load's time runs (none here)."""
+        return []
 
     def run_once(self, ctx: Context, broker: BrokerProcess | None, state: Any, rep: int) -> dict[str, Any]:
         shape = self.shape(ctx)
@@ -525,12 +554,7 @@ class InternalTopicsCompaction(Workload):
             def load(v: str) -> None:
                 w = Wire(procs[v].bootstrap)
                 try:
-                    t0 = time.perf_counter()
-                    offset_commits(w, shape["commits"], shape["groups"], "bench-offsets")
-                    sample[f"{v}_commit_s"] = time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    transactions(w, shape["transactions"], shape["tids"], "bench-offsets")
-                    sample[f"{v}_txn_s"] = time.perf_counter() - t0
+                    self.write_load(w, shape, sample, v)
                 finally:
                     w.close()
 

@@ -157,6 +157,30 @@ def test_cache_truncation_from_both_ends_is_persisted(tmp_path: Path) -> None:
     assert LeaderEpochCache(tmp_path).entries == [E(2, 7), E(3, 8)]
 
 
+def test_a_truncation_without_fsyncs_replaces_the_file_and_owes_its_flush(tmp_path: Path) -> None:
+    cache = LeaderEpochCache(tmp_path)
+    for entry in CACHE:
+        cache.assign(entry.epoch, entry.start_offset)
+    assert not cache.unflushed
+    cache.truncate_from_end(10, durable=False)
+    assert cache.unflushed
+    assert LeaderEpochCache(tmp_path).entries == cache.entries  # the file is already the new one
+    cache.flush()
+    assert not cache.unflushed
+    cache.truncate_from_start(7, durable=False)
+    cache.assign(4, 12)  # a durable write settles what was owed
+    assert not cache.unflushed
+    assert LeaderEpochCache(tmp_path).entries == [E(2, 7), E(3, 8), E(4, 12)]
+
+
+def test_flush_of_a_deleted_checkpoint_is_a_no_op(tmp_path: Path) -> None:
+    cache = LeaderEpochCache(tmp_path)
+    cache.assign(0, 0)
+    cache.truncate_from_end(0, durable=False)
+    (tmp_path / LEADER_EPOCH_CHECKPOINT).unlink()
+    cache.flush()  # the partition went away meanwhile: nothing to sync, no error
+
+
 @pytest.mark.parametrize(
     ("lines", "expected"),
     [

@@ -170,6 +170,23 @@ def test_created_partitions_start_their_leader_epoch(tmp_path: Path) -> None:
     manager.close()
 
 
+def test_reopen_truncates_an_empty_partitions_epoch_and_flushes_it_off_the_open(tmp_path: Path) -> None:
+    """Recovery drops the ``0 0`` entry of a partition that never got a record (its log end is 0,
+    as Kafka's truncateFromEnd does); the rewrite's fsyncs run on a thread of the log manager's,
+    done by ``close``."""
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 3, {}, now_ms=NOW)
+    manager.close()
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    logs = [manager.get_partition(TopicPartition("t", p)) for p in range(3)]
+    for log in logs:
+        assert log is not None
+        assert log.leader_epochs.entries == []
+        assert (log.directory / "leader-epoch-checkpoint").read_text().split() == ["0", "0"]
+    manager.close()
+    assert not any(log is not None and log.leader_epochs.unflushed for log in logs)
+
+
 # ---- add_partitions ---------------------------------------------------------------------------
 def _listed_partitions(data_dir: Path, topic: str) -> int:
     return int(json.loads((data_dir / TOPICS_FILE).read_text())["topics"][topic]["partitions"])

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactly.storage.durable import write_durably
+from exactly.storage.durable import fsync_directory, write_durably
 
 log = logging.getLogger("exactly.storage")
 
@@ -149,11 +150,13 @@ class LeaderEpochCache:
     end as the log is truncated. No open descriptor, so nothing to close.
     """
 
-    __slots__ = ("entries", "path")
+    __slots__ = ("entries", "path", "unflushed")
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / LEADER_EPOCH_CHECKPOINT
         self.entries: list[EpochEntry] = self._read()
+        #: The file was last rewritten without its fsyncs (``durable=False``): ``flush`` owes them.
+        self.unflushed = False
 
     def _read(self) -> list[EpochEntry]:
         """A missing or malformed file yields an empty cache: recovery re-assigns epochs from the
@@ -175,15 +178,32 @@ class LeaderEpochCache:
             folded = assign(folded, entry.epoch, entry.start_offset)
         return list(folded)
 
-    def _write(self) -> None:
+    def _write(self, durable: bool) -> None:
         lines = [str(_VERSION), str(len(self.entries))]
         lines.extend(f"{e.epoch} {e.start_offset}" for e in self.entries)
-        write_durably(self.path, ("\n".join(lines) + "\n").encode())
+        write_durably(self.path, ("\n".join(lines) + "\n").encode(), durable=durable)
+        self.unflushed = not durable
 
-    def _replace(self, entries: tuple[EpochEntry, ...]) -> None:
+    def _replace(self, entries: tuple[EpochEntry, ...], durable: bool = True) -> None:
         if list(entries) != self.entries:
             self.entries = list(entries)
-            self._write()
+            self._write(durable)
+
+    def flush(self) -> None:
+        """The fsyncs a ``durable=False`` truncation skipped (file, then directory); may run on
+        another thread than the cache's owner: it only syncs whatever file is at ``path`` then."""
+        if not self.unflushed:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:  # the partition was deleted meanwhile
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(self.path.parent)
+        self.unflushed = False
 
     @property
     def latest_epoch(self) -> int:
@@ -211,10 +231,17 @@ class LeaderEpochCache:
     def end_offset_for(self, epoch: int, log_end_offset: int) -> EpochEndOffset:
         return end_offset_for(self.entries, epoch, log_end_offset)
 
-    def truncate_from_end(self, end_offset: int) -> None:
-        """The log was cut at ``end_offset``: forget epochs that started at or after it."""
-        self._replace(truncate_from_end(self.entries, end_offset))
+    def truncate_from_end(self, end_offset: int, *, durable: bool = True) -> None:
+        """The log was cut at ``end_offset``: forget epochs that started at or after it.
 
-    def truncate_from_start(self, start_offset: int) -> None:
-        """Segments below ``start_offset`` were deleted: keep the epoch covering it, moved up."""
-        self._replace(truncate_from_start(self.entries, start_offset))
+        ``durable=False`` (recovery at load, as Kafka's ``truncateFromEndAsyncFlush``): the file is
+        replaced atomically but its fsyncs are left to ``flush``, which the log manager runs off the
+        event loop once every log is open. Safe because what such a truncation removes lies past
+        the recovered log end: if a crash loses the new file, the old one is back and the next load
+        removes the same entries again before anything reads them."""
+        self._replace(truncate_from_end(self.entries, end_offset), durable)
+
+    def truncate_from_start(self, start_offset: int, *, durable: bool = True) -> None:
+        """Segments below ``start_offset`` were deleted: keep the epoch covering it, moved up.
+        ``durable`` as for ``truncate_from_end`` (the next load moves the same entry up again)."""
+        self._replace(truncate_from_start(self.entries, start_offset), durable)

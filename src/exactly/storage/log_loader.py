@@ -117,7 +117,7 @@ def load_log(
     if not bases:
         segments = [new_segment(directory, 0, config, now_ms)]
         producer_state.truncate_and_reload(log_start_offset=0, log_end_offset=0)
-        leader_epochs.truncate_from_end(0)
+        leader_epochs.truncate_from_end(0, durable=False)
         return LoadResult(segments, 0, 0, 0, 0)
     segments = [
         LogSegment.open(
@@ -160,10 +160,10 @@ def load_log(
 
     log_end = segments[-1].next_offset
     rp = min(rp, log_end)
-    leader_epochs.truncate_from_end(log_end)
+    leader_epochs.truncate_from_end(log_end, durable=False)
     replayed = rebuild_producer_state(segments, producer_state, leader_epochs, log_start, log_end, rp)
     start = min(max(log_start_offset, log_start), log_end)
-    leader_epochs.truncate_from_start(start)
+    leader_epochs.truncate_from_start(start, durable=False)
     return LoadResult(segments, max(rp, start), start, truncated, replayed)
 
 
