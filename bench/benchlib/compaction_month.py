@@ -46,10 +46,10 @@ TXNS_PER_COMMIT = 10
 class InternalTopicsMonth(InternalTopicsCompaction):
     name = "compaction-internal-month"
     title = "internal topics as compaction-internal, the load paced over a month compressed in time"
-    month_s_value = 1200.0
+    month_s_value = 1800.0
 
     def month_s(self, ctx: Context) -> float:
-        return 120.0 if ctx.quick else 1200.0
+        return 120.0 if ctx.quick else 1800.0
 
     def time_options(self, ctx: Context) -> list[str]:
         day_ms = int(self.month_s(ctx) * 1000 / MONTH_DAYS)
