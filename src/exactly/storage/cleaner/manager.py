@@ -158,6 +158,17 @@ class LogCleanerManager:
         for plog in logs:
             if not plog.config.compact or plog.tp in skip:
                 continue
+            if len(plog.segments) < 2:
+                # Only the active segment, which is never cleaned: nothing cleanable, ratio 0 (as
+                # Kafka's for no cleanable bytes). The common case of a broker's many compacted
+                # partitions (50 of __consumer_offsets, mostly idle), checked on the event loop
+                # at every back-off: skip the range computation, keep the truncation bookkeeping.
+                truncated_to = plog.take_truncation()
+                if truncated_to is not None:
+                    self.maybe_truncate_checkpoint(plog.tp, truncated_to)
+                with self._lock:
+                    self._ratios[plog.tp] = 0.0
+                continue
             to_clean = self.dirty_state(plog, now_ms)
             with self._lock:
                 self._ratios[plog.tp] = to_clean.cleanable_ratio
