@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from exactly.records.batch import BatchHeader, iter_batches
 from exactly.records.builder import COMPRESSION_GZIP, Record, build_batch, decode_batch, record_key_values
 from exactly.records.control import ControlType, build_control_batch, control_type, read_control_marker
+from exactly.records.rebuild import build_retained_batch
 
 records = st.lists(
     st.builds(
@@ -66,6 +67,25 @@ def test_control_type_of_another_layout_takes_the_full_read(marker: ControlType)
     data = build_batch([record], producer_id=9, transactional=True, control=True, base_timestamp=0)
     header = BatchHeader.parse(data)
     assert control_type(data, header) is marker is read_control_marker(data, header).type
+
+
+@pytest.mark.parametrize("marker", list(ControlType))
+@pytest.mark.parametrize("timestamp", [1_700_000_000_000, 0])
+def test_control_type_of_a_marker_the_cleaner_gave_a_delete_horizon(
+    marker: ControlType, timestamp: int
+) -> None:
+    """Rebuilt with a delete horizon as its base timestamp, the marker's record carries a
+    multi-byte timestamp delta: the varint-skipping path reads it, with the full read's answer."""
+    original = build_control_batch(
+        marker, producer_id=9, producer_epoch=2, coordinator_epoch=4, timestamp=timestamp
+    )
+    header = BatchHeader.parse(original)
+    _h, decoded = decode_batch(original, 0)
+    data = build_batch([Record(value=b"x")]) + build_retained_batch(
+        header, decoded, delete_horizon_ms=1_700_086_400_000
+    )
+    rebuilt = list(iter_batches(data))[1]
+    assert control_type(data, rebuilt) is marker is read_control_marker(data, rebuilt).type
 
 
 def test_control_type_of_an_unknown_type_raises_as_the_full_read_does() -> None:

@@ -92,7 +92,27 @@ def control_type(buf: bytes | bytearray | memoryview, header: BatchHeader) -> Co
         known = _BY_VALUE.get(ctype)
         if length < 0x80 and ts_delta == 0 and offset_delta == 0 and key_len == 8 and known is not None:
             return known
+        # A marker the log cleaner rebuilt with a delete horizon: its timestamp delta (relative
+        # to the horizon) takes several bytes. Skip the two leading varints by their continuation
+        # bits; the rest as above.
+        after_length = _skip_varint(buf, pos)
+        at = _skip_varint(buf, after_length + 1) if after_length > 0 else -1  # + the attributes byte
+        if at > 0 and at + 6 <= len(buf) and buf[at] == 0 and buf[at + 1] == 8:
+            _version, ctype = _KEY.unpack_from(buf, at + 2)
+            known = _BY_VALUE.get(ctype)
+            if known is not None:
+                return known
     return read_control_marker(buf, header).type
+
+
+def _skip_varint(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """The position after the varint at ``pos`` (at most 10 bytes); -1 past the buffer's end."""
+    end = min(len(buf), pos + 10)
+    while pos < end:
+        if not buf[pos] & 0x80:
+            return pos + 1
+        pos += 1
+    return -1
 
 
 def marker_of(buf: bytes | bytearray | memoryview, header: BatchHeader) -> tuple[ControlType | None, int]:

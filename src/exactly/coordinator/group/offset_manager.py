@@ -204,6 +204,8 @@ class OffsetManager:
 
     def replay_end_transaction(self, producer_id: int, commit: bool, partition: int | None = None) -> None:
         """Apply a COMMIT (True) / ABORT (False) marker found on ``partition`` (None: all)."""
+        if not self.store.has_transaction(producer_id):
+            return
         partition_for = self._ops.partition_for
         group_filter = None if partition is None else (lambda g: partition_for(g) == partition)
         self.store.replay_end_transaction(producer_id, commit, group_filter)

@@ -98,6 +98,11 @@ class OffsetStore:
         self._staged: dict[int, dict[str, dict[TopicPartitionKey, CommittedOffset]]] = {}
         self._open: dict[str, dict[TopicPartitionKey, set[int]]] = {}
 
+    def has_transaction(self, producer_id: int) -> bool:
+        """Whether ``producer_id`` has staged or pending offsets: a marker of any other producer
+        changes nothing (most markers a load replays, once their offsets were compacted away)."""
+        return producer_id in self._pending or producer_id in self._staged
+
     def clear(self) -> None:
         """Forget everything (the coordinator stopped owning its partitions)."""
         self._committed.clear()
