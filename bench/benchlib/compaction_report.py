@@ -115,7 +115,8 @@ def _internal(e: dict[str, Any] | None) -> list[str]:
         out += [
             "",
             f"Load per broker: {first.get('commits', 0):,} offset commits (OffsetCommit requests of 100 partitions, "
-            f"{first.get('groups', 0)} groups x 100 partitions = {first.get('groups', 0) * 100:,} keys) then "
+            f"{first.get('groups', 0)} groups x 100 partitions = {first.get('groups', 0) * 100:,} keys) "
+            f"{'and' if month else 'then'} "
             f"{first.get('transactions', 0):,} transactions (AddOffsetsToTxn + TxnOffsetCommit + EndTxn commit) over "
             f"{first.get('tids', 0):,} transactional ids, written through the wire to both brokers at once; both "
             f"internal topics with 1 partition and {first.get('segment', 0) // 1024} KB segments. Commits took "

@@ -28,6 +28,8 @@ can stop and restart on.
   (``offsets.topic.segment.bytes`` / ``transaction.state.log.segment.bytes``): the cleaner never
   touches the active segment, so with Kafka's 100 MB default and this much data nothing would be
   cleanable at all; a month-old broker has rolled its segments (``segment.ms`` 7 days).
+- ``compaction-internal-month`` (``compaction_month``): the same load interleaved and paced over a
+  month compressed in time, ``delete.retention.ms`` one simulated day.
 """
 
 from __future__ import annotations
