@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from exactly.records.rebuild import delete_horizon_of
-from exactly.storage.cleaner.cleanable import group_segments_by_size
-from exactly.storage.cleaner.job import source_of
+from exactly.storage.cleaner.cleanable import cleanable_offsets, group_segments_by_size, log_to_clean
+from exactly.storage.cleaner.job import describe_pass, read_next_offset, source_of
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import (
@@ -246,4 +246,28 @@ def test_a_batch_partly_superseded_is_rebuilt_with_its_surviving_values(tmp_path
     first = batches(log)[0][0]
     assert (first.base_offset, first.last_offset) == (0, 3)  # offsets and last offset kept
     assert delete_horizon_of(first) == NOW + COMPACT.delete_retention_ms  # its tombstone's clock starts
+    log.close()
+
+
+def test_a_described_segment_is_bounded_by_the_next_segments_base(tmp_path: Path) -> None:
+    """The broker describes a pass without reading segment files: each segment's offsets are
+    bounded by the next segment's base, which is at or past what a scan of the file finds."""
+    log = open_compacted(tmp_path, dataclasses.replace(COMPACT, segment_bytes=300))
+    for i in range(40):
+        append_keyed(log, [(i % 4, i)])
+    log.roll(NOW)
+    offsets = cleanable_offsets(
+        log.segments,
+        log_start_offset=log.log_start_offset,
+        log_end_offset=log.log_end_offset,
+        last_stable_offset=log.last_stable_offset,
+        checkpoint=None,
+        config=log.config,
+        now_ms=NOW,
+    )
+    job = describe_pass(log, log_to_clean(log.segments, offsets, log.config, NOW), NOW)
+    assert len(job.segments) == len(log.segments) - 1 > 2
+    for source, segment, following in zip(job.segments, log.segments, log.segments[1:], strict=False):
+        assert source.next_offset == following.base_offset
+        assert read_next_offset(segment) <= source.next_offset
     log.close()

@@ -277,3 +277,20 @@ def test_a_replica_cleans_only_below_its_high_watermark(tmp_path: Path) -> None:
     assert end_offset == 30
     assert offsets_in_raw(log)[-33:] == [27, 28, 29, *range(30, 60)]  # the unreplicated tail untouched
     log.close()
+
+
+def test_a_log_with_only_its_active_segment_has_ratio_zero_and_keeps_its_truncation(tmp_path: Path) -> None:
+    """The scan's shortcut for logs with nothing but the active segment (never cleaned): ratio 0
+    and no candidate, and a truncation noted on the log still lowers the checkpoint."""
+    manager = LogCleanerManager(tmp_path)
+    tp = TopicPartition("t", 0)
+    log = open_tp(tmp_path, tp)
+    for i in range(10):
+        append_keyed(log, [(i % 4, i)])
+    manager.update_checkpoint(tp, 8)
+    log.truncate_to(5)
+    assert len(log.segments) == 1
+    assert manager.grab_filthiest([log], NOW) is None
+    assert manager.dirty_ratios() == {tp: 0.0}
+    assert manager.checkpoints()[tp] == 5
+    log.close()
