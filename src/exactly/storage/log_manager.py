@@ -147,7 +147,8 @@ class LogManager:
     ``run_maintenance`` runs periodically (rolls, retention, flushes, producer expiry,
     checkpoints); ``close`` flushes and closes every partition, writes the checkpoints and the
     marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
-    broker's event loop is the only caller.
+    broker's event loop is the only caller (the one thread of its own, started by the
+    constructor, only fsyncs leader-epoch checkpoints recovery rewrote; ``close`` waits for it).
     """
 
     def __init__(
