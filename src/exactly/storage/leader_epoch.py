@@ -245,3 +245,14 @@ class LeaderEpochCache:
         """Segments below ``start_offset`` were deleted: keep the epoch covering it, moved up.
         ``durable`` as for ``truncate_from_end`` (the next load moves the same entry up again)."""
         self._replace(truncate_from_start(self.entries, start_offset), durable)
+
+
+def flush_caches(caches: Sequence[LeaderEpochCache]) -> None:
+    """The fsyncs ``durable=False`` truncations at load left owing (the log manager runs this on a
+    thread of its own once every log is open). A failure is logged: the next load truncates the
+    same entries again."""
+    for cache in caches:
+        try:
+            cache.flush()
+        except OSError as exc:
+            log.warning("could not flush %s: %s", cache.path, exc)

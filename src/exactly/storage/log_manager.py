@@ -71,7 +71,7 @@ from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_chec
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.config import LogConfig
 from exactly.storage.durable import write_durably
-from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH, LeaderEpochCache
+from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH, flush_caches
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -203,7 +203,7 @@ class LogManager:
         self._epoch_flush: threading.Thread | None = None
         if unflushed:
             self._epoch_flush = threading.Thread(
-                target=_flush_epoch_checkpoints, args=(unflushed,), name="leader-epoch-flush", daemon=True
+                target=flush_caches, args=(unflushed,), name="leader-epoch-flush", daemon=True
             )
             self._epoch_flush.start()
         # The log cleaner's checkpoint; the cleaner threads themselves are the server's.
@@ -499,12 +499,3 @@ class LogManager:
         self.checkpoint_high_watermarks()
         write_durably(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
         self._closed = True
-
-
-def _flush_epoch_checkpoints(caches: list[LeaderEpochCache]) -> None:
-    """The deferred fsyncs of leader-epoch checkpoints truncated at load (a thread of its own)."""
-    for cache in caches:
-        try:
-            cache.flush()
-        except OSError as exc:  # the next load truncates the same entries again
-            log.warning("could not flush %s: %s", cache.path, exc)
