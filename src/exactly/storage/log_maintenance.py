@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from exactly.storage.cleaner.swap import SwapHook, replace_segment_files
+from exactly.storage.cleaner.swap import SwapHook, replace_segment_groups
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import rebuild_producer_state
@@ -147,18 +147,37 @@ class LogMaintenance:
         (``cleaner.swap``), then the segment list. Offsets, the log start, the high watermark and
         producer state are unchanged: cleaning keeps every offset and each active producer's last
         batch, so a replay of the cleaned log from any remaining snapshot gives the same state."""
-        first = self._segments.index(old[0])
-        if self._segments[first : first + len(old)] != list(old) or first + len(old) >= len(self._segments):
+        self.replace_segment_groups([(cleaned, old)], hook)
+
+    def replace_segment_groups(
+        self, groups: Sequence[tuple[LogSegment, Sequence[LogSegment]]], hook: SwapHook | None = None
+    ) -> None:
+        """``replace_segments`` for several cleaned segments of one pass at once, one directory
+        fsync per swap step for all of them (``cleaner.swap.replace_segment_groups``). The groups
+        must be in offset order and consecutive: together they replace one contiguous run of
+        non-active segments."""
+        if not groups:
+            return
+        first = self._segments.index(groups[0][1][0])
+        position = first
+        for cleaned, old in groups:
+            if not old or self._segments[position : position + len(old)] != list(old):
+                raise ValueError(f"{self.tp}: segments to replace are not consecutive non-active segments")
+            if cleaned.base_offset != old[0].base_offset:
+                raise ValueError(
+                    f"{self.tp}: a cleaned segment must start where the segments it replaces start"
+                )
+            position += len(old)
+        if position >= len(self._segments):
             raise ValueError(f"{self.tp}: segments to replace are not consecutive non-active segments")
-        if cleaned.base_offset != old[0].base_offset:
-            raise ValueError(f"{self.tp}: a cleaned segment must start where the segments it replaces start")
-        replace_segment_files(self.directory, cleaned, old, hook)
-        self._segments[first : first + len(old)] = [cleaned]
-        self._bases[first : first + len(old)] = [cleaned.base_offset]
+        replace_segment_groups(self.directory, groups, hook)
+        self._segments[first:position] = [cleaned for cleaned, _old in groups]
+        self._bases[first:position] = [cleaned.base_offset for cleaned, _old in groups]
         # As Kafka: the snapshots taken at the bases of segments merged away go (recovery then
         # replays from an older one), so a compacted log does not gather one per roll forever.
-        for segment in old[1:]:
-            self.producer_state.delete_snapshot(segment.base_offset)
+        for _cleaned, old in groups:
+            for segment in old[1:]:
+                self.producer_state.delete_snapshot(segment.base_offset)
 
     def _move_log_start(self, start: int) -> None:
         """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader

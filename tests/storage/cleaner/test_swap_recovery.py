@@ -144,3 +144,65 @@ def test_stray_cleaned_files_of_a_lost_pass_are_removed(tmp_path: Path) -> None:
     reopened = open_compacted(tmp_path, ONE_GROUP)
     assert snapshot(reopened) == original
     reopened.close()
+
+
+MANY_GROUPS = dataclasses.replace(COMPACT, segment_bytes=600)
+
+
+def build_many(directory: Path) -> PartitionLog:
+    """As ``build``, reopened with a segment size that makes the pass several groups, all
+    swapped in together (one directory fsync per step)."""
+    log = build(directory)
+    log.close()
+    return open_compacted(directory, MANY_GROUPS)
+
+
+@pytest.mark.parametrize(
+    ("step", "occurrence"),
+    [
+        (SwapStep.SWAP_INDEXES_RENAMED, 2),  # inside step 1: the first group committed, not the second
+        (SwapStep.SWAP_COMMITTED, 1),
+        (SwapStep.OLD_SEGMENT_RENAMED, 2),
+        (SwapStep.NEW_LOG_RENAMED, 2),  # inside step 3: the first group done, the second half-way
+        (SwapStep.SWAP_DONE, 1),
+    ],
+    ids=lambda v: v.value if isinstance(v, SwapStep) else str(v),
+)
+def test_crash_inside_a_swap_of_several_groups(tmp_path: Path, step: SwapStep, occurrence: int) -> None:
+    reference = build_many(tmp_path / "reference")
+    run_clean(reference)
+    cleaned = snapshot(reference)
+    reference.close()
+    directory = tmp_path / "log"
+    log = build_many(directory)
+    original = snapshot(log)
+    values_before = committed_key_values(log)
+    end = log.log_end_offset
+    groups: list[int] = []
+
+    def hook(current: SwapStep) -> None:
+        if current is SwapStep.SWAP_INDEXES_RENAMED:
+            groups.append(1)
+        stop_at_step(current)
+
+    stop_at_step = stop_at(step, occurrence)
+    with pytest.raises(SimulatedCrash):
+        run_clean(log, hook=hook)
+    assert len(groups) >= 2  # the pass really swapped several groups in one go
+    crash(log)
+    reopened = PartitionLog.open(directory, log.tp, log.config, recovery_point=None, now_ms=NOW)
+    state = snapshot(reopened)
+    # No record moved to another offset and the newest committed value of every key stayed,
+    # whichever groups made it (a prefix of them for a crash inside step 1, all once it is done).
+    assert set(cleaned[1]) <= set(state[1]) <= set(original[1])
+    assert state[1] == sorted(state[1])
+    assert committed_key_values(reopened) == values_before
+    assert reopened.log_end_offset == end
+    if step is SwapStep.SWAP_INDEXES_RENAMED:
+        assert state not in (original, cleaned)  # the first group in, the others not
+    else:
+        assert state == cleaned
+    assert not [p.name for p in directory.iterdir() if p.name.endswith((".cleaned", ".swap", ".deleted"))]
+    run_clean(reopened)
+    assert snapshot(reopened) == cleaned
+    reopened.close()

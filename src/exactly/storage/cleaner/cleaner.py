@@ -304,26 +304,41 @@ def swap_in(
 ) -> None:
     """The broker's step: swap a cleaned segment in for the segments it replaces, only if they are
     still the log's as the job read them (else CleaningAbortedError, the files removed)."""
+    swap_in_groups(plog, job, [cleaned], hook)
+
+
+def swap_in_groups(
+    plog: PartitionLog, job: CleaningJob, cleaned: Sequence[CleanedSegment], hook: SwapHook | None = None
+) -> None:
+    """``swap_in`` for consecutive cleaned segments of one pass at once (one directory fsync per
+    swap step for all of them): all or none, each checked as ``swap_in`` checks it."""
+    bases = [c.base_offset for c in cleaned]
     if plog.closed:
-        remove_cleaned_files(job.directory, [cleaned.base_offset])
+        remove_cleaned_files(job.directory, bases)
         raise CleaningAbortedError(f"{plog.tp} was closed during cleaning")
+    opened: list[LogSegment] = []
     try:
-        old = segments_replaced(plog, job, cleaned)
-        segment = open_cleaned(job, cleaned)
+        olds = [segments_replaced(plog, job, c) for c in cleaned]
+        for c in cleaned:
+            opened.append(open_cleaned(job, c))
     except (ValueError, OSError) as exc:
-        remove_cleaned_files(job.directory, [cleaned.base_offset])
+        for segment in opened:
+            segment.close()
+        remove_cleaned_files(job.directory, bases)
         raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
     try:
-        plog.replace_segments(segment, old, hook)
+        plog.replace_segment_groups(list(zip(opened, olds, strict=True)), hook)
     except ValueError as exc:
-        segment.delete()
+        for segment in opened:
+            segment.delete()
         raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
 
 
 class Cleaner:
-    """Cleans one log at a time in the calling process, with its own offset map: each group is
-    swapped in as soon as it is written (tests, tools; the broker runs ``run_pass`` in worker
-    processes instead, see ``runner``). ``hook`` (tests) is passed to every swap."""
+    """Cleans one log at a time in the calling process, with its own offset map; the cleaned
+    groups are swapped in together once the pass has written them all, as the broker's runner
+    does (tests, tools; the broker runs ``run_pass`` in worker processes instead, see
+    ``runner``). ``hook`` (tests) is passed to the swap."""
 
     def __init__(
         self,
@@ -341,10 +356,18 @@ class Cleaner:
     def clean(self, plog: PartitionLog, to_clean: LogToClean, now_ms: int) -> tuple[int, CleanerStats]:
         """One pass; returns the new first dirty offset and the pass's statistics."""
         job = describe_pass(plog, to_clean, now_ms)
-        return run_pass(
-            job,
-            self.offset_map,
-            lambda cleaned: swap_in(plog, job, cleaned, self.hook),
-            io_buffer_size=self.io_buffer_size,
-            throttle=self.throttle,
-        )
+        written: list[CleanedSegment] = []
+        try:
+            result = run_pass(
+                job,
+                self.offset_map,
+                written.append,
+                io_buffer_size=self.io_buffer_size,
+                throttle=self.throttle,
+            )
+        except Exception:
+            remove_cleaned_files(job.directory, [c.base_offset for c in written])
+            raise
+        if written:
+            swap_in_groups(plog, job, written, self.hook)
+        return result
