@@ -23,7 +23,12 @@ def test_bare_host_port_is_plaintext_and_inter_broker_name_is_checked() -> None:
     parsed = parse_listeners("127.0.0.1:0", "", "", "", "PLAINTEXT")
     assert parsed.bind[0].name == "PLAINTEXT"
     with pytest.raises(ListenerError, match=r"inter\.broker\.listener\.name"):
-        parse_listeners("PLAINTEXT://h:1", "", "", "REPL", "PLAINTEXT")
+        parse_listeners("PLAINTEXT://h:1", "", "", "REPL", "")
+    with pytest.raises(ListenerError, match="only one of"):
+        parse_listeners("PLAINTEXT://h:1,REPL://h:2", "", "REPL:SSL", "REPL", "SSL")
+    by_protocol = parse_listeners("PLAINTEXT://h:1,SASL_SSL://h:2", "", "", "", "SASL_SSL")
+    assert by_protocol.inter_broker == "SASL_SSL"
+    assert parse_listeners("PLAINTEXT://h:1", "", "", "", "").inter_broker == "PLAINTEXT"
 
 
 @pytest.mark.parametrize(

@@ -126,8 +126,9 @@ def parse_listeners(
 ) -> Listeners:
     """All four settings together, validated as Kafka's KafkaConfig validates them.
 
-    ``inter.broker.listener.name`` (default: the listener whose protocol is
-    ``security.inter.broker.protocol``, itself PLAINTEXT by default) must name a listener."""
+    ``inter.broker.listener.name`` (default: the listener named after
+    ``security.inter.broker.protocol``, itself PLAINTEXT when empty) must name a listener; at
+    most one of the two is set, as Kafka requires."""
     protocol_map = parse_protocol_map(protocol_map_text)
     bind = parse_listener_list(listeners, protocol_map)
     adv = (
@@ -137,13 +138,17 @@ def parse_listeners(
     for spec in adv:
         if spec.name not in names:
             raise ListenerError(f"advertised listener {spec.name} is not one of the listeners")
+    if inter_broker_name.strip() and inter_broker_protocol.strip():
+        raise ListenerError(
+            "only one of inter.broker.listener.name and security.inter.broker.protocol may be set"
+        )
     if inter_broker_name.strip():
         inter = inter_broker_name.strip().upper()
         if inter not in names:
             raise ListenerError(f"inter.broker.listener.name {inter} is not one of the listeners")
     else:
         try:
-            wanted = SecurityProtocol(inter_broker_protocol.strip().upper())
+            wanted = SecurityProtocol(inter_broker_protocol.strip().upper() or "PLAINTEXT")
         except ValueError:
             raise ListenerError(f"unknown security.inter.broker.protocol {inter_broker_protocol!r}") from None
         inter = wanted.value  # may name no listener: only a cluster needs one (checked there)

@@ -62,15 +62,8 @@ def _with_pem_file(text: str, use: Callable[[str], None]) -> None:
         os.unlink(path)
 
 
-def server_context(setting: Callable[[str], str], client_auth: str) -> ssl.SSLContext:
-    """One listener's context; ``setting(key)`` gives the listener's value of an ``ssl.*`` key
-    ("" when unset)."""
-    for key in ("ssl.keystore.type", "ssl.truststore.type"):
-        kind = setting(key).upper() or "PEM"
-        if kind != "PEM":
-            raise TlsConfigError(f"{key}={kind} is not supported: use PEM")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.sslobject_class = DirectSSLObject
+def _protocols(setting: Callable[[str], str], ctx: ssl.SSLContext) -> None:
+    """TLS 1.2/1.3 as ``ssl.enabled.protocols`` allows, and ``ssl.cipher.suites``."""
     enabled = [
         p.strip() for p in (setting("ssl.enabled.protocols") or "TLSv1.2,TLSv1.3").split(",") if p.strip()
     ]
@@ -87,33 +80,88 @@ def server_context(setting: Callable[[str], str], client_auth: str) -> ssl.SSLCo
             ctx.set_ciphers(ciphers.replace(",", ":").replace(" ", ""))
         except ssl.SSLError as exc:
             raise TlsConfigError(f"ssl.cipher.suites: {exc}") from None
+
+
+def _check_pem_types(setting: Callable[[str], str]) -> None:
+    for key in ("ssl.keystore.type", "ssl.truststore.type"):
+        kind = setting(key).upper() or "PEM"
+        if kind != "PEM":
+            raise TlsConfigError(f"{key}={kind} is not supported: use PEM")
+
+
+def _load_keystore(setting: Callable[[str], str], ctx: ssl.SSLContext) -> bool:
+    """The keystore (key + certificate chain) into ``ctx``; False when none is configured."""
     password = setting("ssl.key.password") or None
     location = setting("ssl.keystore.location")
     chain, key = setting("ssl.keystore.certificate.chain"), setting("ssl.keystore.key")
+    if location:
+        ctx.load_cert_chain(location, None, password)
+    elif chain and key:
+        _with_pem_file(chain + "\n" + key, lambda path: ctx.load_cert_chain(path, None, password))
+    else:
+        return False
+    return True
+
+
+def _load_truststore(setting: Callable[[str], str], ctx: ssl.SSLContext) -> bool:
+    """The truststore's CAs into ``ctx``; False when none is configured."""
+    trust_file, trust_pem = setting("ssl.truststore.location"), setting("ssl.truststore.certificates")
+    if trust_file:
+        ctx.load_verify_locations(cafile=trust_file)
+    elif trust_pem:
+        ctx.load_verify_locations(cadata=trust_pem.replace("\\n", "\n"))
+    else:
+        return False
+    return True
+
+
+def server_context(setting: Callable[[str], str], client_auth: str) -> ssl.SSLContext:
+    """One listener's context; ``setting(key)`` gives the listener's value of an ``ssl.*`` key
+    ("" when unset)."""
+    _check_pem_types(setting)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.sslobject_class = DirectSSLObject
+    _protocols(setting, ctx)
     try:
-        if location:
-            ctx.load_cert_chain(location, None, password)
-        elif chain and key:
-            _with_pem_file(chain + "\n" + key, lambda path: ctx.load_cert_chain(path, None, password))
-        else:
+        if not _load_keystore(setting, ctx):
             raise TlsConfigError(
                 "a TLS listener needs ssl.keystore.location or ssl.keystore.certificate.chain and ssl.keystore.key"
             )
         mode = CLIENT_AUTH.get(client_auth.lower())
         if mode is None:
             raise TlsConfigError(f"ssl.client.auth must be none, requested or required, got {client_auth!r}")
-        trust_file, trust_pem = setting("ssl.truststore.location"), setting("ssl.truststore.certificates")
-        if trust_file:
-            ctx.load_verify_locations(cafile=trust_file)
-        elif trust_pem:
-            ctx.load_verify_locations(cadata=trust_pem.replace("\\n", "\n"))
-        elif mode != ssl.CERT_NONE:
+        if not _load_truststore(setting, ctx) and mode != ssl.CERT_NONE:
             raise TlsConfigError(
                 f"ssl.client.auth={client_auth} needs a truststore (ssl.truststore.location)"
             )
         ctx.verify_mode = mode
     except (OSError, ssl.SSLError) as exc:
         raise TlsConfigError(f"cannot load the TLS key, certificates or truststore: {exc}") from None
+    return ctx
+
+
+def client_context(setting: Callable[[str], str]) -> ssl.SSLContext:
+    """The context a broker connects to another broker's TLS listener with (Kafka's client mode
+    of the same listener settings): the peer's certificate must chain to the truststore (the
+    system's CAs when none is set) and, with ``ssl.endpoint.identification.algorithm=https`` (the
+    default), name the host it was reached at; the keystore, when set, is presented as the client
+    certificate (what ``ssl.client.auth=required`` on the other side asks for)."""
+    _check_pem_types(setting)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    _protocols(setting, ctx)
+    algorithm = (setting("ssl.endpoint.identification.algorithm") or "").strip().lower()
+    if algorithm not in ("https", ""):
+        raise TlsConfigError(
+            f"ssl.endpoint.identification.algorithm must be https or empty, got {algorithm!r}"
+        )
+    try:
+        _load_keystore(setting, ctx)
+        if not _load_truststore(setting, ctx):
+            ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"cannot load the TLS key, certificates or truststore: {exc}") from None
+    ctx.check_hostname = algorithm == "https"
+    ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 

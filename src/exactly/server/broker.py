@@ -30,16 +30,20 @@ from exactly.coordinator.producer_id.manager import ProducerIdManager
 from exactly.security.acl_store import ACL_FILE, AclStore, AclStoreLike
 from exactly.security.authorizer import Authorizer, authorizer_from_config
 from exactly.security.credentials import CredentialBackend, CredentialStore, CredentialStoreError
+from exactly.security.inter_broker import InterBrokerSecurity
 from exactly.security.listener_security import (
     ListenerSecurity,
     ListenerSecurityError,
     build_listener_security,
 )
+from exactly.security.listeners import SecurityProtocol
+from exactly.security.tls import TlsConfigError
 from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.connection import KafkaConnection
 from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.group_runtime import GroupRuntime
+from exactly.server.inter_broker import InterBrokerClient
 from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
 from exactly.server.txn_runtime import TxnRuntime
@@ -132,7 +136,15 @@ class Broker:
             self.credentials: CredentialBackend = (
                 self.replicas.scram if self.replicas is not None else CredentialStore.in_dir(data_dir)
             )
-        except (ListenerSecurityError, CredentialStoreError) as exc:
+            # The connecting side of the brokers' own traffic: the inter-broker listener's
+            # protocol with this broker's TLS client settings and SASL credentials (a single
+            # broker never connects to another one: plain TCP, never used)
+            self.inter_broker = InterBrokerClient(
+                config.inter_broker_security(self.listener_config)
+                if config.cluster_mode
+                else InterBrokerSecurity(self.listener_config.inter_broker, SecurityProtocol.PLAINTEXT)
+            )
+        except (ListenerSecurityError, CredentialStoreError, TlsConfigError) as exc:
             raise ConfigError(str(exc)) from None
         self.bound: dict[str, Endpoint] = {}
         self.advertised_by_listener: dict[str, Endpoint] = {}
@@ -289,6 +301,8 @@ class Broker:
                 endpoint.port,
                 f"{adv.host}:{adv.port}" if adv is not None else "no",
             )
+        if self.replicas is not None:
+            log.info("inter-broker listener %s", self.inter_broker.settings.describe())
         return bound
 
     def advertised_for(self, listener: str) -> Endpoint | None:

@@ -5,7 +5,9 @@ One :class:`BrokerConnection` per destination broker and purpose, one request at
 users send few, small requests; a purpose of its own keeps verification from queueing behind a
 marker round). :class:`BrokerConnections` keeps them by broker id and reopens one when the
 broker's advertised endpoint changes (it restarted elsewhere). Any failure closes the
-connection; the next request reconnects.
+connection; the next request reconnects. A new connection speaks the inter-broker listener's
+protocol (``inter_broker``: TLS, then SASL as the broker's principal) before its first request;
+a refused login is an ``InterBrokerAuthError`` (a ConnectionError) like any other failure.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from exactly.client.wire import decode_response, encode_request
 
 if TYPE_CHECKING:
+    from exactly.server.inter_broker import InterBrokerClient
     from exactly.server.metadata_cache import BrokerEndpoint, MetadataCache
 
 REQUEST_TIMEOUT_S = 30.0
@@ -29,10 +32,15 @@ class BrokerConnection:
     ``asyncio.IncompleteReadError`` on failure, after closing the connection)."""
 
     def __init__(
-        self, endpoint: BrokerEndpoint, client_id: str, timeout_s: float = REQUEST_TIMEOUT_S
+        self,
+        endpoint: BrokerEndpoint,
+        client_id: str,
+        client: InterBrokerClient,
+        timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.endpoint = endpoint
         self._client_id = client_id
+        self._client = client
         self._timeout_s = timeout_s
         self._lock = asyncio.Lock()
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
@@ -48,7 +56,17 @@ class BrokerConnection:
 
     async def _call(self, request: Any) -> Any:
         if self._streams is None:
-            self._streams = await asyncio.open_connection(self.endpoint.host, self.endpoint.port)
+            host, port = self.endpoint.host, self.endpoint.port
+            self._streams = await asyncio.open_connection(
+                host, port, **self._client.connect_options(host, self._timeout_s)
+            )
+            await self._client.authenticate(
+                self._exchange, f"broker {self.endpoint.broker_id} at {host}:{port}"
+            )
+        return await self._exchange(request)
+
+    async def _exchange(self, request: Any) -> Any:
+        assert self._streams is not None
         reader, writer = self._streams
         self._correlation += 1
         writer.write(encode_request(request, self._correlation, self._client_id))
@@ -70,9 +88,16 @@ class BrokerConnections:
     """Connections by broker id for one purpose (``client_id``), from the metadata cache's
     live brokers."""
 
-    def __init__(self, cache: MetadataCache, client_id: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        cache: MetadataCache,
+        client_id: str,
+        client: InterBrokerClient,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
         self._cache = cache
         self._client_id = client_id
+        self._client = client
         self._timeout_s = timeout_s
         self._connections: dict[int, BrokerConnection] = {}
 
@@ -87,7 +112,9 @@ class BrokerConnections:
         if conn is None:
             if endpoint is None:
                 raise ConnectionError(f"broker {broker_id} is not alive")
-            conn = self._connections[broker_id] = BrokerConnection(endpoint, self._client_id, self._timeout_s)
+            conn = self._connections[broker_id] = BrokerConnection(
+                endpoint, self._client_id, self._client, self._timeout_s
+            )
         return conn
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exactly.security.authorizer import authorizer_from_config
-from exactly.security.listeners import ListenerError, Listeners, SecurityProtocol, parse_listeners
+from exactly.security.inter_broker import InterBrokerConfigError, InterBrokerSecurity, inter_broker_security
+from exactly.security.listeners import ListenerError, Listeners, parse_listeners
 from exactly.storage.cleaner.runner import CleanerConfig
 from exactly.storage.config import InvalidConfigError, LogConfig
 
@@ -38,7 +39,9 @@ _DEFAULTS: dict[str, str] = {
     # listener.name.<lower-case listener>.<key> prefix (see _LISTENER_KEYS).
     "listener.security.protocol.map": "",
     "inter.broker.listener.name": "",
-    "security.inter.broker.protocol": "PLAINTEXT",
+    "security.inter.broker.protocol": "",  # PLAINTEXT when neither it nor the name is set
+    "sasl.mechanism.inter.broker.protocol": "",  # Kafka's default GSSAPI is not supported
+    "sasl.jaas.config": "",  # the fallback of listener.name.<l>.<mechanism>.sasl.jaas.config
     "ssl.keystore.type": "PEM",
     "ssl.keystore.location": "",
     "ssl.keystore.password": "",
@@ -130,7 +133,12 @@ class ConfigError(ValueError):
 
 # Keys that may also be given per listener as listener.name.<listener>.<key>, plus the PLAIN
 # JAAS configuration (listener.name.<listener>.plain.sasl.jaas.config), Kafka's per-mechanism form.
-_LISTENER_KEYS = frozenset(k for k in _DEFAULTS if k.startswith(("ssl.", "sasl."))) | {
+_LISTENER_KEYS = frozenset(
+    k
+    for k in _DEFAULTS
+    if k.startswith(("ssl.", "sasl."))
+    and k not in ("sasl.mechanism.inter.broker.protocol", "sasl.jaas.config")
+) | {
     "plain.sasl.jaas.config",
     "scram-sha-256.sasl.jaas.config",
     "scram-sha-512.sasl.jaas.config",
@@ -281,8 +289,8 @@ class BrokerConfig:
 
     def listeners(self) -> Listeners:
         """``listeners``/``advertised.listeners`` with their protocols; in cluster mode the
-        inter-broker listener must exist and be PLAINTEXT (the replica fetchers, the controller
-        channel and the marker sender speak neither TLS nor SASL yet)."""
+        inter-broker listener must exist, be advertised, and have what its protocol needs on the
+        connecting side (``inter_broker_security``)."""
         v = self.values
         try:
             parsed = parse_listeners(
@@ -295,21 +303,26 @@ class BrokerConfig:
         except ListenerError as exc:
             raise ConfigError(str(exc)) from None
         if self.cluster_mode:
-            try:
-                inter = parsed.spec(parsed.inter_broker)
-            except KeyError:
-                raise ConfigError(
-                    f"inter-broker listener {parsed.inter_broker} is not one of the listeners "
-                    "(set inter.broker.listener.name)"
-                ) from None
-            if inter.protocol is not SecurityProtocol.PLAINTEXT:
-                raise ConfigError(
-                    f"inter-broker listener {inter.name} uses {inter.protocol.value}: "
-                    "only PLAINTEXT is supported between brokers"
-                )
-            if parsed.advertised_spec(inter.name) is None:
-                raise ConfigError(f"inter-broker listener {inter.name} is not advertised")
+            self.inter_broker_security(parsed)
         return parsed
+
+    def inter_broker_security(self, parsed: Listeners | None = None) -> InterBrokerSecurity:
+        """How this broker connects to the others (cluster mode): the inter-broker listener's
+        protocol, TLS client settings and SASL credentials; ConfigError when they cannot work."""
+        parsed = parsed if parsed is not None else self.listeners()
+        try:
+            inter = parsed.spec(parsed.inter_broker)
+        except KeyError:
+            raise ConfigError(
+                f"inter-broker listener {parsed.inter_broker} is not one of the listeners "
+                "(set inter.broker.listener.name)"
+            ) from None
+        if parsed.advertised_spec(inter.name) is None:
+            raise ConfigError(f"inter-broker listener {inter.name} is not advertised")
+        try:
+            return inter_broker_security(self.values, inter)
+        except InterBrokerConfigError as exc:
+            raise ConfigError(str(exc)) from None
 
     def retention_ms(self) -> int:
         if self.values["log.retention.ms"]:

@@ -10,7 +10,8 @@ log from, then gives back with ``release`` so the next large response reuses the
 One request in flight at a time (the fetcher is strictly request/response), so responses are
 matched by arrival; the caller still checks the correlation id.
 
-Lifecycle: ``open`` connects -> ``call`` any number of times -> ``close``. A lost connection or
+Lifecycle: ``open`` connects (TLS when the inter-broker listener is SSL/SASL_SSL; the fetcher
+then runs the SASL exchange through ``call``) -> ``call`` any number of times -> ``close``. A lost connection or
 a frame the framer refuses makes the pending and every later ``call`` raise ConnectionError.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import typing
+from typing import Any
 
 from exactly.protocol.framing import FrameError, Framer
 
@@ -34,9 +36,11 @@ class ReplicaChannel(asyncio.BufferedProtocol):
         self._lost: Exception | None = None
 
     @classmethod
-    async def open(cls, host: str, port: int) -> ReplicaChannel:
+    async def open(cls, host: str, port: int, **options: Any) -> ReplicaChannel:
+        """Connect; ``options`` go to ``create_connection`` (TLS: the inter-broker client's
+        ``connect_options``; the framer sits above TLS exactly as above TCP)."""
         loop = asyncio.get_running_loop()
-        _transport, channel = await loop.create_connection(cls, host, port)
+        _transport, channel = await loop.create_connection(cls, host, port, **options)
         return channel
 
     # ---- protocol callbacks ----------------------------------------------------------------

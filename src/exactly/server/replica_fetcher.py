@@ -18,7 +18,10 @@ OffsetsForLeaderEpoch goes through kio's generic codec.
 
 Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 mean the roles are moving; the partition waits for the next observed state (the replica manager
-moves it to another fetcher or makes it leader). A lost connection is retried after a back-off;
+moves it to another fetcher or makes it leader). The connection uses the inter-broker listener's security protocol (``inter_broker``: TLS,
+SASL as the broker's configured principal); a failed connect or authentication is logged and
+retried after a back-off that grows with each consecutive failure. A lost connection is retried
+after a back-off;
 so is a response that does not come within ``replica.socket.timeout.ms`` (Kafka's fetcher
 request timeout): a request or response lost on the way would otherwise stall every partition
 of this leader for good, and the follower would never return to the ISR.
@@ -57,6 +60,7 @@ from exactly.replication.truncation import (
     truncation_offset,
 )
 from exactly.server.clock import now_ms
+from exactly.server.inter_broker import InterBrokerAuthError
 from exactly.server.replica_channel import ReplicaChannel
 from exactly.storage.leader_epoch import EpochEndOffset, latest_epoch
 from exactly.storage.partition_log import PartitionLog
@@ -76,6 +80,7 @@ MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
 BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
+CONNECT_BACKOFF_MAX_S = 5.0  # the longest wait between failed connects/authentications
 
 
 @dataclass(slots=True)
@@ -106,6 +111,7 @@ class LeaderFetcher:
         # The leader epoch each partition of the fetch in flight was asked in (stale answers).
         self._sent_epochs: dict[TopicPartition, int] = {}
         self._client_id = f"replica-{manager.broker_id}"
+        self._connect_failures = 0  # consecutive failed connects/authentications (back-off)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -147,10 +153,12 @@ class LeaderFetcher:
                 await asyncio.sleep(BACKOFF_S)
                 continue
             try:
-                channel = await ReplicaChannel.open(endpoint.host, endpoint.port)
-            except OSError as exc:
-                log.info("fetcher for leader %d: cannot connect: %s", self.leader, exc)
-                await asyncio.sleep(BACKOFF_S)
+                channel = await self._open(endpoint.host, endpoint.port)
+            except InterBrokerAuthError as exc:
+                await self._back_off(exc, "warning")
+                continue
+            except OSError as exc:  # refused, unreachable, a failed TLS handshake
+                await self._back_off(exc, "info")
                 continue
             try:
                 await self._fetch_loop(channel)
@@ -159,6 +167,39 @@ class LeaderFetcher:
                 await asyncio.sleep(BACKOFF_S)
             finally:
                 channel.close()
+
+    async def _open(self, host: str, port: int) -> ReplicaChannel:
+        """A connection to the leader over the inter-broker listener's protocol: TLS when it
+        says so, then the SASL exchange (requests through ``_call``, like OffsetsForLeaderEpoch)."""
+        client = self.manager.broker.inter_broker
+        timeout_s = self.manager.fetch_timeout_s
+        channel = await ReplicaChannel.open(host, port, **client.connect_options(host, timeout_s))
+        try:
+            await client.authenticate(
+                lambda request: self._call(
+                    channel, request, int(request.__api_key__), int(request.__version__)
+                ),
+                f"broker {self.leader} at {host}:{port}",
+            )
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
+    async def _back_off(self, exc: Exception, level: str) -> None:
+        """After a failed connect or authentication: wait longer after each consecutive failure
+        (Kafka's reconnect.backoff.ms growing to reconnect.backoff.max.ms), so a broker with
+        wrong credentials or trust store keeps retrying without flooding the log or its peer."""
+        self._connect_failures += 1
+        delay = min(CONNECT_BACKOFF_MAX_S, BACKOFF_S * 2 ** (self._connect_failures - 1))
+        getattr(log, level)(
+            "fetcher for leader %d: cannot connect: %s (attempt %d, next in %.1f s)",
+            self.leader,
+            exc,
+            self._connect_failures,
+            delay,
+        )
+        await asyncio.sleep(delay)
 
     async def _fetch_loop(self, channel: ReplicaChannel) -> None:
         while True:
@@ -174,6 +215,7 @@ class LeaderFetcher:
                 await asyncio.sleep(BACKOFF_S)
                 continue
             frame = await channel.call(request, self.manager.fetch_timeout_s)
+            self._connect_failures = 0
             response = parse_fetch_response(frame, FETCH_VERSION)
             self._check_correlation(response.correlation_id)
             if response.error_code != 0:

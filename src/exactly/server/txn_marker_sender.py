@@ -200,7 +200,7 @@ class TxnMarkerSender:
             if endpoint is None:
                 raise ConnectionError(f"broker {broker_id} is not alive")
             conn = self._connections[broker_id] = BrokerConnection(
-                endpoint, f"txn-markers-{self.broker.node_id}"
+                endpoint, f"txn-markers-{self.broker.node_id}", self.broker.inter_broker
             )
         return conn
 

@@ -208,7 +208,10 @@ class TxnVerifier:
             replicas = self.broker.replicas
             assert replicas is not None, "cluster mode only"
             self._connections = BrokerConnections(
-                replicas.cache, f"txn-verification-{self.broker.node_id}", VERIFY_TIMEOUT_S
+                replicas.cache,
+                f"txn-verification-{self.broker.node_id}",
+                self.broker.inter_broker,
+                VERIFY_TIMEOUT_S,
             )
         return self._connections
 
