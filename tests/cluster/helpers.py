@@ -67,16 +67,21 @@ def bootstrap(brokers: Sequence[Broker]) -> str:
     return ",".join(b.bootstrap for b in brokers if b.running)
 
 
-def metadata_broker_ids(broker: Broker) -> set[int]:
+def metadata_broker_ids(broker: Broker, client_config: Mapping[str, str] | None = None) -> set[int]:
     """The live brokers in ``broker``'s own Metadata answer (one connection to it, no client-side
-    cache that might have asked another broker): what its CreateTopics would place replicas on."""
-    with WireClient.connect(broker.bootstrap, timeout=5, client_id="cluster-test") as wire:
+    cache that might have asked another broker): what its CreateTopics would place replicas on.
+    ``client_config``: the security settings (librdkafka's names) of a secured first listener."""
+    with WireClient.connect(
+        broker.bootstrap, timeout=5, client_id="cluster-test", config=client_config
+    ) as wire:
         version = wire.version_for(ApiKey.METADATA, METADATA_MAX_VERSION)
         response = wire.call(ApiKey.METADATA, version, topics=(), allow_auto_topic_creation=False)
     return {int(b.node_id) for b in response.brokers}
 
 
-def await_registered(brokers: Sequence[Broker], timeout: float = 30.0) -> None:
+def await_registered(
+    brokers: Sequence[Broker], timeout: float = 30.0, client_config: Mapping[str, str] | None = None
+) -> None:
     """Until every running broker's Metadata lists every running broker.
 
     A broker's listening line comes before its registration in ZooKeeper and before the watches
@@ -90,7 +95,7 @@ def await_registered(brokers: Sequence[Broker], timeout: float = 30.0) -> None:
     def everyone_sees_everyone() -> bool:
         for b in running:
             try:
-                seen[b.name] = metadata_broker_ids(b)
+                seen[b.name] = metadata_broker_ids(b, client_config)
             except (OSError, WireError):
                 return False
         return all(ids >= wanted for ids in seen.values())
@@ -140,11 +145,17 @@ def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 
 
 
 def running_cluster(
-    zk_connect: str, tmp_path: Path, count: int = 3, env: Mapping[str, str] | None = None, **extra: str
+    zk_connect: str,
+    tmp_path: Path,
+    count: int = 3,
+    env: Mapping[str, str] | None = None,
+    client_config: Mapping[str, str] | None = None,
+    **extra: str,
 ) -> Iterator[list[Broker]]:
     """Body of a cluster fixture (``yield from running_cluster(...)``): ``count`` brokers on
     ``zk_connect``, each with ``cluster_overrides`` plus ``extra`` (and the extra environment
-    ``env``, e.g. a fault hook), stopped afterwards."""
+    ``env``, e.g. a fault hook), stopped afterwards. ``client_config`` is what the registration
+    wait connects with when the brokers' first listener is secured (librdkafka's names)."""
     brokers = [
         Broker(
             tmp_path / f"broker-{i}",
@@ -158,7 +169,7 @@ def running_cluster(
     try:
         for b in brokers:
             b.start()
-        await_registered(brokers)
+        await_registered(brokers, client_config=client_config)
         yield brokers
     finally:
         for b in brokers:

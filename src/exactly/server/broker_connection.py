@@ -13,16 +13,26 @@ a refused login is an ``InterBrokerAuthError`` (a ConnectionError) like any othe
 from __future__ import annotations
 
 import asyncio
+import logging
+import ssl
 import struct
 from typing import TYPE_CHECKING, Any
 
 from exactly.client.wire import decode_response, encode_request
+from exactly.server.inter_broker import InterBrokerAuthError, InterBrokerClient
 
 if TYPE_CHECKING:
-    from exactly.server.inter_broker import InterBrokerClient
     from exactly.server.metadata_cache import BrokerEndpoint, MetadataCache
 
 REQUEST_TIMEOUT_S = 30.0
+
+
+def failure_level(exc: BaseException) -> int:
+    """The log level of a failed call: refused credentials or certificates are a
+    misconfiguration (WARNING), the rest is a broker coming or going (INFO)."""
+    return logging.WARNING if isinstance(exc, (InterBrokerAuthError, ssl.SSLError)) else logging.INFO
+
+
 _SIZE = struct.Struct(">i")
 
 

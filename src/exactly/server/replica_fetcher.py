@@ -18,11 +18,11 @@ OffsetsForLeaderEpoch goes through kio's generic codec.
 
 Errors are per partition: NOT_LEADER_OR_FOLLOWER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH
 mean the roles are moving; the partition waits for the next observed state (the replica manager
-moves it to another fetcher or makes it leader). The connection uses the inter-broker listener's security protocol (``inter_broker``: TLS,
-SASL as the broker's configured principal); a failed connect or authentication is logged and
-retried after a back-off that grows with each consecutive failure. A lost connection is retried
-after a back-off;
-so is a response that does not come within ``replica.socket.timeout.ms`` (Kafka's fetcher
+moves it to another fetcher or makes it leader). The connection uses the inter-broker listener's
+security protocol (``inter_broker``: TLS, SASL as the broker's configured principal); a refused
+authentication or TLS handshake is logged as a warning and retried after a back-off that grows
+with each consecutive failure. A lost connection is retried after a back-off; so is a response
+that does not come within ``replica.socket.timeout.ms`` (Kafka's fetcher
 request timeout): a request or response lost on the way would otherwise stall every partition
 of this leader for good, and the follower would never return to the ISR.
 
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
 BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
-CONNECT_BACKOFF_MAX_S = 5.0  # the longest wait between failed connects/authentications
+CONNECT_BACKOFF_MAX_S = 5.0  # the longest wait between refused authentications/handshakes
 
 
 @dataclass(slots=True)
@@ -111,7 +112,7 @@ class LeaderFetcher:
         # The leader epoch each partition of the fetch in flight was asked in (stale answers).
         self._sent_epochs: dict[TopicPartition, int] = {}
         self._client_id = f"replica-{manager.broker_id}"
-        self._connect_failures = 0  # consecutive failed connects/authentications (back-off)
+        self._connect_failures = 0  # consecutive refused authentications/handshakes (back-off)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -154,11 +155,12 @@ class LeaderFetcher:
                 continue
             try:
                 channel = await self._open(endpoint.host, endpoint.port)
-            except InterBrokerAuthError as exc:
-                await self._back_off(exc, "warning")
+            except (InterBrokerAuthError, ssl.SSLError) as exc:  # refused credentials or certificate
+                await self._back_off(exc)
                 continue
-            except OSError as exc:  # refused, unreachable, a failed TLS handshake
-                await self._back_off(exc, "info")
+            except OSError as exc:  # refused, unreachable: the leader is (re)starting
+                log.info("fetcher for leader %d: cannot connect: %s", self.leader, exc)
+                await asyncio.sleep(BACKOFF_S)
                 continue
             try:
                 await self._fetch_loop(channel)
@@ -186,13 +188,14 @@ class LeaderFetcher:
             raise
         return channel
 
-    async def _back_off(self, exc: Exception, level: str) -> None:
-        """After a failed connect or authentication: wait longer after each consecutive failure
-        (Kafka's reconnect.backoff.ms growing to reconnect.backoff.max.ms), so a broker with
-        wrong credentials or trust store keeps retrying without flooding the log or its peer."""
+    async def _back_off(self, exc: Exception) -> None:
+        """After a refused authentication or TLS handshake (a misconfiguration, not a restart):
+        wait longer after each consecutive failure (Kafka's reconnect back-off growing to its
+        maximum), so a broker with wrong credentials or trust store keeps retrying without
+        flooding the log or its peer."""
         self._connect_failures += 1
         delay = min(CONNECT_BACKOFF_MAX_S, BACKOFF_S * 2 ** (self._connect_failures - 1))
-        getattr(log, level)(
+        log.warning(
             "fetcher for leader %d: cannot connect: %s (attempt %d, next in %.1f s)",
             self.leader,
             exc,

@@ -44,7 +44,7 @@ from kio.static.primitive import i16, i32
 
 from exactly.coordinator.txn.effects import WriteMarkers
 from exactly.records.control import ControlType
-from exactly.server.broker_connection import BrokerConnection
+from exactly.server.broker_connection import BrokerConnection, failure_level
 from exactly.server.internal_topics import AppendFailed
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
@@ -170,7 +170,7 @@ class TxnMarkerSender:
         try:
             response = await self._connection(broker_id).call(request)
         except (OSError, EOFError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as exc:
-            log.info("markers to broker %d not sent: %s", broker_id, exc)
+            log.log(failure_level(exc), "markers to broker %d not sent: %s", broker_id, exc)
             return {tp: ErrorCode.not_leader_or_follower for tp in tps}
         outcome = {tp: ErrorCode.not_leader_or_follower for tp in tps}  # unanswered: retry
         for marker in response.markers:

@@ -45,7 +45,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId, TopicName, TransactionalId
 from kio.static.primitive import i16, i32
 
-from exactly.server.broker_connection import BrokerConnections
+from exactly.server.broker_connection import BrokerConnections, failure_level
 from exactly.topics import TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
 
@@ -188,8 +188,12 @@ class TxnVerifier:
         try:
             response = await self._connections_to().get(coordinator.broker_id).call(request)
         except (OSError, EOFError, TimeoutError, ConnectionError, asyncio.IncompleteReadError) as exc:
-            log.info(
-                "verification of %s at broker %d failed: %s", transactional_id, coordinator.broker_id, exc
+            log.log(
+                failure_level(exc),
+                "verification of %s at broker %d failed: %s",
+                transactional_id,
+                coordinator.broker_id,
+                exc,
             )
             return dict.fromkeys(wanted, ErrorCode.network_exception)
         if response.error_code != ErrorCode.none:
