@@ -82,6 +82,69 @@ def test_refused_cluster_combinations(overrides: dict[str, str], message: str) -
         BrokerConfig.load(None, overrides)
 
 
+SASL_CLUSTER = {
+    "zookeeper.connect": "h:1",
+    "listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+    "inter.broker.listener.name": "SASL_PLAINTEXT",
+    "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+}
+SCRAM_JAAS = (
+    'org.apache.kafka.common.security.scram.ScramLoginModule required username="broker" password="pw";'
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (SASL_CLUSTER, "inter-broker listener SASL_PLAINTEXT uses SASL_PLAINTEXT: set sasl.mechanism"),
+        (
+            {**SASL_CLUSTER, "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512"},
+            "credentials are missing; set listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config",
+        ),
+        (
+            {**SASL_CLUSTER, "security.inter.broker.protocol": "SASL_PLAINTEXT"},
+            "only one of inter.broker.listener.name and security.inter.broker.protocol",
+        ),
+        (
+            {
+                "zookeeper.connect": "h:1",
+                "listeners": "SSL://127.0.0.1:0",
+                "security.inter.broker.protocol": "SASL_SSL",
+            },
+            "inter-broker listener SASL_SSL is not one of the listeners",
+        ),
+        (
+            {"listener.name.sasl_plaintext.sasl.mechanism.inter.broker.protocol": "PLAIN"},
+            "unknown broker config",
+        ),
+    ],
+)
+def test_unusable_inter_broker_security_is_refused_at_start_up(
+    overrides: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        BrokerConfig.load(None, overrides)
+
+
+def test_a_secured_inter_broker_listener_is_accepted_in_a_cluster() -> None:
+    cfg = BrokerConfig.load(
+        None,
+        {
+            **SASL_CLUSTER,
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": SCRAM_JAAS,
+        },
+    )
+    settings = cfg.inter_broker_security()
+    assert (settings.listener, settings.mechanism, settings.username) == (
+        "SASL_PLAINTEXT",
+        "SCRAM-SHA-512",
+        "broker",
+    )
+    # the same settings without a cluster: nothing connects to another broker, nothing is checked
+    assert BrokerConfig.load(None, {k: v for k, v in SASL_CLUSTER.items() if k != "zookeeper.connect"})
+
+
 def test_unclean_leader_election_is_a_topic_config_defaulting_to_the_brokers() -> None:
     """Kafka's topic-level ``unclean.leader.election.enable``: CreateTopics and DescribeConfigs
     know it; the topic default is the broker's setting; only true/false are accepted."""
