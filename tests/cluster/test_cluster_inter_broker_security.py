@@ -13,7 +13,8 @@ In both an idempotent confluent-kafka producer (acks=all) writes to an RF 3 topi
 leader is killed with SIGKILL; a new leader takes over and every acknowledged record is read
 back exactly once. The SASL cluster then restarts a follower with a wrong inter-broker password:
 it keeps running and retrying, logs the refusal and stays out of the ISR, until it is restarted
-with the right one and catches up.
+with the right one and catches up; a transaction over partitions led by every broker then commits
+(KIP-890 verification and the coordinator's markers between brokers over SASL_SSL as well).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tests.cluster.helpers import broker_id, by_id, running_cluster, wait_for
 from tests.support.broker import Broker
 from tests.support.certs import TestPki, make_pki
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)  # about 25 s each
 
 BROKER_PW = "broker-Pw,1"
 ADMIN_PW = "admin-Pw=1"
@@ -255,6 +256,43 @@ def test_sasl_ssl_scram_cluster_fails_over_and_a_broker_with_a_wrong_password_st
     victim.overrides[SCRAM_JAAS_KEY] = scram_jaas("broker", BROKER_PW)
     victim.restart()
     wait_for_state(admin, topic, lambda ld, isr: broker_id(victim) in isr, "the broker back in the ISR")
+
+    # A transaction over partitions led by every broker: KIP-890 verification (leader ->
+    # coordinator) and the coordinator's markers (coordinator -> leaders) between brokers too.
+    committed_transaction_is_read(sasl_cluster, sasl_client(pki, sasl_cluster))
+    assert_no_denials(sasl_cluster)
+
+
+def committed_transaction_is_read(brokers: list[Broker], client: dict[str, str]) -> None:
+    topic = f"secured-tx-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(client)
+    spread = [[0, 1, 2], [1, 2, 0], [2, 0, 1]]  # each broker the preferred leader of one partition
+    admin.create_topics([NewTopic(topic, num_partitions=3, replica_assignment=spread)])[topic].result(30)
+    producer = Producer({**client, "transactional.id": f"tx-{topic}", "transaction.timeout.ms": 30000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(30):
+        producer.produce(topic, f"t{i}".encode(), partition=i % 3)
+    producer.commit_transaction(60)
+    consumer = Consumer(
+        {
+            **client,
+            "group.id": f"check-{topic}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([KafkaPartition(topic, p, 0) for p in range(3)])
+    got: list[bytes] = []
+    wait_for(
+        lambda: (
+            got.extend(m.value() for m in consumer.consume(30, 0.5) if m.error() is None) or len(got) >= 30
+        ),
+        timeout=60,
+        what="the committed transaction's 30 records",
+    )
+    consumer.close()
+    assert sorted(got) == sorted(f"t{i}".encode() for i in range(30))
 
 
 def test_ssl_cluster_with_client_certificates_fails_over(ssl_cluster: list[Broker], pki: TestPki) -> None:
