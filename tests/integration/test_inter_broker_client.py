@@ -19,8 +19,9 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from exactly.security.inter_broker import inter_broker_security
 from exactly.security.listeners import ListenerSpec, SecurityProtocol
 from exactly.server.broker_connection import BrokerConnection
-from exactly.server.inter_broker import InterBrokerAuthError, InterBrokerClient
+from exactly.server.inter_broker import BackingOff, InterBrokerAuthError, InterBrokerClient
 from exactly.server.metadata_cache import BrokerEndpoint
+from exactly.testing.wait import wait_until
 from tests.support.broker import Broker
 from tests.support.certs import TestPki
 from tests.support.security import ALICE_PW, PLAIN_JAAS
@@ -104,11 +105,25 @@ def test_a_wrong_password_is_a_clear_authentication_error(sb: Broker, pki: TestP
     )
     with pytest.raises(InterBrokerAuthError, match=r"authentication failed as User:alice \(SCRAM-SHA-512\)"):
         metadata(connection(sb, "SASL_SSL", values))
-    # the connection is dropped and the next call starts over (and fails the same way)
+    # the connection is dropped; the next call does not reconnect before the back-off has
+    # passed, then tries again (and is refused again)
     conn = connection(sb, "SASL_SSL", values)
-    for _ in range(2):
-        with pytest.raises(InterBrokerAuthError):
+    with pytest.raises(InterBrokerAuthError):
+        metadata(conn)
+    with pytest.raises(BackingOff, match=r"not reconnecting for 0\.\d s after 1 refused attempt"):
+        metadata(conn)
+    outcomes: list[type[BaseException]] = []
+
+    def refused_again() -> bool:
+        try:
             metadata(conn)
+        except (BackingOff, InterBrokerAuthError) as exc:
+            outcomes.append(type(exc))
+        return outcomes[-1] is InterBrokerAuthError
+
+    wait_until(refused_again, 10, "a second attempt after the back-off", interval=0.05)
+    with pytest.raises(BackingOff, match="after 2 refused attempt"):
+        metadata(conn)
 
 
 def test_ssl_presents_the_keystore_as_client_certificate(sb: Broker, pki: TestPki, tmp_path: Path) -> None:

@@ -7,32 +7,25 @@ marker round). :class:`BrokerConnections` keeps them by broker id and reopens on
 broker's advertised endpoint changes (it restarted elsewhere). Any failure closes the
 connection; the next request reconnects. A new connection speaks the inter-broker listener's
 protocol (``inter_broker``: TLS, then SASL as the broker's principal) before its first request;
-a refused login is an ``InterBrokerAuthError`` (a ConnectionError) like any other failure.
+a refused login is an ``InterBrokerAuthError`` (a ConnectionError) like any other failure, and
+the calls that follow fail at once with ``BackingOff`` until the growing back-off has passed
+(the marker sender and verification retry often; each attempt would otherwise cost both brokers
+a SCRAM exchange and a warning).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import ssl
 import struct
 from typing import TYPE_CHECKING, Any
 
 from exactly.client.wire import decode_response, encode_request
-from exactly.server.inter_broker import InterBrokerAuthError, InterBrokerClient
+from exactly.server.inter_broker import BackingOff, InterBrokerClient, is_refusal, refused_backoff_s
 
 if TYPE_CHECKING:
     from exactly.server.metadata_cache import BrokerEndpoint, MetadataCache
 
 REQUEST_TIMEOUT_S = 30.0
-
-
-def failure_level(exc: BaseException) -> int:
-    """The log level of a failed call: refused credentials or certificates are a
-    misconfiguration (WARNING), the rest is a broker coming or going (INFO)."""
-    return logging.WARNING if isinstance(exc, (InterBrokerAuthError, ssl.SSLError)) else logging.INFO
-
-
 _SIZE = struct.Struct(">i")
 
 
@@ -55,14 +48,28 @@ class BrokerConnection:
         self._lock = asyncio.Lock()
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._correlation = 0
+        # consecutive refused logins/handshakes, and the loop time before which none is retried
+        self._refusals = 0
+        self._retry_at = 0.0
 
     async def call(self, request: Any) -> Any:
         async with self._lock:
+            now = asyncio.get_running_loop().time()
+            if self._streams is None and now < self._retry_at:
+                raise BackingOff(
+                    f"broker {self.endpoint.broker_id}: not reconnecting for {self._retry_at - now:.1f} s "
+                    f"after {self._refusals} refused attempt(s)"
+                )
             try:
-                return await asyncio.wait_for(self._call(request), self._timeout_s)
-            except BaseException:
+                response = await asyncio.wait_for(self._call(request), self._timeout_s)
+            except BaseException as exc:
                 self.close()
+                if is_refusal(exc):
+                    self._refusals += 1
+                    self._retry_at = now + refused_backoff_s(self._refusals)
                 raise
+            self._refusals = 0
+            return response
 
     async def _call(self, request: Any) -> Any:
         if self._streams is None:

@@ -14,10 +14,12 @@ request). The tokens come from the wire client's sans-IO :class:`~exactly.client
 SCRAM client in the project.
 
 Failures are :class:`InterBrokerAuthError`, a ConnectionError: every caller already treats an
-OSError as "drop the connection and try again later", and logs it; nothing here retries."""
+OSError as "drop the connection and try again later", and logs it (at :func:`failure_level`).
+Callers retry a refusal after :func:`refused_backoff_s`, which grows with each one in a row."""
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,8 +36,37 @@ from exactly.security.tls import client_context
 Call = Callable[[Any], Awaitable[Any]]
 
 
+REFUSED_BACKOFF_S = 0.2  # the first wait after a refused login or TLS handshake
+REFUSED_BACKOFF_MAX_S = 5.0  # the longest (Kafka: reconnect.backoff.ms growing to its maximum)
+
+
 class InterBrokerAuthError(ConnectionError):
     """The other broker refused this broker's credentials (or its SASL messages were wrong)."""
+
+
+class BackingOff(ConnectionError):
+    """No new connection yet: the last ones were refused (see :func:`refused_backoff_s`)."""
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """A refused login or TLS handshake: a misconfiguration (credentials, certificates, trust
+    store), not a broker coming or going, so it is logged as a warning and retried slowly."""
+    return isinstance(exc, (InterBrokerAuthError, ssl.SSLError))
+
+
+def refused_backoff_s(consecutive: int) -> float:
+    """The wait before the next attempt after ``consecutive`` (>= 1) refusals in a row: doubling
+    from REFUSED_BACKOFF_S up to REFUSED_BACKOFF_MAX_S, so a broker with wrong credentials keeps
+    retrying (and heals once they are fixed) without flooding its log or its peer."""
+    return float(min(REFUSED_BACKOFF_MAX_S, REFUSED_BACKOFF_S * 2.0 ** (max(consecutive, 1) - 1)))
+
+
+def failure_level(exc: BaseException) -> int:
+    """The log level of a failed inter-broker call: WARNING for a refusal, DEBUG while backing
+    off after one (the refusal itself was logged), INFO for the rest."""
+    if is_refusal(exc):
+        return logging.WARNING
+    return logging.DEBUG if isinstance(exc, BackingOff) else logging.INFO
 
 
 class InterBrokerClient:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +60,7 @@ from exactly.replication.truncation import (
     truncation_offset,
 )
 from exactly.server.clock import now_ms
-from exactly.server.inter_broker import InterBrokerAuthError
+from exactly.server.inter_broker import is_refusal, refused_backoff_s
 from exactly.server.replica_channel import ReplicaChannel
 from exactly.storage.leader_epoch import EpochEndOffset, latest_epoch
 from exactly.storage.partition_log import PartitionLog
@@ -81,7 +80,6 @@ MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
 BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
-CONNECT_BACKOFF_MAX_S = 5.0  # the longest wait between refused authentications/handshakes
 
 
 @dataclass(slots=True)
@@ -155,12 +153,12 @@ class LeaderFetcher:
                 continue
             try:
                 channel = await self._open(endpoint.host, endpoint.port)
-            except (InterBrokerAuthError, ssl.SSLError) as exc:  # refused credentials or certificate
-                await self._back_off(exc)
-                continue
-            except OSError as exc:  # refused, unreachable: the leader is (re)starting
-                log.info("fetcher for leader %d: cannot connect: %s", self.leader, exc)
-                await asyncio.sleep(BACKOFF_S)
+            except (OSError, ValueError) as exc:  # ValueError: a garbled answer during SASL
+                if not is_refusal(exc):  # refused, unreachable: the leader is (re)starting
+                    log.info("fetcher for leader %d: cannot connect: %s", self.leader, exc)
+                    await asyncio.sleep(BACKOFF_S)
+                    continue
+                await self._back_off(exc)  # refused credentials or certificate
                 continue
             try:
                 await self._fetch_loop(channel)
@@ -194,7 +192,7 @@ class LeaderFetcher:
         maximum), so a broker with wrong credentials or trust store keeps retrying without
         flooding the log or its peer."""
         self._connect_failures += 1
-        delay = min(CONNECT_BACKOFF_MAX_S, BACKOFF_S * 2 ** (self._connect_failures - 1))
+        delay = refused_backoff_s(self._connect_failures)
         log.warning(
             "fetcher for leader %d: cannot connect: %s (attempt %d, next in %.1f s)",
             self.leader,

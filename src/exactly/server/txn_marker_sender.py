@@ -44,7 +44,8 @@ from kio.static.primitive import i16, i32
 
 from exactly.coordinator.txn.effects import WriteMarkers
 from exactly.records.control import ControlType
-from exactly.server.broker_connection import BrokerConnection, failure_level
+from exactly.server.broker_connection import BrokerConnection
+from exactly.server.inter_broker import failure_level
 from exactly.server.internal_topics import AppendFailed
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition

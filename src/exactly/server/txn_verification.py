@@ -45,7 +45,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.types import ProducerId, TopicName, TransactionalId
 from kio.static.primitive import i16, i32
 
-from exactly.server.broker_connection import BrokerConnections, failure_level
+from exactly.server.broker_connection import BrokerConnections
+from exactly.server.inter_broker import failure_level
 from exactly.topics import TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
 
