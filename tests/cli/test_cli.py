@@ -329,6 +329,23 @@ def test_serve_refuses_bad_config_with_one_line(tmp_path: Path, option: str, mes
     assert message in proc.stderr.decode().splitlines()[-1]
 
 
+def test_serve_refuses_a_sasl_inter_broker_listener_without_credentials(tmp_path: Path) -> None:
+    """Checked before ZooKeeper is contacted (none listens on port 1): the broker would otherwise
+    start and never replicate."""
+    options = [
+        "zookeeper.connect=127.0.0.1:1",
+        "listeners=SASL_PLAINTEXT://127.0.0.1:0",
+        "inter.broker.listener.name=SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms=SCRAM-SHA-512",
+        "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+    ]
+    proc = exactly("serve", "--data-dir", str(tmp_path), *(a for o in options for a in ("-o", o)))
+    assert proc.returncode == 2, proc.stderr.decode()
+    line = proc.stderr.decode().splitlines()[-1]
+    assert "inter-broker listener SASL_PLAINTEXT uses SASL SCRAM-SHA-512" in line
+    assert "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config" in line
+
+
 def test_topics_describe_shows_dirty_ratio_of_compacted_topics(
     fresh_broker: Callable[..., Broker], topic: str
 ) -> None:
