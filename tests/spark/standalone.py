@@ -127,6 +127,10 @@ class StandaloneCluster:
         return [pid for pid in self._pgids if _group_alive(pid)]
 
     # ------------------------------------------------------------------ inspection
+    def app_ids(self) -> set[str]:
+        """The applications that ran executors on any worker so far."""
+        return {p.name for i in range(self.workers) for p in (self.base / f"worker-{i}").glob("app-*")}
+
     def executor_dirs(self, app_id: str) -> dict[int, list[Path]]:
         """Worker index -> the executor directories it created for ``app_id``."""
         return {
