@@ -26,12 +26,21 @@ def setting(name: str, default: str) -> str:
 
 BOOTSTRAP = setting("bootstrap.servers", "127.0.0.1:9092")
 TOPICS = Topics.with_prefix(setting("topic.prefix", ""))
-# kafka.* client options (security settings, timeouts) for both the source and the sink
+SETTINGS = spark.conf.getAll
+# spark.exactly.kafka.<name>: kafka.* client options (security, timeouts) of the source and the sink
 KAFKA_OPTIONS = tuple(
     (key.removeprefix("spark.exactly."), value)
-    for key, value in spark.conf.getAll.items()
+    for key, value in sorted(SETTINGS.items())
     if key.startswith("spark.exactly.kafka.")
 )
+# spark.exactly.sink.<option>: further sink options, e.g. spark.exactly.sink.atomicBatches=true
+SINK_OPTIONS = {
+    key.removeprefix("spark.exactly.sink."): value
+    for key, value in SETTINGS.items()
+    if key.startswith("spark.exactly.sink.")
+}
+
+print(f"exactly-orders: {TOPICS.orders} -> {TOPICS.category}, {TOPICS.total} on {BOOTSTRAP}", flush=True)
 
 dp.create_sink(
     name="orders_sales",
@@ -41,6 +50,7 @@ dp.create_sink(
         "deliveryGuarantee": "exactly_once",
         "transactionalIdPrefix": setting("transactional.id.prefix", "orders-sdp"),
         **dict(KAFKA_OPTIONS),
+        **SINK_OPTIONS,
     },
 )
 

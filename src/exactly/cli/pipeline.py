@@ -5,7 +5,8 @@
 * ``run`` starts the Structured Streaming job (exactly source -> running totals -> exactly-once
   sink) with a checkpoint; ``--trigger availableNow`` (default) stops when caught up,
   ``--trigger processingTime:5s`` runs until Ctrl-C, ``--timeout`` or ``--until-caught-up``.
-  ``--master`` (default ``local[*]``) runs the same job on a cluster.
+  ``--master`` (default ``local[*]``, or spark-submit's ``--master`` when spark-submit runs the
+  command) runs the same job on a cluster.
 * ``demo`` does it all on brokers of its own (``make run``): one embedded broker, or with
   ``--cluster 3`` ZooKeeper + 3 replicated brokers, optionally ``--kill-broker-after N`` (kill -9
   of a broker mid-run, restarted later); see ``exactly.cli.pipeline_demo``.
@@ -53,7 +54,12 @@ def register(subparsers: Any) -> None:
     run = strict(sub.add_parser("run", help="run the Structured Streaming job"))
     _common(run)
     run.add_argument("--checkpoint", required=True, help="checkpoint location (keep it to resume)")
-    run.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    run.add_argument(
+        "--master",
+        default=None,
+        help="Spark master, e.g. spark://host:7077 (default: spark-submit's --master under spark-submit, "
+        "else local[*])",
+    )
     run.add_argument(
         "--trigger",
         default="availableNow",
@@ -100,6 +106,22 @@ def spark_kafka_options(client: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     """The client settings of ``--command-config``/``-X`` as the Spark source's and sink's ``kafka.*``
     options (which hand them to librdkafka)."""
     return tuple((f"kafka.{key}", str(value)) for key, value in sorted(client.items()))
+
+
+def spark_master(requested: str | None) -> str:
+    """``--master``, else the master spark-submit was given (its JVM, which PySpark joins through
+    ``PYSPARK_GATEWAY_PORT``, holds it as ``spark.master``), else ``local[*]``. The session builder
+    must be told: a master set on the builder overrides spark-submit's."""
+    if requested:
+        return requested
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # joins spark-submit's JVM: SparkConf reads it from there
+        submitted = SparkConf().get("spark.master")
+        if submitted:
+            return str(submitted)
+    return "local[*]"
 
 
 def _pairs(items: list[str]) -> list[tuple[str, str]]:
@@ -149,8 +171,9 @@ def _run(args: argparse.Namespace) -> int:
     client = security_config(args)
     create_topics(args.bootstrap_server, topics, client=client)
     conf = {"spark.sql.shuffle.partitions": str(args.shuffle_partitions), **dict(_pairs(args.spark_conf))}
-    spark = build_session(args.master, "exactly-orders-pipeline", conf)
-    print(f"spark {spark.version} master {args.master}; pid {os.getpid()}", flush=True)
+    master = spark_master(args.master)
+    spark = build_session(master, "exactly-orders-pipeline", conf)
+    print(f"spark {spark.version} master {master}; pid {os.getpid()}", flush=True)
 
     def stop(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
