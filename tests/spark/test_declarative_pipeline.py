@@ -56,8 +56,8 @@ def known_client_failure(output: str) -> bool:
     )
 
 
-def run_project(project: Path, log: Path) -> str:
-    command = [str(spark_pipelines()), "run", "--spec", str(project / "spark-pipeline.yml")]
+def run_project(launcher: Path, project: Path, log: Path) -> str:
+    command = [str(launcher), "run", "--spec", str(project / "spark-pipeline.yml")]
     env = child_env(extra={"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"})
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=800, cwd=project)
     output = f"{proc.stdout}\n{proc.stderr}"
@@ -85,6 +85,7 @@ def copy_project(tmp_path: Path, **configuration: str) -> Path:
 
 
 def test_orders_pipeline_as_a_declarative_pipeline(fresh_broker: BrokerFactory, tmp_path: Path) -> None:
+    launcher = spark_pipelines()  # skips without pyspark[pipelines]'s extras or java
     broker = fresh_broker(**{"transaction.two.phase.commit.enable": "true"})
     prefix = f"sdp-{random.randrange(16**6):06x}-"
     project = copy_project(
@@ -102,7 +103,7 @@ def test_orders_pipeline_as_a_declarative_pipeline(fresh_broker: BrokerFactory, 
     first = generate(broker.bootstrap, topics, 1000, txn_size=100, abort_every=4, seed=3)
     assert first.aborted > 0
 
-    output = run_project(project, tmp_path / "run-1.log")
+    output = run_project(launcher, project, tmp_path / "run-1.log")
     assert f"on {broker.bootstrap}" in output  # the definitions read the spec's configuration
     report = verify(broker.bootstrap, topics)
     assert report.ok, report.summary()
