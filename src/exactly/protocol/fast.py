@@ -21,6 +21,7 @@ import struct
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 
+from exactly.frozen import quick_init
 from exactly.protocol.primitives import (
     WireFormatError,
     read_uvarint,
@@ -43,18 +44,21 @@ class WireError(WireFormatError):
     """The request bytes do not follow the schema."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProducePartition:
     index: int
     records: memoryview | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProduceTopic:
     name: str
     partitions: tuple[ProducePartition, ...]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProduceRequestData:
     transactional_id: str | None
@@ -155,6 +159,7 @@ class _Writer:
             self.out.append(0)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProducePartitionResult:
     index: int
@@ -209,6 +214,7 @@ _ONE_V8_TAIL = _I32.pack(0) + _I16.pack(-1) + _I32.pack(0)
 _ONE_V9_TAIL = b"\x01\x00\x00\x00" + _I32.pack(0) + b"\x00"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class FetchPartitionResult:
     index: int

@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from exactly.frozen import quick_init
 from exactly.protocol.primitives import WireFormatError, skip_tagged_fields
 
 _FIXED = struct.Struct(">hhih")
@@ -27,6 +28,7 @@ class HeaderError(WireFormatError):
     """The request header cannot be parsed; Kafka closes such connections."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestHeader:
     api_key: int

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.frozen import quick_init
 from exactly.protocol.apis import (
     VERSION_RANGES,
     ApiKey,
@@ -63,6 +64,7 @@ def _nothing() -> None:
     """The default ``before_park``: nothing held back."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """What a handler knows about its request besides the body: the parsed header, the schema of

@@ -21,6 +21,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from exactly.frozen import quick_init
 from exactly.records.batch import iter_batches
 from exactly.storage.file_slice import FileSlice
 from exactly.storage.segment import LogSegment
@@ -38,6 +39,7 @@ class AbortedTxn:
     first_offset: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     records: bytes | FileSlice  # whole batches, possibly empty; a FileSlice only when asked for

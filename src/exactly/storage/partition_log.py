@@ -53,6 +53,7 @@ from pathlib import Path
 
 from kio.schema.errors import ErrorCode
 
+from exactly.frozen import quick_init
 from exactly.records.batch import (
     BatchHeader,
     InvalidRecordError,
@@ -87,6 +88,7 @@ from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     first_offset: int  # assigned base offset, or the original one for a duplicate

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exactly.frozen import quick_init
+
 NUM_BATCHES_TO_RETAIN = 5
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BatchMetadata:
     first_seq: int
@@ -34,6 +37,7 @@ class BatchMetadata:
         return self.last_offset - self.offset_delta
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProducerStateEntry:
     """Immutable snapshot of one producer's state (used by DescribeProducers and snapshots)."""

@@ -65,6 +65,7 @@ from pathlib import Path
 from kio.schema.errors import ErrorCode
 
 import exactly.storage.producer_snapshot as snap
+from exactly.frozen import quick_init
 from exactly.records.batch import BatchHeader
 from exactly.records.control import ControlType
 from exactly.storage.producer_entry import NUM_BATCHES_TO_RETAIN, BatchMetadata, ProducerStateEntry
@@ -87,6 +88,7 @@ class ProducerStateError(Exception):
         self.error_code = error_code
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DuplicateBatch:
     """A resend of one of the last 5 batches: ack it with its original offsets."""
@@ -104,6 +106,7 @@ class CompletedTxn:
     is_aborted: bool
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ProducerAppendInfo:
     """A staged change for one producer; applied by ``complete_append`` after the log write.
