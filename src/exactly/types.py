@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NewType
 
+from exactly.frozen import quick_init
+
 ProducerId = NewType("ProducerId", int)
 ProducerEpoch = NewType("ProducerEpoch", int)
 Offset = NewType("Offset", int)
@@ -20,6 +22,7 @@ NO_PRODUCER_EPOCH = ProducerEpoch(-1)
 MAX_PRODUCER_EPOCH = 32767
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TopicPartition:
     topic: str

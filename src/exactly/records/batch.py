@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import crc32c
 from kio.schema.errors import ErrorCode
+
+from exactly.frozen import quick_init
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: bytes not counted by batchLength
@@ -66,6 +68,7 @@ class InvalidRecordError(Exception):
         self.error_code = error_code
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
     """The 61-byte v2 batch header; ``position`` is where the batch starts in its buffer."""
@@ -89,15 +92,10 @@ class BatchHeader:
     def parse(cls, buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
         """Read a header at ``position``; the caller guarantees 61 bytes are there.
 
-        Every batch read (appends, fetches, recovery, coordinator loads) parses one, so this
-        fills the slots through their descriptors instead of the frozen ``__init__`` (which
-        calls ``object.__setattr__`` per field, ~2.5x the cost): the object is the same, equal
-        to ``BatchHeader(*fields, position)``, and stays frozen to everyone else."""
-        header = _new_object(cls)
-        for put, value in zip(_FIELD_SETTERS, _HEADER.unpack_from(buf, position), strict=True):
-            put(header, value)
-        _POSITION_SETTER(header, position)
-        return header
+        Every batch read (appends, fetches, recovery, coordinator loads) parses one: one
+        ``unpack_from`` and the ``quick_init`` constructor (each slot stored through its
+        descriptor, not the frozen ``__init__``'s ``object.__setattr__`` per field)."""
+        return cls(*_HEADER.unpack_from(buf, position), position)
 
     @property
     def size(self) -> int:
@@ -252,12 +250,3 @@ def iter_batches(
             return
         yield header
         pos += header.size
-
-
-# BatchHeader.parse's slot setters, in _HEADER's field order (position last, outside the struct).
-_new_object = object.__new__
-_SLOTS = vars(BatchHeader)
-_FIELD_SETTERS = tuple(
-    _SLOTS[field.name].__set__ for field in fields(BatchHeader) if field.name != "position"
-)
-_POSITION_SETTER = _SLOTS["position"].__set__
