@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
 
 _SIZE = struct.Struct(">i")
+# per-request constants: an enum member lookup costs a dict walk in Python 3.11
+_API_VERSIONS = int(ApiKey.API_VERSIONS)
 
 
 class CloseConnection(Exception):
@@ -156,8 +158,8 @@ async def dispatch(
         )
     api = schema(key, header.api_version)
     try:
-        if api.request_flexible:
-            pos = skip_tagged_fields(payload, pos)
+        if api.request_flexible:  # an empty tag section (one zero byte) is the usual case
+            pos = pos + 1 if pos < len(payload) and payload[pos] == 0 else skip_tagged_fields(payload, pos)
         parser = PARSERS.get(key)
         request: Any
         if parser is not None:
@@ -190,7 +192,7 @@ def _frame_response(broker: Broker, api: ApiSchema, header: RequestHeader, respo
     key = header.api_key
     if response is None:  # acks=0 produce
         return None
-    flexible = api.response_flexible and key != ApiKey.API_VERSIONS
+    flexible = api.response_flexible and key != _API_VERSIONS
     head = response_header(header.correlation_id, flexible)
     if isinstance(response, list):  # hand-encoded chunks (fetch)
         size = len(head) + sum(len(c) for c in response)

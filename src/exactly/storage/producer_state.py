@@ -82,6 +82,11 @@ class AppendOrigin(enum.Enum):
     REPLICATION = "replication"  # log replay at recovery / follower fetch: no validation errors
 
 
+# the hot path compares with these module constants (an enum member lookup is a dict walk in 3.11)
+_CLIENT = AppendOrigin.CLIENT
+_REPLICATION = AppendOrigin.REPLICATION
+
+
 class ProducerStateError(Exception):
     def __init__(self, error_code: ErrorCode, message: str) -> None:
         super().__init__(message)
@@ -237,7 +242,7 @@ class ProducerStateManager:
     ) -> ProducerAppendInfo | DuplicateBatch:
         first_seq = header.base_sequence
         last_seq = header.last_sequence
-        if entry is not None and origin is AppendOrigin.CLIENT and epoch == current_epoch:
+        if entry is not None and origin is _CLIENT and epoch == current_epoch:
             for cached in entry.batches:
                 if cached.first_seq == first_seq and cached.last_seq == last_seq:
                     return DuplicateBatch(cached.first_offset, cached.last_offset, cached.timestamp)
@@ -247,7 +252,7 @@ class ProducerStateManager:
                 ErrorCode.invalid_producer_epoch,
                 f"epoch {epoch} of producer {pid} is older than the current epoch {current_epoch}",
             )
-        if origin is AppendOrigin.CLIENT and current_epoch != NO_PRODUCER_EPOCH:
+        if origin is _CLIENT and current_epoch != NO_PRODUCER_EPOCH:
             if epoch != current_epoch:
                 if first_seq != 0:
                     _fail(

@@ -60,6 +60,7 @@ API_KEY = ApiKey.PRODUCE
 parse_request = parse_produce_request  # records stay memoryviews into the frame
 
 log = logging.getLogger("exactly.produce")
+_NO_ERROR = ErrorCode.none  # a module constant: an enum member lookup is a dict walk in 3.11
 
 
 async def handle(
@@ -148,7 +149,8 @@ def _record(
     """Put one partition's answer in ``parts_out`` (appended, or at ``slot``); an acks=all
     append in a cluster also gets its wait for the ISR in ``delayed``."""
     code, message, result = outcome
-    broker.metrics.error(ApiKey.PRODUCE, code)
+    if code:
+        broker.metrics.error(API_KEY, code)
     if result is None:
         answer = ProducePartitionResult(index, int(code), -1, -1, -1, message)
     else:
@@ -291,7 +293,7 @@ def _append(
     else:
         broker.metrics.messages_in += header.record_count
         broker.after_append(plog)
-    return ErrorCode.none, None, result
+    return _NO_ERROR, None, result
 
 
 class _VerifyRemotely(Exception):
