@@ -58,6 +58,7 @@ DELETE_HORIZON_FLAG = 0x40
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
+_OFFSET_LENGTH_EPOCH = struct.Struct(">qii")  # base offset, batch length, partition leader epoch
 
 
 class InvalidRecordError(Exception):
@@ -213,6 +214,14 @@ def patch_base_offset(buf: bytearray | memoryview, position: int, base_offset: i
 
 def patch_partition_leader_epoch(buf: bytearray | memoryview, position: int, epoch: int) -> None:
     _INT32.pack_into(buf, position + 12, epoch)
+
+
+def patch_offset_and_epoch(
+    buf: bytearray | memoryview, header: BatchHeader, base_offset: int, epoch: int
+) -> None:
+    """``patch_base_offset`` and ``patch_partition_leader_epoch`` in one write (the batch length
+    between them is rewritten with its own value): what every client append does."""
+    _OFFSET_LENGTH_EPOCH.pack_into(buf, header.position, base_offset, header.batch_length, epoch)
 
 
 def stamp_log_append_time(batch: bytearray | memoryview, header: BatchHeader, now_ms: int) -> BatchHeader:

@@ -78,8 +78,10 @@ class AppendWaiters:
 
     def notify(self, tp: TopicPartition) -> None:
         """Both bounds may have moved (or the partition's role changed)."""
-        _wake_all(self._waiters, tp)
-        _wake_all(self._log_end, tp)
+        if self._waiters:  # after every single-broker append: no call when nobody waits
+            _wake_all(self._waiters, tp)
+        if self._log_end:
+            _wake_all(self._log_end, tp)
 
     def notify_appended(self, tp: TopicPartition) -> None:
         """The log end moved, the high watermark did not (a cluster leader's append)."""

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
     from exactly.server.broker import Broker
 
 _SIZE = struct.Struct(">i")
+# size + response header v0 (correlation id) or v1 (+ an empty tag section), in one pack
+_SIZE_HEAD_V0 = struct.Struct(">ii")
+_SIZE_HEAD_V1 = struct.Struct(">iiB")
+_BYTES = (bytes, bytearray)
 # per-request constants: an enum member lookup costs a dict walk in Python 3.11
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 
@@ -192,12 +196,17 @@ def _frame_response(broker: Broker, api: ApiSchema, header: RequestHeader, respo
     key = header.api_key
     if response is None:  # acks=0 produce
         return None
+    # the frame's size and the response header (what ``response_header`` writes) in one pack
     flexible = api.response_flexible and key != _API_VERSIONS
-    head = response_header(header.correlation_id, flexible)
     if isinstance(response, list):  # hand-encoded chunks (fetch)
-        size = len(head) + sum(len(c) for c in response)
-        broker.metrics.bytes_out += size + 4
-        return [_SIZE.pack(size) + head, *response]
-    body = response if isinstance(response, bytes | bytearray) else encode_response(api, response)
-    broker.metrics.bytes_out += len(head) + len(body) + 4
-    return [_SIZE.pack(len(head) + len(body)) + head, body]
+        body = None
+        size = (5 if flexible else 4) + sum(len(c) for c in response)
+    else:
+        body = response if isinstance(response, _BYTES) else encode_response(api, response)
+        size = (5 if flexible else 4) + len(body)
+    broker.metrics.bytes_out += size + 4
+    if flexible:
+        framed = _SIZE_HEAD_V1.pack(size, header.correlation_id, 0)
+    else:
+        framed = _SIZE_HEAD_V0.pack(size, header.correlation_id)
+    return [framed, *response] if body is None else [framed, body]

@@ -57,8 +57,7 @@ from exactly.frozen import quick_init
 from exactly.records.batch import (
     BatchHeader,
     InvalidRecordError,
-    patch_base_offset,
-    patch_partition_leader_epoch,
+    patch_offset_and_epoch,
     stamp_log_append_time,
 )
 from exactly.records.control import marker_of
@@ -247,14 +246,13 @@ class PartitionLog(LogMaintenance):
                 ErrorCode.message_too_large,
                 f"batch of {size} bytes exceeds max.message.bytes {self.config.max_message_bytes}",
             )
-        control_type, coordinator_epoch = marker_of(batch, header)
+        control_type, coordinator_epoch = marker_of(batch, header) if header.is_control else (None, -1)
         base_offset = self.log_end_offset
         log_append_time = -1
         if self.config.message_timestamp_type == "LogAppendTime":
             header = stamp_log_append_time(batch, header, now_ms)
             log_append_time = now_ms
-        patch_base_offset(batch, position, base_offset)
-        patch_partition_leader_epoch(batch, position, leader_epoch)
+        patch_offset_and_epoch(batch, header, base_offset, leader_epoch)
         header = BatchHeader.parse(batch, position)  # the patched header: half the cost of replace()
 
         staged = self.producer_state.prepare_append(
@@ -331,8 +329,12 @@ class PartitionLog(LogMaintenance):
         if rolls_before_append(self._segments[-1], header, self.config, now_ms):
             self.roll(now_ms)  # Kafka's LocalLog.shouldRoll
         active = self._segments[-1]
-        with memoryview(batch) as view:
-            active.append(view[header.position : header.position + header.size], header)
+        position, size = header.position, header.size
+        if position == 0 and len(batch) == size:  # a Produce's records: exactly this batch
+            active.append(batch, header)
+        else:
+            with memoryview(batch) as view:
+                active.append(view[position : position + size], header)
         completed = self.producer_state.complete_append(staged)
         self.producer_state.update_map_end_offset(header.next_offset)
         if completed is not None:
