@@ -262,7 +262,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         write(transport, pending)
                     self._close("broker shutting down", logging.DEBUG)
                     return
-                if not frames or self._draining or self._blocked():
+                if not frames or self._draining or (deferred and self._blocked()):
                     if pending:
                         write(transport, pending)
                         pending, pending_bytes = [], 0
@@ -331,6 +331,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     continue
                 elif result is None:
                     continue
+                elif not pending and not frames:  # one request in flight, the usual case: write it as is
+                    _write(transport, result)
                 else:
                     pending.extend(result)
                     for c in result:
