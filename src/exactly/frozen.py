@@ -20,7 +20,7 @@ are the dataclass's own, and setting an attribute afterwards still raises
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -35,7 +35,7 @@ def quick_init(cls: type[T]) -> type[T]:
     positional: list[str] = []
     keyword: list[str] = []
     body: list[str] = []
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cast(Any, cls)):
         assert f.init, f"{cls.__name__}.{f.name}: init=False is not supported"
         assert f.default_factory is dataclasses.MISSING, f"{cls.__name__}.{f.name}: default_factory"
         namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
@@ -52,7 +52,7 @@ def quick_init(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
     return cls
 
 

@@ -96,7 +96,8 @@ class BatchHeader:
         Every batch read (appends, fetches, recovery, coordinator loads) parses one: one
         ``unpack_from`` and the ``quick_init`` constructor (each slot stored through its
         descriptor, not the frozen ``__init__``'s ``object.__setattr__`` per field)."""
-        return cls(*_HEADER.unpack_from(buf, position), position)
+        # _HEADER yields the 13 fields before ``position``, in declaration order
+        return cls(*_HEADER.unpack_from(buf, position), position)  # type: ignore[call-arg]
 
     @property
     def size(self) -> int:
