@@ -34,6 +34,7 @@ from pathlib import Path
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_batches
 from exactly.storage.file_slice import FileSlice
+from exactly.storage.file_write import write_whole
 from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
 from exactly.storage.recent_batches import RecentBatches
 from exactly.storage.txn_index import TransactionIndex
@@ -50,14 +51,6 @@ LOOKUP_CHUNK = 64 * 1024  # index-to-offset scans: a few batches past an index e
 
 def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
     return directory / f"{base_offset:020d}{suffix}"
-
-
-def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
-    with memoryview(data) as view:
-        while view:
-            written = os.pwrite(fd, view, position)
-            view = view[written:]
-            position += written
 
 
 class LogSegment:
@@ -246,11 +239,7 @@ class LogSegment:
             self.offset_index.append(header.base_offset, position)
             self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
             self._bytes_since_index = 0
-        try:
-            _write_all(self._fd, data, position)
-        except BaseException:
-            os.ftruncate(self._fd, position)  # never leave a torn batch behind a failed write
-            raise
+        write_whole(self._fd, data, position)  # or the file is cut back to ``position``
         self._note_batch(header, position)
         self._recent.note(position, header)
         self.unflushed = True

@@ -1,0 +1,65 @@
+"""write_whole: all of the bytes at a position, or the file cut back to it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from exactly.storage import file_write
+from exactly.storage.file_write import write_whole
+
+
+def _fd(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def test_writes_at_the_position(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789")
+    fd = _fd(path)
+    try:
+        write_whole(fd, memoryview(bytearray(b"abcdef"))[1:4], 10)
+        write_whole(fd, b"XY", 2)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"01XY456789bcd"
+
+
+def test_short_writes_are_continued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.pwrite
+
+    def three_at_a_time(fd: int, data: bytes | memoryview, position: int) -> int:
+        return real(fd, bytes(data)[:3], position)
+
+    monkeypatch.setattr(file_write.os, "pwrite", three_at_a_time)
+    path = tmp_path / "f"
+    fd = _fd(path)
+    try:
+        write_whole(fd, b"abcdefghij", 0)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"abcdefghij"
+
+
+def test_a_failed_write_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.pwrite
+    calls = []
+
+    def fails_after_a_part(fd: int, data: bytes | memoryview, position: int) -> int:
+        calls.append(position)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        return real(fd, bytes(data)[:4], position)
+
+    monkeypatch.setattr(file_write.os, "pwrite", fails_after_a_part)
+    path = tmp_path / "f"
+    path.write_bytes(b"head")
+    fd = _fd(path)
+    try:
+        with pytest.raises(OSError, match="No space"):
+            write_whole(fd, b"a torn batch", 4)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"head"
