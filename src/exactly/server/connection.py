@@ -332,7 +332,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 elif result is None:
                     continue
                 elif not pending and not frames:  # one request in flight, the usual case: write it as is
-                    _write(transport, result)
+                    write(transport, result)
                 else:
                     pending.extend(result)
                     for c in result:
