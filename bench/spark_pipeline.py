@@ -1,50 +1,75 @@
-"""Spark benchmark (issue #4): the orders pipeline's throughput, and the exactly-once sink against
-the at-least-once sink on the same data in the same run.
+"""Spark benchmark: the orders pipeline's throughput, the exactly-once sink against the
+at-least-once sink on the same data in the same run, the end-to-end latency of a small
+micro-batch, and where each micro-batch's time goes.
 
     .venv/bin/python bench/spark_pipeline.py                 # 200k orders, 2 rounds (~5-8 min)
     .venv/bin/python bench/spark_pipeline.py --orders 50000 --rounds 1 --out /tmp/spark-bench.md
 
-It starts its own broker (``exactly serve`` on 127.0.0.1, data in /tmp/exactly-bench-spark-*,
-deleted at the end) and one SparkSession (``local[*]``, shuffle partitions 4), writes the orders
-once (transactional, every 5th transaction aborted), warms the JVM and the Python workers up on a
-small separate data set, and then measures, per round (the order of EOS/ALOS alternates):
+It starts its own broker (``exactly serve`` on 127.0.0.1 with two-phase commit allowed, so the
+exactly-once sink runs in its default atomic mode; data in /tmp/exactly-bench-spark-*, deleted at
+the end) and one SparkSession (``local[*]``, ``--shuffle-partitions``), writes the orders once
+(transactional, every 5th transaction aborted), warms the JVM and the Python workers up on a small
+separate data set, and then measures, per round (the order of EOS/ALOS alternates):
 
 * **pipeline-eos / pipeline-alos**: the orders job (``exactly.spark.pipeline``: exactly source ->
   running totals per category and overall -> sink), ``trigger(availableNow)``,
-  ``maxOffsetsPerTrigger`` = ``--batch``, from a fresh checkpoint, sink ``exactly_once`` or
-  ``at_least_once``. orders/s = committed orders / sum of the micro-batches' durations (Spark's
-  ``batchDuration``: query start-up excluded). The EOS run must pass ``verify``.
+  ``maxOffsetsPerTrigger`` = ``--batch``, from a fresh checkpoint, sink ``exactly_once`` (atomic
+  two-phase batches) or ``at_least_once``. orders/s = committed orders / sum of the micro-batches'
+  durations (Spark's ``batchDuration``: query start-up excluded). The EOS run must pass ``verify``.
 * **copy-eos / copy-alos**: a sink-heavy job on the same input: every order is written back through
   the sink (key, value) to a fresh topic - so the sink carries one record per input record rather
   than a handful of updates per batch. records/s as above; the read_committed output must hold
   exactly the committed orders.
+* **latency**: the orders job (EOS) with micro-batches of ``--latency-batch`` orders; a
+  read_committed reader of total-sales notes when each batch's update becomes visible; latency =
+  that moment minus the trigger's start (the progress report's ``timestamp``). p50 over the
+  batches after the first (warm).
 
-The EOS/ALOS ratio is taken per round; the report shows every round and the median.
+The EOS/ALOS ratio is taken per round; the report shows every round and the median, the targets,
+and one where-the-time-goes table per run of the last round (``benchlib/spark_breakdown.py``: the
+progress report's durations plus the connector's own timers, ``exactly.spark.timings``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+
+from benchlib.spark_breakdown import batch_rows, render_table  # noqa: E402
 from exactly.spark.orders import Topics, create_topics, generate, read_committed, verify  # noqa: E402
 from exactly.spark.pipeline import JobConfig, start  # noqa: E402
 from exactly.spark.session import build_session  # noqa: E402
 from exactly.testing.broker import Broker  # noqa: E402
 
+try:  # an older checkout (A/B runs against it) has no connector timers: the table is then empty
+    from exactly.spark import timings
+except ImportError:  # pragma: no cover
+    timings = None  # type: ignore[assignment]
 
-def _measure(query: Any, timeout: float) -> dict[str, float]:
+TIMINGS_ENV = "EXACTLY_SPARK_TIMINGS"
+TARGET_RATE = 50_000
+TARGET_RATIO = 0.9
+TARGET_LATENCY_S = 1.0
+
+
+def _measure(query: Any, timeout: float) -> dict[str, Any]:
     started = time.monotonic()
     if not query.awaitTermination(timeout):
         query.stop()
@@ -61,16 +86,13 @@ def _measure(query: Any, timeout: float) -> dict[str, float]:
         "wall": wall,
         "batches": len(progress),
         "rate": rows / busy if busy else 0.0,
+        "progress": [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in progress],
     }
 
 
-def run_pipeline(
-    spark: Any, bootstrap: str, source: Topics, out_prefix: str, ckpt: Path, delivery: str, batch: int
-) -> dict[str, float]:
-    topics = Topics(source.orders, f"{out_prefix}category-sales", f"{out_prefix}total-sales")
-    create_topics(bootstrap, topics)
+def _config(bootstrap: str, topics: Topics, ckpt: Path, delivery: str, batch: int) -> JobConfig:
     tag = uuid.uuid4().hex[:6]
-    config = JobConfig(
+    return JobConfig(
         bootstrap=bootstrap,
         checkpoint=str(ckpt),
         topics=topics,
@@ -79,7 +101,14 @@ def run_pipeline(
         transactional_id_prefix=f"bench-{tag}",
         query_name=f"bench-{tag}",
     )
-    result = _measure(start(spark, config), 1800)
+
+
+def run_pipeline(
+    spark: Any, bootstrap: str, source: Topics, out_prefix: str, ckpt: Path, delivery: str, batch: int
+) -> dict[str, Any]:
+    topics = Topics(source.orders, f"{out_prefix}category-sales", f"{out_prefix}total-sales")
+    create_topics(bootstrap, topics)
+    result = _measure(start(spark, _config(bootstrap, topics, ckpt, delivery, batch)), 1800)
     if delivery == "exactly_once":
         report = verify(bootstrap, topics)
         if not report.ok:
@@ -89,7 +118,7 @@ def run_pipeline(
 
 def run_copy(
     spark: Any, bootstrap: str, source: str, target: str, ckpt: Path, delivery: str, batch: int, expected: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
@@ -118,21 +147,90 @@ def run_copy(
     return result
 
 
+class _VisibleAt(threading.Thread):
+    """Reads total-sales under read_committed; remembers when each batch's update became visible."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"latency-{uuid.uuid4().hex[:6]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+                "log_level": 3,
+            }
+        )
+        self.consumer.assign([TopicPartition(topic, 0, 0)])
+        self.seen: dict[int, float] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                for m in self.consumer.consume(num_messages=100, timeout=0.005):
+                    if m.error() is None:
+                        batch = int(json.loads(m.value() or b"{}")["batch"])
+                        self.seen.setdefault(batch, time.time())
+        finally:
+            self.consumer.close()
+
+
+def run_latency(spark: Any, bootstrap: str, source: Topics, ckpt: Path, batch: int) -> dict[str, Any]:
+    topics = Topics(source.orders, "latency-category-sales", "latency-total-sales")
+    create_topics(bootstrap, topics)
+    reader = _VisibleAt(bootstrap, topics.total)
+    reader.start()
+    try:
+        result = _measure(start(spark, _config(bootstrap, topics, ckpt, "exactly_once", batch)), 1800)
+        deadline = time.monotonic() + 30
+        wanted = {int(p["batchId"]) for p in result["progress"]}
+        while not wanted <= set(reader.seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        reader.stop.set()
+        reader.join(10)
+    latencies = []
+    for p in result["progress"]:
+        seen = reader.seen.get(int(p["batchId"]))
+        if seen is not None:
+            triggered = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            latencies.append(seen - triggered)
+    result["latencies"] = latencies
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--orders", type=int, default=200_000, help="committed orders (default 200k)")
     parser.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger (default 50k)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of EOS+ALOS pairs (default 2)")
+    parser.add_argument("--latency-batch", type=int, default=5_000, help="orders per latency micro-batch")
+    parser.add_argument("--latency-batches", type=int, default=8, help="latency micro-batches (first = warm)")
+    parser.add_argument("--shuffle-partitions", type=int, default=2, help="spark.sql.shuffle.partitions")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="write every sample as JSON here")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="exactly-bench-spark-"))
-    broker = Broker(tmp / "data", tmp / "broker.log", name="bench-broker", src=ROOT / "src", cwd=ROOT).start()
+    timing_dir = tmp / "timings"
+    timing_dir.mkdir()
+    os.environ[TIMINGS_ENV] = str(timing_dir)  # inherited by the JVM and its Python workers
+    broker = Broker(
+        tmp / "data",
+        tmp / "broker.log",
+        name="bench-broker",
+        src=ROOT / "src",
+        cwd=ROOT,
+        overrides={"transaction.two.phase.commit.enable": "true"},
+    ).start()
     bootstrap = broker.bootstrap
     spark = None
     samples: list[dict[str, Any]] = []
+    latency: dict[str, Any] = {}
+    load = [os.getloadavg()]
     try:
         source = Topics.with_prefix("bench-")
         create_topics(bootstrap, source, partitions=3)
@@ -141,9 +239,15 @@ def main() -> int:
             f"broker {bootstrap}: {made.committed} orders (+{made.aborted} aborted) written in {made.seconds:.1f}s",
             flush=True,
         )
+        lat_source = Topics.with_prefix("latency-in-")
+        create_topics(bootstrap, lat_source, partitions=3)
+        generate(bootstrap, lat_source, args.latency_batch * args.latency_batches, txn_size=500, seed=7)
         t0 = time.monotonic()
         spark = build_session(
-            args.master, "exactly-bench", {"spark.sql.shuffle.partitions": "4"}, log_level="ERROR"
+            args.master,
+            "exactly-bench",
+            {"spark.sql.shuffle.partitions": str(args.shuffle_partitions)},
+            log_level="ERROR",
         )
         print(f"Spark up in {time.monotonic() - t0:.1f}s; warming up", flush=True)
         warm = Topics.with_prefix("warm-")
@@ -163,6 +267,7 @@ def main() -> int:
                 1000,
                 3000,
             )
+        load.append(os.getloadavg())
         for rnd in range(args.rounds):
             order = ("exactly_once", "at_least_once") if rnd % 2 == 0 else ("at_least_once", "exactly_once")
             for job in ("pipeline", "copy"):
@@ -190,28 +295,50 @@ def main() -> int:
                         f"batches, {result['seconds']:.1f}s busy ({result['wall']:.1f}s wall): {result['rate']:,.0f}/s",
                         flush=True,
                     )
+        latency = run_latency(spark, bootstrap, lat_source, tmp / "ckpt-latency", args.latency_batch)
+        print(f"latency per micro-batch (s): {[round(x, 3) for x in latency['latencies']]}", flush=True)
+        load.append(os.getloadavg())
+        cores = spark.sparkContext.defaultParallelism
+        lines = timings.load(timing_dir) if timings is not None else []
+        for sample in samples:
+            sample["breakdown"] = batch_rows(sample["progress"], lines, cores)
+        latency["breakdown"] = batch_rows(latency["progress"], lines, cores)
     finally:
         if spark is not None:
             spark.stop()
         broker.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    report = render(samples, args)
+    report = render(samples, latency, load, args)
     print("\n" + report)
     if args.out is not None:
         args.out.write_text(report)
     if args.json is not None:
-        args.json.write_text(json.dumps(samples, indent=2))
+        args.json.write_text(json.dumps({"samples": samples, "latency": latency, "load": load}, indent=2))
     return 0
 
 
-def render(samples: list[dict[str, Any]], args: argparse.Namespace) -> str:
+def _mark(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def render(
+    samples: list[dict[str, Any]],
+    latency: dict[str, Any],
+    load: list[tuple[float, ...]],
+    args: argparse.Namespace,
+) -> str:
     lines = [
-        f"## Spark pipeline (issue #4): {args.orders:,} orders, maxOffsetsPerTrigger {args.batch:,}, {args.master}",
+        f"## Spark pipeline: {args.orders:,} orders, maxOffsetsPerTrigger {args.batch:,}, {args.master}, "
+        f"shuffle partitions {args.shuffle_partitions}",
         "",
-        "| job | round | exactly_once /s | at_least_once /s | EOS/ALOS |",
+        "Load average (1/5/15 min) at start, after the warm-up, at the end: "
+        + "; ".join("/".join(f"{x:.2f}" for x in la) for la in load),
+        "",
+        "| job | round | exactly_once (atomic) /s | at_least_once /s | EOS/ALOS |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
+    medians: dict[str, tuple[float, float, float]] = {}
     for job in ("pipeline", "copy"):
         ratios = []
         for rnd in sorted({s["round"] for s in samples}):
@@ -230,14 +357,43 @@ def render(samples: list[dict[str, Any]], args: argparse.Namespace) -> str:
             alos = statistics.median(
                 s["rate"] for s in samples if s["job"] == job and s["delivery"] == "at_least_once"
             )
+            medians[job] = (eos, alos, statistics.median(ratios))
             lines.append(
                 f"| **{job} median** | | **{eos:,.0f}** | **{alos:,.0f}** | **{statistics.median(ratios):.2f}** |"
             )
+    warm_latencies = latency.get("latencies", [])[1:]
+    p50 = statistics.median(warm_latencies) if warm_latencies else float("nan")
     lines += [
         "",
         "pipeline: orders/s through the orders job (source -> running totals -> sink); copy: records/s",
-        "written one-for-one through the sink. Rate = records / sum of micro-batch durations. Target: EOS/ALOS >= 0.9.",
+        "written one-for-one through the sink. Rate = records / sum of micro-batch durations.",
+        "",
+        "### Targets",
+        "",
+        "| target | measured | |",
+        "| --- | ---: | --- |",
     ]
+    for job, unit in (("pipeline", "orders/s"), ("copy", "records/s")):
+        if job in medians:
+            eos, _alos, ratio = medians[job]
+            lines.append(
+                f"| {job} EOS >= {TARGET_RATE:,} {unit} | {eos:,.0f} | {_mark(eos >= TARGET_RATE)} |"
+            )
+            lines.append(
+                f"| {job} EOS/ALOS >= {TARGET_RATIO} | {ratio:.2f} | {_mark(ratio >= TARGET_RATIO)} |"
+            )
+    lines.append(
+        f"| micro-batch of {args.latency_batch:,} orders, trigger to visible, p50 <= {TARGET_LATENCY_S:.0f} s "
+        f"(warm, {len(warm_latencies)} batches) | {p50:.3f} s | {_mark(p50 <= TARGET_LATENCY_S)} |"
+    )
+    lines += ["", "### Where the time goes, per micro-batch", ""]
+    last = max((s["round"] for s in samples), default=0)
+    for s in samples:
+        if s["round"] == last:
+            lines += render_table(f"{s['job']} {s['delivery']} (round {last})", s.get("breakdown", []))
+    lines += render_table(
+        f"latency: pipeline exactly_once, batches of {args.latency_batch:,}", latency.get("breakdown", [])
+    )
     return "\n".join(lines)
 
 

@@ -21,7 +21,8 @@ earlier transaction of the same transactional.id:
    *other* writer has a transaction open on this progress partition; markers of Spark partition
    ``p`` go to progress partition ``p % N`` so tasks of one query never wait for each other.
 3. A per-process cache remembers (marker offset, batch) per transactional.id so the next batch of
-   the same task only reads the markers written since (Python workers are reused).
+   the same task only reads the markers written since (Python workers are reused), and the
+   readers themselves (assign-only consumers) are kept across calls (``clients.py``).
 
 Two-phase mode cannot wait like that: a prepared transaction stays open until its driver decides,
 after every task of the batch finished. Its tasks read only up to the LSO
@@ -44,6 +45,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from exactly.spark import clients
+from exactly.spark.fetch import FETCH_WAIT_MAX_MS, consume_available
 from exactly.spark.retries import call_retrying, retriable
 
 log = logging.getLogger("exactly.spark.progress")
@@ -146,24 +149,16 @@ def _newest_marker(
     client_conf: dict[str, str], topic: str, partition: int, txn_id: str, low: int, high: int, wait_s: float
 ) -> int | None:
     """The newest batch of ``txn_id``'s markers in ``[low, high)`` (read_committed)."""
-    consumer = Consumer(
-        {
-            "log_level": 3,
-            **client_conf,
-            "group.id": "exactly-spark-progress-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    conf = _reader_conf(client_conf, "read_committed")
+    consumer, _reused = clients.borrow("progress", conf, Consumer)
+    healthy = False
     try:
         key = txn_id.encode()
         with _CACHE_LOCK:
             cached = _CACHE.get((client_conf["bootstrap.servers"], topic, txn_id, partition))
         if cached is not None and low <= cached[0] < high:
             found = _scan(consumer, topic, partition, cached[0] + 1, high, key, wait_s)
+            healthy = True
             if found is None:
                 return cached[1]
             remember(client_conf, topic, txn_id, partition, found.offset, found.batch)
@@ -174,36 +169,47 @@ def _newest_marker(
             begin = max(low, stop - window)
             found = _scan(consumer, topic, partition, begin, stop, key, wait_s)
             if found is not None:
+                healthy = True
                 remember(client_conf, topic, txn_id, partition, found.offset, found.batch)
                 return found.batch
             stop = begin
             window *= 8
+        healthy = True
         return None
     finally:
-        consumer.close()
+        clients.give_back("progress", conf, consumer, healthy)
+
+
+def _reader_conf(client_conf: dict[str, str], isolation: str) -> dict[str, Any]:
+    return {
+        "log_level": 3,
+        **client_conf,
+        "group.id": "exactly-spark-progress-reader",
+        "isolation.level": isolation,
+        "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+    }
 
 
 def _watermarks_uncommitted(
     client_conf: dict[str, str], topic: str, partition: int, *, isolation: str = "read_uncommitted"
 ) -> tuple[int, int]:
     """(log start, high watermark) regardless of open transactions (read_committed: the LSO)."""
-    consumer = Consumer(
-        {
-            "log_level": 3,
-            **client_conf,
-            "group.id": "exactly-spark-progress-reader",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
-    )
+    conf = _reader_conf(client_conf, isolation)
+    consumer, _reused = clients.borrow("watermarks", conf, Consumer)
+    healthy = False
     try:
         tp = TopicPartition(topic, partition)
         low, high = call_retrying(
             lambda: consumer.get_watermark_offsets(tp, timeout=10), 60, f"watermarks of {topic}-{partition}"
         )
+        healthy = True
         return int(low), int(high)
     finally:
-        consumer.close()
+        clients.give_back("watermarks", conf, consumer, healthy)
 
 
 def _scan(
@@ -218,7 +224,7 @@ def _scan(
     position = begin
     deadline = time.monotonic() + wait_s
     while position < stop:
-        for msg in consumer.consume(num_messages=5000, timeout=0.1):
+        for msg in consume_available(consumer, 5000, 0.1):
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF or retriable(err):
@@ -266,14 +272,19 @@ def decision_partition(key: str, partitions: int) -> int:
 
 
 def write_decision(client_conf: dict[str, str], topic: str, partition: int, key: str, value: bytes) -> None:
-    """Append one decision record and wait until it is acknowledged by all in-sync replicas."""
-    producer = Producer({"log_level": 3, **client_conf, "enable.idempotence": True, "acks": "all"})
+    """Append one decision record and wait until it is acknowledged by all in-sync replicas.
+
+    The idempotent producer is kept for the process's next decision (``clients.shared``); one
+    that failed is dropped."""
+    conf = {"log_level": 3, **client_conf, "enable.idempotence": True, "acks": "all"}
+    producer = clients.shared("decisions", conf, Producer)
     errors: list[Any] = []
     producer.produce(
         topic, key=key.encode(), value=value, partition=partition, on_delivery=lambda e, _m: errors.append(e)
     )
     remaining = producer.flush(60)
     if remaining or not errors or errors[0] is not None:
+        clients.drop_shared("decisions", conf)
         raise KafkaException(
             errors[0] if errors and errors[0] is not None else "decision not acknowledged in 60 s"
         )
@@ -281,18 +292,9 @@ def write_decision(client_conf: dict[str, str], topic: str, partition: int, key:
 
 def latest_decision(client_conf: dict[str, str], topic: str, partition: int, key: str) -> Marker | None:
     """The newest decision record with ``key`` (its value has the decided ``batch``), or None."""
-    consumer = Consumer(
-        {
-            "log_level": 3,
-            **client_conf,
-            "group.id": "exactly-spark-progress-reader",
-            "isolation.level": "read_uncommitted",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    conf = _reader_conf(client_conf, "read_uncommitted")
+    consumer, _reused = clients.borrow("progress", conf, Consumer)
+    healthy = False
     try:
         low, high = _watermarks_uncommitted(client_conf, topic, partition)
         stop, window = high, _FIRST_WINDOW
@@ -300,9 +302,11 @@ def latest_decision(client_conf: dict[str, str], topic: str, partition: int, key
             begin = max(low, stop - window)
             found = _scan(consumer, topic, partition, begin, stop, key.encode(), 60.0)
             if found is not None:
+                healthy = True
                 return found
             stop = begin
             window *= 8
+        healthy = True
         return None
     finally:
-        consumer.close()
+        clients.give_back("progress", conf, consumer, healthy)

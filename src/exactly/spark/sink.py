@@ -86,13 +86,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
-from exactly.spark import progress, two_phase
+from exactly.spark import clients, progress, two_phase
 from exactly.spark.options import OptionError, SinkOptions
 from exactly.spark.retries import call_retrying
+from exactly.spark.rows import Row, arrow_rows, timed_batches
+from exactly.spark.timings import record as record_timings
 
 log = logging.getLogger("exactly.spark.sink")
-
-Row = tuple[str, bytes | None, bytes | None, int | None, list[tuple[str, bytes | None]] | None]
 
 
 @dataclass
@@ -125,56 +125,19 @@ def validate_schema(schema: StructType, options: SinkOptions) -> None:
 
 
 # ---------------------------------------------------------------------------- executor side
-def _as_bytes(value: Any) -> bytes | None:
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return bytes(value)
-
-
-def arrow_rows(batches: Iterator[pa.RecordBatch], default_topic: str | None) -> Iterator[Row]:
-    """Arrow record batches -> (topic, key, value, partition, headers) tuples."""
-    for batch in batches:
-        n = batch.num_rows
-        if n == 0:
-            continue
-        names = batch.schema.names
-
-        def column(
-            name: str, batch: pa.RecordBatch = batch, names: list[str] = names, n: int = n
-        ) -> list[Any]:
-            return batch.column(names.index(name)).to_pylist() if name in names else [None] * n
-
-        values = column("value")
-        keys = column("key")
-        topics = [default_topic] * n if default_topic is not None else column("topic")
-        partitions = column("partition")
-        headers = column("headers")
-        for i in range(n):
-            topic = topics[i]
-            if not topic:
-                raise ValueError("a row has no topic (null 'topic' column and no 'topic' option)")
-            hdrs = headers[i]
-            yield (
-                topic,
-                _as_bytes(keys[i]),
-                _as_bytes(values[i]),
-                partitions[i],
-                [(h["key"], _as_bytes(h["value"])) for h in hdrs] if hdrs else None,
-            )
-
-
 def _produce(producer: Producer, row: Row, on_delivery: Any) -> None:
     topic, key, value, partition, headers = row
-    kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
-    if partition is not None:
-        kwargs["partition"] = partition
-    if headers:
-        kwargs["headers"] = headers
     while True:
         try:
-            producer.produce(topic, **kwargs)
+            if partition is None and not headers:  # the common case: no keyword dict to build
+                producer.produce(topic, value, key, on_delivery=on_delivery)
+            else:
+                kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
+                if partition is not None:
+                    kwargs["partition"] = partition
+                if headers:
+                    kwargs["headers"] = headers
+                producer.produce(topic, **kwargs)
             return
         except BufferError:  # local queue full: serve delivery reports, then retry
             producer.poll(0.05)
@@ -228,12 +191,12 @@ def write_exactly_once(
     atomic: bool = False,
 ) -> SinkCommitMessage:
     partition, attempt, _query, _batch = _task()
-    first = next(rows, None)
-    if first is None:  # nothing to write: no transaction (a replay of this task is empty too)
-        return SinkCommitMessage(partition, attempt, batch_id, 0)
     txn_id = f"{options.transactional_id_prefix}-{write_id}-{partition}"
     timings: dict[str, float] = {}
     t0 = time.monotonic()
+    # The set-up (fencing, the marker look-up) comes before the first row: the rows are produced
+    # upstream meanwhile (Spark feeds this worker from another thread), so its round trips overlap
+    # the upstream work instead of adding to it.
     if atomic:  # a transaction decided before the driver stopped must be committed, not aborted
         two_phase.resolve_leftover(options, write_id, txn_id, progress_partitions)
     producer = Producer(
@@ -258,6 +221,9 @@ def write_exactly_once(
             options.client, options.progress_topic, marker_partition, txn_id, wait_s=options.progress_wait_s
         )
     timings["lookup"] = time.monotonic() - t0 - timings["init"]
+    first = next(rows, None)
+    if first is None:  # nothing to write: no transaction (a replay of this task is empty too)
+        return SinkCommitMessage(partition, attempt, batch_id, 0)
     if last is not None and last >= batch_id:
         if last > batch_id:
             log.warning(
@@ -284,12 +250,15 @@ def write_exactly_once(
             on_delivery=deliveries.marker,
         )
         timings["produce"] = time.monotonic() - t0 - timings["init"] - timings["lookup"]
+        t_flush = time.monotonic()
         producer.flush(timeout)  # commit_transaction would flush too; explicit so faults see it all sent
         options.faults.before_commit(batch_id, partition)
         if atomic:
             if deliveries.error is not None:
                 raise KafkaException(deliveries.error)
+            timings["flush"] = time.monotonic() - t_flush
             held = two_phase.prepare(options, txn_id)  # the driver decides; librdkafka is fenced
+            timings["prepare"] = time.monotonic() - t_flush - timings["flush"]
             timings["total"] = time.monotonic() - t0
             options.faults.after_prepare(batch_id, partition)
             prepared = (held.transactional_id, held.producer_id, held.producer_epoch)
@@ -324,12 +293,15 @@ def write_exactly_once(
 
 
 def write_at_least_once(options: SinkOptions, batch_id: int, rows: Iterator[Row]) -> SinkCommitMessage:
+    """A plain idempotent producer, kept across the tasks of this Python worker (no transactions:
+    nothing binds it to a task; each task flushes what it produced before it returns)."""
     partition, attempt, _query, _batch = _task()
+    conf = _producer_conf(options)
+    producer = clients.shared("sink", conf, Producer)
     first = next(rows, None)
     if first is None:
         return SinkCommitMessage(partition, attempt, batch_id, 0)
     t0 = time.monotonic()
-    producer = Producer(_producer_conf(options))
     deliveries = _Deliveries()
     count = 0
     for row in chain([first], rows):
@@ -339,15 +311,39 @@ def write_at_least_once(options: SinkOptions, batch_id: int, rows: Iterator[Row]
             producer.poll(0)
     options.faults.before_commit(batch_id, partition)
     remaining = producer.flush(options.transaction_timeout_ms / 1000.0)
-    if deliveries.error is not None:
-        raise KafkaException(deliveries.error)
-    if remaining:
-        raise KafkaException(f"{remaining} records not delivered in time")
+    if deliveries.error is not None or remaining:
+        clients.drop_shared("sink", conf)  # a fatal idempotence error leaves it unusable
+        raise KafkaException(deliveries.error or f"{remaining} records not delivered in time")
     options.faults.after_commit(batch_id, partition)
     return SinkCommitMessage(partition, attempt, batch_id, count, timings={"total": time.monotonic() - t0})
 
 
 # ---------------------------------------------------------------------------- writers
+# Spark constructs the writer again in the Python worker that runs every micro-batch's driver-side
+# commit; the progress topic and the broker's two-phase support are looked up once per process
+# (with an AdminClient and a wire connection each, that look-up cost more than a small batch's
+# commit). Keyed by every option that could change the answer.
+_RESOLVED: dict[tuple[Any, ...], tuple[int, bool]] = {}
+
+
+def _resolve_on_driver(options: SinkOptions) -> tuple[int, bool]:
+    """(progress topic partitions, two-phase mode) - created / asked once per process."""
+    key = (
+        tuple(sorted(options.client.items())),
+        options.progress_topic,
+        options.progress_partitions,
+        options.exactly_once,
+        options.atomic_batches,
+    )
+    found = _RESOLVED.get(key)
+    if found is None:
+        partitions = progress.ensure_progress_topic(
+            options.client, options.progress_topic, options.progress_partitions
+        )
+        found = _RESOLVED[key] = (partitions, two_phase.resolve_atomic(options))
+    return found
+
+
 class _WriterBase:
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         validate_schema(schema, options)
@@ -355,31 +351,43 @@ class _WriterBase:
         self.progress_partitions = 1
         self.atomic = False
         if options.exactly_once:  # driver side, before any task: create the progress topic
-            self.progress_partitions = progress.ensure_progress_topic(
-                options.client, options.progress_topic, options.progress_partitions
-            )
-            self.atomic = two_phase.resolve_atomic(options)
+            self.progress_partitions, self.atomic = _resolve_on_driver(options)
 
     def _write(self, iterator: Iterator[pa.RecordBatch], write_id: str | None) -> SinkCommitMessage:
-        _partition, _attempt, query, batch = _task()
-        rows = arrow_rows(iterator, self.options.topic)
+        partition, _attempt, query, batch = _task()
+        clock: dict[str, float] = {"input": 0.0}
+        started = time.monotonic()
+        rows = arrow_rows(timed_batches(iterator, clock), self.options.topic, clock)
         batch_id = batch if batch is not None else 0
         if not self.options.exactly_once:
-            return write_at_least_once(self.options, batch_id, rows)
-        wid = write_id or query
-        if wid is None:
-            raise RuntimeError("streaming write task without a query id (sql.streaming.queryId)")
-        return write_exactly_once(
-            self.options, self.progress_partitions, wid, batch_id, rows, atomic=self.atomic
+            message = write_at_least_once(self.options, batch_id, rows)
+            message.write_id = write_id or query
+        else:
+            wid = write_id or query
+            if wid is None:
+                raise RuntimeError("streaming write task without a query id (sql.streaming.queryId)")
+            message = write_exactly_once(
+                self.options, self.progress_partitions, wid, batch_id, rows, atomic=self.atomic
+            )
+        record_timings(
+            "sink",
+            query or write_id,
+            batch,
+            partition,
+            {**message.timings, **clock, "task": time.monotonic() - started, "records": message.records},
         )
+        return message
 
     def _commit(self, messages: list[Any], batch_id: int, write_id: str | None) -> None:
+        t0 = time.monotonic()
         if self.atomic:
             reported, prepared = two_phase.prepared_of(messages)
             wid = reported or write_id
             if wid is not None:
                 two_phase.commit(self.options, wid, self.progress_partitions, batch_id, prepared)
         self._report(messages, batch_id, "committed")
+        query = write_id or next((m.write_id for m in messages if getattr(m, "write_id", None)), None)
+        record_timings("commit", query, batch_id, -1, {"total": time.monotonic() - t0})
 
     def _abort(self, messages: list[Any], batch_id: int, write_id: str | None) -> None:
         if self.atomic:

@@ -5,10 +5,11 @@ Theory of operation
 * The **driver** plans: it lists the subscribed topic-partitions, asks the broker for their end
   offsets (the last stable offset under ``read_committed``), rations them with
   ``maxOffsetsPerTrigger`` and hands Spark one ``OffsetRange`` per topic-partition.
-* **Executors** read: ``read_range`` opens a confluent-kafka consumer *inside the task* (clients
-  are not picklable), ``assign()``s the partition at the range's start (no consumer group, no
-  offset commits - Spark's checkpoint is the only record of progress) and returns Arrow record
-  batches until the partition's position reaches the range's end.
+* **Executors** read: ``read_range`` takes a confluent-kafka consumer *inside the task* (clients
+  are not picklable; ``fetch.py`` keeps one per Python worker across tasks), ``assign()``s the
+  partition at the range's start (no consumer group, no offset commits - Spark's checkpoint is the
+  only record of progress) and returns Arrow record batches until the partition's position
+  reaches the range's end.
 * **Why position, not the last record's offset:** the last offsets of a range may hold a COMMIT or
   ABORT control marker or records of an aborted transaction, which a read_committed consumer never
   returns. The consumer's position still moves past them, so ``position >= end`` is the one
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -39,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from exactly.spark.fetch import ReadClock, borrow_consumer, drain, return_consumer
 from exactly.spark.offsets import OffsetClient, OffsetMap, from_json_offsets, rate_limit, to_json_offsets
 from exactly.spark.options import EARLIEST, LATEST, SourceOptions
 from exactly.spark.retries import call_retrying
@@ -52,20 +54,6 @@ SOURCE_SCHEMA = (
     "timestampType int"
 )
 HEADERS_FIELD = "headers array<struct<key: string, value: binary>>"
-
-_HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
-_ARROW_FIELDS = [
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("timestampType", pa.int32()),
-]
-_ROWS_PER_BATCH = 10_000
-# librdkafka timestamp types -> Spark's timestampType column (0 CreateTime, 1 LogAppendTime)
-_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
 
 
 def source_schema(include_headers: bool) -> str:
@@ -104,28 +92,15 @@ def plan_ranges(start: OffsetMap, end: OffsetMap) -> list[OffsetRange]:
 
 
 # ---------------------------------------------------------------------------- executor side
-def _consumer(options: SourceOptions) -> Consumer:
-    conf: dict[str, Any] = {
-        "log_level": 3,
-        **options.client,
-        # librdkafka insists on a group id even for assign(); nothing is ever committed to it
-        "group.id": "exactly-spark-source",
-        "isolation.level": options.isolation_level,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-    }
-    return Consumer(conf)
-
-
 def read_range(options: SourceOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow batches; stop once the position reaches ``part.end``."""
     if part.end <= part.start:
         return
-    consumer = _consumer(options)
+    clock = ReadClock()
+    consumer, clock.reused = borrow_consumer(options)
     tp = TopicPartition(part.topic, part.partition)
     timeout_s = options.poll_timeout_ms / 1000.0
+    healthy = False
     try:
         low, _high = call_retrying(
             lambda: consumer.get_watermark_offsets(tp, timeout=min(timeout_s, WATERMARK_TIMEOUT_S)),
@@ -142,72 +117,22 @@ def read_range(options: SourceOptions, part: OffsetRange) -> Iterator[pa.RecordB
             if not part.from_earliest:
                 log.warning("%s-%d: skipping lost offsets %d..%d", part.topic, part.partition, start, low - 1)
             start = low
-        if start >= part.end:
-            return
-        consumer.assign([TopicPartition(part.topic, part.partition, start)])
-        yield from _drain(consumer, options, part, start, timeout_s)
-    finally:
-        consumer.close()
-
-
-def _drain(
-    consumer: Consumer, options: SourceOptions, part: OffsetRange, start: int, timeout_s: float
-) -> Iterator[pa.RecordBatch]:
-    cols: list[list[Any]] = [[] for _ in range(8 if options.include_headers else 7)]
-    tp = TopicPartition(part.topic, part.partition)
-    position = start
-    end = part.end
-    deadline = time.monotonic() + timeout_s
-    eof_seen = False
-    while position < end:
-        messages = consumer.consume(num_messages=_ROWS_PER_BATCH, timeout=0.2)
-        done = False
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    eof_seen = True
-                    continue
-                if err.fatal() or not err.retriable():
-                    raise KafkaException(err)
-                continue
-            offset = msg.offset() or 0
-            if offset >= end:
-                done = True
-                break
-            ts_type, ts = msg.timestamp()
-            cols[0].append(msg.key())
-            cols[1].append(msg.value())
-            cols[2].append(part.topic)
-            cols[3].append(part.partition)
-            cols[4].append(offset)
-            cols[5].append(ts * 1000 if ts_type else None)
-            cols[6].append(_TIMESTAMP_TYPE.get(ts_type, -1))
-            if options.include_headers:
-                headers: Any = msg.headers() or []
-                cols[7].append([{"key": h[0], "value": h[1]} for h in headers])
-            position = offset + 1
-        if len(cols[0]) >= _ROWS_PER_BATCH:
-            yield _to_arrow(cols, options.include_headers)
-            cols = [[] for _ in cols]
-        if done:
-            break
-        # control markers and aborted records are never delivered but do move the position
-        now_at = consumer.position([tp])[0].offset
-        if now_at >= 0 and now_at > position:
-            position = now_at
-        if messages:
-            deadline = time.monotonic() + timeout_s
-        elif time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{part.topic}-{part.partition}: no progress for {timeout_s:.0f}s at offset {position}, "
-                f"range ends at {end} (eof seen: {eof_seen}); see kafkaConsumer.pollTimeoutMs"
+        if start < part.end:
+            consumer.assign([TopicPartition(part.topic, part.partition, start)])
+            clock.connect = time.monotonic() - clock.started
+            yield from drain(
+                consumer,
+                part,
+                start,
+                lambda position: _check_truncation(consumer, options, part, position),
+                timeout_s,
+                options.include_headers,
+                clock,
             )
-        elif eof_seen:
-            end = _check_truncation(consumer, options, part, position)
-            eof_seen = False
-    if cols[0]:
-        yield _to_arrow(cols, options.include_headers)
+        healthy = True
+    finally:
+        return_consumer(options, consumer, healthy)
+        clock.report(part.partition)
 
 
 def _check_truncation(consumer: Consumer, options: SourceOptions, part: OffsetRange, position: int) -> int:
@@ -229,14 +154,6 @@ def _check_truncation(consumer: Consumer, options: SourceOptions, part: OffsetRa
         log.warning("%s; continuing without them", message)
         return high
     return part.end
-
-
-def _to_arrow(cols: list[list[Any]], include_headers: bool) -> pa.RecordBatch:
-    fields = list(_ARROW_FIELDS)
-    if include_headers:
-        fields.append(pa.field("headers", _HEADER_TYPE))
-    arrays = [pa.array(col, type=f.type) for col, f in zip(cols, fields)]
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
 
 # ---------------------------------------------------------------------------- readers
