@@ -33,11 +33,12 @@ from exactly.client.txn_admin import describe_one
 from exactly.client.wire import WireError
 from exactly.cluster.zk import ClusterZk
 from exactly.spark.orders import Topics, create_topics, generate, verify
-from exactly.spark.pipeline import JobConfig, start
+from exactly.spark.pipeline import start
 from exactly.spark.two_phase import TWO_PHASE_COMMIT_TIMEOUT_MS
 from exactly.testing.wait import wait_until
 from tests.cluster.helpers import await_replicas_identical, broker_id, by_id, running_cluster, wait_for
 from tests.spark.batch_view import BatchView, PartialWatch, open_transactions
+from tests.spark.helpers import hung_two_phase_job
 from tests.support.broker import Broker
 
 # ``spark`` is the session's one SparkSession (tests/conftest.py), shared with tests/spark.
@@ -93,19 +94,9 @@ def test_two_phase_pipeline_survives_kill9_of_the_coordinator_while_prepared(
     made = generate(bootstrap, topics, ORDERS, txn_size=100, abort_every=5, seed=17)
     assert made.committed == ORDERS and made.aborted > 0
 
-    hooks, prefix = tmp_path / "hooks", f"cl2pc-{tag}"
-    config = JobConfig(
-        bootstrap=bootstrap,
-        checkpoint=str(tmp_path / "checkpoint"),
-        topics=topics,
-        max_offsets_per_trigger=250,
-        transactional_id_prefix=prefix,
-        query_name=f"cl2pc-{tag}",
-        extra_sink_options=(
-            ("atomicBatches", "true"),
-            ("testing.hookDir", str(hooks)),
-            ("testing.taskHang", str(HANG_BATCH)),
-        ),
+    prefix = f"cl2pc-{tag}"
+    config, hooks = hung_two_phase_job(
+        bootstrap, tmp_path, topics, prefix, hang_batch=HANG_BATCH, max_offsets=250
     )
     watch = PartialWatch(bootstrap, topics)
     watch.start()

@@ -9,6 +9,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer, TopicPartition
 
+from exactly.spark.orders import Topics
+from exactly.spark.pipeline import JobConfig
 from tests.support.clients import QUIET, Got, consumer
 
 
@@ -121,3 +123,26 @@ def stream_copy(
     for key, value in sink_options.items():
         writer = writer.option(key, value)
     return writer.start()
+
+
+def hung_two_phase_job(
+    bootstrap: str, tmp_path: Path, topics: Topics, name: str, *, hang_batch: int, max_offsets: int
+) -> tuple[JobConfig, Path]:
+    """The orders job in atomic two-phase mode whose first task to prepare in ``hang_batch`` writes
+    its pid into the returned hook dir and hangs there (``testing.taskHang``) until the test
+    touches ``task-resume-<batch>`` in it (or kills it). Transactional ids start with ``name``."""
+    hooks = tmp_path / "hooks"
+    config = JobConfig(
+        bootstrap=bootstrap,
+        checkpoint=str(tmp_path / "checkpoint"),
+        topics=topics,
+        max_offsets_per_trigger=max_offsets,
+        transactional_id_prefix=name,
+        query_name=name,
+        extra_sink_options=(
+            ("atomicBatches", "true"),
+            ("testing.hookDir", str(hooks)),
+            ("testing.taskHang", str(hang_batch)),
+        ),
+    )
+    return config, hooks

@@ -31,11 +31,11 @@ from exactly.client.broker_pool import BrokerPool
 from exactly.client.two_phase import PreparedTxn
 from exactly.client.txn_admin import describe_one
 from exactly.spark.orders import Topics, create_topics, generate, verify
-from exactly.spark.pipeline import JobConfig, start
+from exactly.spark.pipeline import start
 from exactly.spark.two_phase import TWO_PHASE_COMMIT_TIMEOUT_MS
 from exactly.testing.wait import wait_until
 from tests.spark.batch_view import BatchView, PartialWatch, open_transactions
-from tests.spark.helpers import read_all
+from tests.spark.helpers import hung_two_phase_job, read_all
 
 # ``spark`` is the session's one SparkSession (tests/conftest.py)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -68,19 +68,9 @@ def test_task_sigkilled_after_prepare_is_retried_and_the_batch_commits_once(
     topics = Topics.with_prefix(f"task-kill-{tag}-")
     create_topics(bootstrap, topics, partitions=3)
     generate(bootstrap, topics, ORDERS, txn_size=100, abort_every=4, seed=5)
-    hooks, prefix = tmp_path / "hooks", f"task-kill-{tag}"
-    config = JobConfig(
-        bootstrap=bootstrap,
-        checkpoint=str(tmp_path / "checkpoint"),
-        topics=topics,
-        max_offsets_per_trigger=300,
-        transactional_id_prefix=prefix,
-        query_name=f"task-kill-{tag}",
-        extra_sink_options=(
-            ("atomicBatches", "true"),
-            ("testing.hookDir", str(hooks)),
-            ("testing.taskHang", str(HANG_BATCH)),
-        ),
+    prefix = f"task-kill-{tag}"
+    config, hooks = hung_two_phase_job(
+        bootstrap, tmp_path, topics, prefix, hang_batch=HANG_BATCH, max_offsets=300
     )
     watch = PartialWatch(bootstrap, topics)
     watch.start()
