@@ -40,6 +40,9 @@ LEADERSHIP_MOVED = frozenset(
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.UNKNOWN_TOPIC_OR_PART,  # metadata of a broker that has not heard of it yet
+        # librdkafka's local form of the same: its metadata (from a broker just restarted, say)
+        # does not list the partition yet; a kept client asks again on its next refresh
+        KafkaError._UNKNOWN_PARTITION,
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
