@@ -14,9 +14,11 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Record, Reply, RequestToken, Write
+from exactly.coordinator.txn.coordinator import TransactionCoordinator
 from exactly.records.control import ControlType
 from exactly.server.coordinator_runtime import CoordinatorRuntime, LoadStats
 from exactly.server.internal_topics import AppendFailed, InternalTopics, ReplayedBatch
+from exactly.types import ProducerId
 
 TOPIC = "__test_state"
 
@@ -270,6 +272,9 @@ def test_replicated_runtime_owns_nothing_until_reloaded_and_replays_only_owned_p
         assert rt.owner_error(0) == ErrorCode.none
         assert rt.owner_error(1) == ErrorCode.not_coordinator
         assert await rt.reload(dict) == LoadStats(0, 0)  # resigned everything
+        # the unload's load is ended, empty: a shard's view over all partitions is not left
+        # answering COORDINATOR_LOAD_IN_PROGRESS on a broker that leads none of them
+        assert shard.replayed == [("loaded",)]
         assert await rt.reload(dict) is None  # nothing changed
         assert rt.owner_error(0) == ErrorCode.not_coordinator and not rt.loaded
 
@@ -394,5 +399,22 @@ def test_reload_follows_a_partition_lost_and_led_again_between_two_reloads() -> 
         shard.replayed.clear()
         assert await rt.reload(lambda: {0: Leadership(6)}) == LoadStats(2, 2)
         assert [r[1] for r in shard.replayed if r[0] == "record"] == [b"first", b"by the other leader"]
+
+    asyncio.run(scenario())
+
+
+def test_a_txn_coordinator_that_resigned_every_partition_lists_no_transactions_without_error() -> None:
+    """ListTransactions on a broker whose ``__transaction_state`` partitions all moved away (a
+    preferred leader came back) answers NONE and an empty list, as Kafka's does, rather than
+    COORDINATOR_LOAD_IN_PROGRESS for as long as the broker leads none of them."""
+
+    async def scenario() -> None:
+        coordinator = TransactionCoordinator(lambda: ProducerId(1))
+        topic = FakeTopic(replicated=True)
+        rt = CoordinatorRuntime("txn", TOPIC, cast(InternalTopics, topic), coordinator)
+        await rt.reload(lambda: {0: None})
+        assert coordinator.list_transactions(now_ms=0).error == ErrorCode.none
+        await rt.reload(dict)
+        assert coordinator.list_transactions(now_ms=0).error == ErrorCode.none
 
     asyncio.run(scenario())

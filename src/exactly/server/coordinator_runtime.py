@@ -198,6 +198,10 @@ class CoordinatorRuntime:
             if on_change is not None:
                 on_change(owned)
             if not owned:
+                # The shard's unload left it loading; end that empty load, so its views over
+                # every partition (ListTransactions) answer an empty list, as on a broker that
+                # never led one, and not COORDINATOR_LOAD_IN_PROGRESS for good.
+                await self._drive_replicated(self.shard.load_complete(now_ms()))
                 return LoadStats(0, 0)
             stats = self._replay()
             await self._drive_replicated(self.shard.load_complete(now_ms()))

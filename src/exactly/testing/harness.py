@@ -157,7 +157,25 @@ class ClusterHandle:
         ]
         for launcher in self.launchers:
             launcher.start(timeout=timeout)
+        self._await_every_broker_seen(time.monotonic() + timeout)
         return self
+
+    def _await_every_broker_seen(self, deadline: float) -> None:
+        """Until every broker's Metadata lists all of them. A broker answers as soon as it
+        listens, but learns of the others from ZooKeeper watches a moment later: a test that
+        creates a replication-factor-N topic at once would otherwise get INVALID_REPLICATION_FACTOR
+        from a broker that has not seen the last one register."""
+        for launcher in self.launchers:
+            admin = AdminClient({"bootstrap.servers": launcher.bootstrap})
+            while True:
+                try:
+                    if len(admin.list_topics(timeout=5).brokers) >= self._count:
+                        break
+                except KafkaException:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{launcher.name} does not list all {self._count} brokers")
+                time.sleep(0.05)  # polling the broker's view; there is nothing to wait on
 
     def close(self) -> None:
         """Brokers first (SIGTERM: controlled shutdowns; SIGKILL if one hangs), then ZooKeeper."""
