@@ -17,6 +17,7 @@ into the strings ``exactly serve -o NAME=VALUE`` takes (``True`` -> ``"true"``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import tempfile
 import time
@@ -29,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 
 from exactly.cluster.zookeeper import JAVA_DIR, ZooKeeperServer
 from exactly.testing.broker import Broker
+from exactly.testing.wait import wait_until
 
 if TYPE_CHECKING:
     from confluent_kafka.admin._metadata import ClusterMetadata
@@ -157,25 +159,28 @@ class ClusterHandle:
         ]
         for launcher in self.launchers:
             launcher.start(timeout=timeout)
-        self._await_every_broker_seen(time.monotonic() + timeout)
+        self._await_every_broker_seen(timeout)
         return self
 
-    def _await_every_broker_seen(self, deadline: float) -> None:
+    def _await_every_broker_seen(self, timeout: float) -> None:
         """Until every broker's Metadata lists all of them. A broker answers as soon as it
         listens, but learns of the others from ZooKeeper watches a moment later: a test that
         creates a replication-factor-N topic at once would otherwise get INVALID_REPLICATION_FACTOR
         from a broker that has not seen the last one register."""
+
+        def sees_all(admin: AdminClient) -> bool:
+            try:
+                return len(admin.list_topics(timeout=5).brokers) >= self._count
+            except KafkaException:
+                return False
+
         for launcher in self.launchers:
             admin = AdminClient({"bootstrap.servers": launcher.bootstrap})
-            while True:
-                try:
-                    if len(admin.list_topics(timeout=5).brokers) >= self._count:
-                        break
-                except KafkaException:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{launcher.name} does not list all {self._count} brokers")
-                time.sleep(0.05)  # polling the broker's view; there is nothing to wait on
+            wait_until(
+                functools.partial(sees_all, admin),
+                timeout,
+                f"{launcher.name} to list all {self._count} brokers",
+            )
 
     def close(self) -> None:
         """Brokers first (SIGTERM: controlled shutdowns; SIGKILL if one hangs), then ZooKeeper."""
