@@ -8,8 +8,11 @@ as ANONYMOUS.
   before the brokers start, as Kafka's docs have operators do).
 * Every listener SSL with required client certificates (``security.inter.broker.protocol=SSL``):
   each broker presents its keystore's certificate, mapped to ``User:broker``.
+* Every listener SASL_PLAINTEXT with PLAIN: the brokers' and the clients' accounts are the
+  listener's ``user_<name>`` JAAS entries, and the broker logs in with the same entry's
+  ``username``/``password`` (Kafka's PlainLoginModule convention).
 
-In both an idempotent confluent-kafka producer (acks=all) writes to an RF 3 topic while its
+In all three an idempotent confluent-kafka producer (acks=all) writes to an RF 3 topic while its
 leader is killed with SIGKILL; a new leader takes over and every acknowledged record is read
 back exactly once. The SASL cluster then restarts a follower with a wrong inter-broker password:
 it keeps running and retrying, logs the refusal and stays out of the ISR, until it is restarted
@@ -40,6 +43,11 @@ pytestmark = pytest.mark.timeout(300)  # about 25 s each
 
 BROKER_PW = "broker-Pw,1"
 ADMIN_PW = "admin-Pw=1"
+# PLAIN: this listener's accounts, and (username/password) what each broker logs in with
+PLAIN_JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    f'username="broker" password="{BROKER_PW}" user_broker="{BROKER_PW}" user_admin="{ADMIN_PW}";'
+)
 SCRAM_JAAS_KEY = "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"
 RECORDS = 300
 
@@ -111,6 +119,35 @@ def sasl_cluster(zk: ClusterZk, zk_connect: str, tmp_path: Path, pki: TestPki) -
             SCRAM_JAAS_KEY: scram_jaas("broker", BROKER_PW),
             "ssl.keystore.location": str(pki.server_keystore),
             "ssl.truststore.location": str(pki.ca),
+            **authorizer("User:broker;User:admin"),
+        },
+    )
+
+
+def plain_client(brokers: list[Broker] | None = None) -> dict[str, str]:
+    conf = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "admin",
+        "sasl.password": ADMIN_PW,
+    }
+    if brokers is not None:
+        conf["bootstrap.servers"] = ",".join(b.bootstrap for b in brokers if b.running)
+    return conf
+
+
+@pytest.fixture
+def plain_cluster(zk_connect: str, tmp_path: Path) -> Iterator[list[Broker]]:
+    yield from running_cluster(
+        zk_connect,
+        tmp_path,
+        client_config=plain_client(),
+        **{
+            "listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+            "security.inter.broker.protocol": "SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS,
             **authorizer("User:broker;User:admin"),
         },
     )
@@ -300,3 +337,17 @@ def test_ssl_cluster_with_client_certificates_fails_over(ssl_cluster: list[Broke
     assert_no_denials(ssl_cluster)
     for b in ssl_cluster:
         assert "inter-broker listener SSL (SSL)" in b.log_text()
+
+
+def test_sasl_plaintext_plain_cluster_fails_over_and_commits_a_transaction(
+    plain_cluster: list[Broker],
+) -> None:
+    topic, victim = failover_keeps_every_acked_record(plain_cluster, plain_client)
+    for b in plain_cluster:
+        assert "inter-broker listener SASL_PLAINTEXT (SASL_PLAINTEXT, PLAIN as User:broker)" in b.log_text()
+    # the killed broker catches up over the PLAIN inter-broker listener and rejoins the ISR
+    victim.start()
+    admin = AdminClient(plain_client(plain_cluster))
+    wait_for_state(admin, topic, lambda ld, isr: broker_id(victim) in isr, "the broker back in the ISR")
+    committed_transaction_is_read(plain_cluster, plain_client(plain_cluster))
+    assert_no_denials(plain_cluster)
