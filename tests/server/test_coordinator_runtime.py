@@ -174,13 +174,12 @@ def test_parked_request_is_answered_by_a_later_operation() -> None:
 
 def test_effects_go_to_the_side_effect_handler_and_its_result_is_driven() -> None:
     handled: list[object] = []
-    rt, shard, topic = runtime()
 
     def side_effect(effect: object) -> CoordinatorResult[Any] | None:
         handled.append(effect)
         return None if effect == "deferred" else CoordinatorResult(writes=(shard.write(b"after"),))
 
-    rt._side_effect = side_effect
+    rt, shard, topic = runtime(side_effect)
     rt.drive(CoordinatorResult(response="ok", effects=("markers", "deferred")))
     assert handled == ["markers", "deferred"]
     assert [e for e in topic.events if e.startswith("append")] == ["append b'after'"]

@@ -5,20 +5,19 @@ Both the transaction coordinator (``__transaction_state``) and the group coordin
 (configuration, the transaction markers, periodic scans, metrics) lives in the small bindings
 ``server/txn_runtime.py`` and ``server/group_runtime.py``.
 
+Why this module: it decides *when* a coordinator operation runs -- lifecycle and loading,
+ownership of the partitions, the operation lock of cluster mode, requests parked by token, timers
+and periodic scans. *How* one operation's result reaches the internal topic (the writes appended
+depth-first, each completion applied, the effects handed to the binding, the answers gathered)
+is :mod:`exactly.server.coordinator_writes`, shared by both modes.
+
 Theory of operation
 -------------------
 Every coordinator operation returns a :class:`~exactly.coordinator.result.CoordinatorResult`.
-:meth:`CoordinatorRuntime.drive` carries it out:
-
-1. each :class:`~exactly.coordinator.result.Write` is appended as one batch to its partition of
-   the internal topic; the append has succeeded or failed when ``InternalTopics.append`` returns
-   (storage is synchronous and this broker is the only replica, so "appended" is "durable");
-2. the outcome goes to the write's completion, which applies the records (prepare -> persist ->
-   complete) and returns the next result; those writes run before the next sibling (depth-first),
-   so an operation's chain of appends finishes in order;
-3. ``effects`` go to the binding's side-effect handler (the transaction markers), which may hand
-   back another result;
-4. only then are the request's ``response`` and the parked requests' ``replies`` delivered.
+:meth:`CoordinatorRuntime.drive` has the
+:class:`~exactly.server.coordinator_writes.ResultDriver` carry it out (every write appended and
+completed, every effect handled) and only then delivers the request's ``response`` and the
+parked requests' ``replies``.
 
 Requests come in through :meth:`CoordinatorRuntime.call` (an asyncio future of the answer; the
 coordinator may park the request by its token and answer it from a later operation) or
@@ -36,7 +35,7 @@ NOT_COORDINATOR, the state is dropped).
 Cluster mode (``InternalTopics.replicated``): the runtime owns only the partitions of the topic
 this broker leads (``owned``; None = every partition, the single broker). Requests for a key of
 another partition are answered NOT_COORDINATOR (:meth:`CoordinatorRuntime.owner_error`), and
-while a load runs COORDINATOR_LOAD_IN_PROGRESS. Step 1 becomes an acks=all append
+while a load runs COORDINATOR_LOAD_IN_PROGRESS. Appends become acks=all
 (``InternalTopics.append_replicated``: awaited until the ISR has it), so every operation -- its
 coordinator call, its writes and their completions -- runs under one asyncio lock
 (:meth:`CoordinatorRuntime.execute`, :meth:`CoordinatorRuntime.call`): nothing interleaves
@@ -54,17 +53,17 @@ import asyncio
 import inspect
 import itertools
 import logging
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Reply, RequestToken, Write
+from exactly.coordinator.result import CoordinatorResult, RequestToken
 from exactly.coordinator.shard import CoordinatorShard
 from exactly.records.control import ControlType
 from exactly.server.clock import now_ms
-from exactly.server.internal_topics import AppendFailed
+from exactly.server.coordinator_writes import Answers, ResultDriver, SideEffect
 
 if TYPE_CHECKING:
     from exactly.server.internal_topics import InternalTopics
@@ -73,8 +72,6 @@ R = TypeVar("R")
 
 IDLE_POLL_S = 0.1  # timer loop period when no deadline is nearer
 
-SideEffect = Callable[[object], "CoordinatorResult[Any] | None"]
-
 
 @dataclass(frozen=True, slots=True)
 class LoadStats:
@@ -82,22 +79,6 @@ class LoadStats:
 
     batches: int
     records: int
-
-
-class _Answers:
-    """What one drive owes: the request's response (the last one given) and the replies."""
-
-    __slots__ = ("replies", "response")
-
-    def __init__(self, result: CoordinatorResult[Any]) -> None:
-        self.response: Any = None
-        self.replies: list[Reply] = []
-        self.add(result)
-
-    def add(self, result: CoordinatorResult[Any]) -> None:
-        if result.response is not None:
-            self.response = result.response
-        self.replies.extend(result.replies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +118,9 @@ class CoordinatorRuntime:
         self.internal = internal
         self.shard = shard
         self.loaded = False
-        self._side_effect = side_effect
         self._skip_bad_records = skip_bad_records
         self._log = logging.getLogger(f"exactly.{name}")
+        self._driver = ResultDriver(name, topic, internal, side_effect, self._log)
         self._tokens = itertools.count()
         self._waiting: dict[RequestToken, Callable[[Any], None]] = {}
         self._periodic: list[_Periodic] = []
@@ -345,12 +326,7 @@ class CoordinatorRuntime:
 
     async def _drive_replicated(self, result: CoordinatorResult[R]) -> R | None:
         """:meth:`drive` with acks=all appends; the caller holds the lock."""
-        answers = _Answers(result)
-        steps = self._carry_out(result, answers)
-        write = next(steps, None)
-        while write is not None:
-            write = _send(steps, await self._append_replicated(write))
-        return self._answer(answers)  # type: ignore[no-any-return]
+        return self._answer(await self._driver.drive_replicated(result))  # type: ignore[no-any-return]
 
     def run(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
         """Like :meth:`call` for an operation answered before it returns (None if it was not)."""
@@ -377,82 +353,17 @@ class CoordinatorRuntime:
     def drive(self, result: CoordinatorResult[R]) -> R | None:
         """Carry out ``result`` (see the module docstring); returns the answer of the request that
         produced it, or None when it has none yet. Parked requests' replies are delivered."""
-        answers = _Answers(result)
-        steps = self._carry_out(result, answers)
-        write = next(steps, None)
-        while write is not None:
-            write = _send(steps, self._append(write))
-        return self._answer(answers)  # type: ignore[no-any-return]
+        return self._answer(self._driver.drive(result))  # type: ignore[no-any-return]
 
-    def _answer(self, answers: _Answers) -> Any:
+    def _answer(self, answers: Answers) -> Any:
         for reply in answers.replies:
             self._deliver(reply.token, reply.response)
         return answers.response
-
-    def _carry_out(
-        self, result: CoordinatorResult[Any], answers: _Answers
-    ) -> Generator[Write, AppendOutcome, None]:
-        """Writes, then effects; what each leads to is carried out before its next sibling. Yields
-        each write and takes its append's outcome back, so the local (:meth:`drive`) and the
-        replicated (:meth:`_drive_replicated`) drivers share one traversal."""
-        for write in result.writes:
-            nxt = write.complete((yield write))
-            answers.add(nxt)
-            yield from self._carry_out(nxt, answers)
-        for effect in result.effects:
-            if self._side_effect is None:
-                raise TypeError(f"{self.name} runtime has no handler for {effect!r}")
-            follow = self._side_effect(effect)
-            if follow is not None:
-                answers.add(follow)
-                yield from self._carry_out(follow, answers)
 
     def _deliver(self, token: RequestToken, response: Any) -> None:
         answer = self._waiting.pop(token, None)
         if answer is not None:
             answer(response)
-
-    def _append(self, write: Write) -> AppendOutcome:
-        try:
-            base = self.internal.append(
-                self.topic,
-                write.partition,
-                write.records,
-                producer_id=write.producer_id,
-                producer_epoch=write.producer_epoch,
-                transactional=write.transactional,
-            )
-            return AppendOutcome(now_ms=now_ms(), base_offset=base)
-        except Exception as exc:
-            return self._failed(write, exc)
-
-    async def _append_replicated(self, write: Write) -> AppendOutcome:
-        try:
-            base = await self.internal.append_replicated(
-                self.topic,
-                write.partition,
-                write.records,
-                producer_id=write.producer_id,
-                producer_epoch=write.producer_epoch,
-                transactional=write.transactional,
-            )
-            return AppendOutcome(now_ms=now_ms(), base_offset=base)
-        except Exception as exc:
-            return self._failed(write, exc)
-
-    def _failed(self, write: Write, exc: Exception) -> AppendOutcome:
-        if isinstance(exc, AppendFailed):
-            self._log.warning(
-                "append to %s-%d (%s) failed: %s (%s)",
-                self.topic,
-                write.partition,
-                write.describe,
-                exc.error_code.name,
-                exc,
-            )
-            return AppendOutcome(now_ms=now_ms(), error=exc.error_code)
-        self._log.error("unexpected error appending to %s-%d", self.topic, write.partition, exc_info=exc)
-        return AppendOutcome(now_ms=now_ms(), error=ErrorCode.unknown_server_error)
 
     # ---- time ---------------------------------------------------------------------------------
     def _maybe_wake(self) -> None:
@@ -495,11 +406,3 @@ class CoordinatorRuntime:
                     await outcome
             except Exception:  # one bad run must not stop the job for good
                 self._log.exception("%s failed", job.name)
-
-
-def _send(steps: Generator[Write, AppendOutcome, None], outcome: AppendOutcome) -> Write | None:
-    """The next write of a traversal given the last one's outcome; None once it is done."""
-    try:
-        return steps.send(outcome)
-    except StopIteration:
-        return None
