@@ -35,13 +35,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+from confluent_kafka import TopicPartition  # noqa: E402
 
+from benchlib.spark_setup import output_watcher, start_broker  # noqa: E402
 from exactly.spark.orders import Topics, create_topics, generate, read_committed, verify  # noqa: E402
 from exactly.spark.pipeline import JobConfig, start  # noqa: E402
 from exactly.spark.session import build_session  # noqa: E402
-from exactly.testing.broker import Broker  # noqa: E402
 
 MODES = (("per-task", "false"), ("atomic", "true"))
 
@@ -51,16 +52,7 @@ class DisagreementReader(threading.Thread):
 
     def __init__(self, bootstrap: str, topics: Topics, partitions: int = 3) -> None:
         super().__init__(daemon=True)
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"disagreement-{uuid.uuid4().hex[:6]}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 5,
-                "log_level": 3,
-            }
-        )
+        self.consumer = output_watcher(bootstrap, "disagreement")
         self.consumer.assign(
             [TopicPartition(t, p, 0) for t in (topics.category, topics.total) for p in range(partitions)]
         )
@@ -168,14 +160,7 @@ def main() -> int:
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="exactly-bench-disagree-"))
-    broker = Broker(
-        tmp / "data",
-        tmp / "broker.log",
-        name="bench-broker",
-        src=ROOT / "src",
-        cwd=ROOT,
-        overrides={"transaction.two.phase.commit.enable": "true"},
-    ).start()
+    broker = start_broker(tmp)
     spark = None
     results: list[dict[str, Any]] = []
     try:

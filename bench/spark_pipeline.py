@@ -50,13 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+from confluent_kafka import TopicPartition  # noqa: E402
 
 from benchlib.spark_breakdown import batch_rows, render_table  # noqa: E402
+from benchlib.spark_setup import output_watcher, start_broker  # noqa: E402
 from exactly.spark.orders import Topics, create_topics, generate, read_committed, verify  # noqa: E402
 from exactly.spark.pipeline import JobConfig, start  # noqa: E402
 from exactly.spark.session import build_session  # noqa: E402
-from exactly.testing.broker import Broker  # noqa: E402
 
 try:  # an older checkout (A/B runs against it) has no connector timers: the table is then empty
     from exactly.spark import timings
@@ -152,16 +152,7 @@ class _VisibleAt(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__(daemon=True)
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"latency-{uuid.uuid4().hex[:6]}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 5,
-                "log_level": 3,
-            }
-        )
+        self.consumer = output_watcher(bootstrap, "latency")
         self.consumer.assign([TopicPartition(topic, 0, 0)])
         self.seen: dict[int, float] = {}
         self.stop = threading.Event()
@@ -218,14 +209,7 @@ def main() -> int:
     timing_dir = tmp / "timings"
     timing_dir.mkdir()
     os.environ[TIMINGS_ENV] = str(timing_dir)  # inherited by the JVM and its Python workers
-    broker = Broker(
-        tmp / "data",
-        tmp / "broker.log",
-        name="bench-broker",
-        src=ROOT / "src",
-        cwd=ROOT,
-        overrides={"transaction.two.phase.commit.enable": "true"},
-    ).start()
+    broker = start_broker(tmp)
     bootstrap = broker.bootstrap
     spark = None
     samples: list[dict[str, Any]] = []
