@@ -26,6 +26,6 @@ Nothing here is imported by the broker itself; it lives in the package (rather t
 that the demo, which ships in the package, and applications' test suites can use it.
 """
 
-from exactly.testing.harness import BrokerHandle, ClusterHandle, broker, cluster
+from exactly.testing.harness import BrokerHandle, ClusterHandle, ClusterTimeout, broker, cluster
 
-__all__ = ["BrokerHandle", "ClusterHandle", "broker", "cluster"]
+__all__ = ["BrokerHandle", "ClusterHandle", "ClusterTimeout", "broker", "cluster"]

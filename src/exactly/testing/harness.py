@@ -12,6 +12,12 @@ not stop, and its temporary directory removed when the ``with`` block is left, w
 normally, by an exception or by a failed start. A directory passed in by the caller is kept.
 Configuration uses Kafka's broker config names (``{"num.partitions": 3}``); values are turned
 into the strings ``exactly serve -o NAME=VALUE`` takes (``True`` -> ``"true"``).
+
+A cluster that does not reach an awaited state in time (:meth:`ClusterHandle.restart`,
+:meth:`ClusterHandle.wait_for_leader`, every broker listing the others at start) raises
+:class:`ClusterTimeout`: both a :class:`TimeoutError`, for callers that catch that, and a
+:class:`~exactly.testing.wait.WaitTimeout`, the failed expectation every other wait of the
+harness reports, naming what was awaited and the last state seen.
 """
 
 from __future__ import annotations
@@ -21,16 +27,16 @@ import functools
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from exactly.cluster.zookeeper import JAVA_DIR, ZooKeeperServer
 from exactly.testing.broker import Broker
-from exactly.testing.wait import wait_until
+from exactly.testing.wait import WaitTimeout, wait_until
 
 if TYPE_CHECKING:
     from confluent_kafka.admin._metadata import ClusterMetadata
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BrokerHandle",
     "ClusterHandle",
+    "ClusterTimeout",
     "broker",
     "cluster",
     "cluster_defaults",
@@ -48,6 +55,28 @@ __all__ = [
 # A killed cluster broker's partitions move once ZooKeeper expires its session: short, so a test
 # that kills a broker sees the failover in seconds (Kafka's default is 18 s).
 CLUSTER_SESSION_TIMEOUT_MS = 2_000
+
+# How often a cluster wait asks a live broker's metadata (a fresh AdminClient each time).
+CLUSTER_POLL_S = 0.1
+
+T = TypeVar("T")
+
+
+class ClusterTimeout(WaitTimeout, TimeoutError):
+    """A cluster did not reach the awaited state in time. A :class:`TimeoutError` because
+    ``ClusterHandle.restart`` and ``wait_for_leader`` have always raised one and an application's
+    tests may catch it; a :class:`~exactly.testing.wait.WaitTimeout` (an ``AssertionError``) like
+    every other wait of the harness, so an uncaught one reads as a failed expectation."""
+
+
+def _await_cluster(
+    cond: Callable[[], T], timeout: float, what: str, describe: Callable[[], object] | None = None
+) -> T:
+    """:func:`~exactly.testing.wait.wait_until` that raises :class:`ClusterTimeout`."""
+    try:
+        return wait_until(cond, timeout, what, interval=CLUSTER_POLL_S, describe=describe)
+    except WaitTimeout as exc:
+        raise ClusterTimeout(str(exc)) from None
 
 
 def config_strings(config: Mapping[str, object] | None) -> dict[str, str]:
@@ -176,7 +205,7 @@ class ClusterHandle:
 
         for launcher in self.launchers:
             admin = AdminClient({"bootstrap.servers": launcher.bootstrap})
-            wait_until(
+            _await_cluster(
                 functools.partial(sees_all, admin),
                 timeout,
                 f"{launcher.name} to list all {self._count} brokers",
@@ -230,23 +259,31 @@ class ClusterHandle:
     def restart(self, broker_id: int, timeout: float = 60.0) -> None:
         """Start a killed or stopped broker again on its data dir and port, once the others no
         longer list it (ZooKeeper expired its session: Kafka refuses to register a broker id
-        whose ephemeral znode still exists); returns once the metadata lists it again."""
+        whose ephemeral znode still exists); returns once the metadata lists it again. Both waits
+        share ``timeout``, the start has a ``timeout`` of its own; a wait that runs out raises
+        :class:`ClusterTimeout` (a :class:`TimeoutError`)."""
         launcher = self.launchers[broker_id]
         if launcher.running:
             raise RuntimeError(f"broker {broker_id} is running: kill() or stop() it first")
         deadline = time.monotonic() + timeout
-        while True:
+
+        def gone() -> bool:
             live = self.live_broker_ids()
-            if live is not None and broker_id not in live:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"broker {broker_id} still registered {timeout:.0f}s after it went down")
-            time.sleep(0.1)
+            return live is not None and broker_id not in live
+
+        _await_cluster(
+            gone,
+            timeout,
+            f"broker {broker_id} to be unregistered after it went down",
+            describe=self.live_broker_ids,
+        )
         launcher.start(port=launcher.port or 0, timeout=timeout)
-        while broker_id not in (self.live_broker_ids() or ()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"broker {broker_id} restarted but not registered after {timeout:.0f}s")
-            time.sleep(0.1)
+        _await_cluster(
+            lambda: broker_id in (self.live_broker_ids() or ()),
+            max(deadline - time.monotonic(), 0.0),
+            f"broker {broker_id} to be registered again after its restart",
+            describe=self.live_broker_ids,
+        )
 
     def leader(self, topic: str, partition: int = 0) -> int | None:
         """The partition's leader id in a live broker's metadata (None: no leader, or the topic
@@ -262,18 +299,22 @@ class ClusterHandle:
     def wait_for_leader(
         self, topic: str, partition: int = 0, *, not_on: int | None = None, timeout: float = 60.0
     ) -> int:
-        """Wait until the partition has a leader (other than ``not_on``) and return its id."""
-        deadline = time.monotonic() + timeout
-        while True:
+        """Wait until the partition has a leader (other than ``not_on``) and return its id;
+        :class:`ClusterTimeout` (a :class:`TimeoutError`) if it has none after ``timeout``."""
+
+        def elected() -> tuple[int] | None:  # a tuple: leader 0 is a valid, falsy, answer
             found = self.leader(topic, partition)
-            if found is not None and found != not_on:
-                return found
-            if time.monotonic() > deadline:
-                other = "" if not_on is None else f" other than {not_on}"
-                raise TimeoutError(
-                    f"{topic}-{partition} has no leader{other} after {timeout:.0f}s (last: {found})"
-                )
-            time.sleep(0.1)
+            return (found,) if found is not None and found != not_on else None
+
+        other = "" if not_on is None else f" other than {not_on}"
+        found = _await_cluster(
+            elected,
+            timeout,
+            f"a leader of {topic}-{partition}{other}",
+            describe=lambda: f"leader {self.leader(topic, partition)}",
+        )
+        assert found is not None  # wait_until returns only a truthy value
+        return found[0]
 
     def __repr__(self) -> str:
         return f"<exactly cluster {self.bootstrap_servers}>"

@@ -9,8 +9,9 @@ turns them off):
 * ``exactly_broker_factory`` - ``factory(config=None)`` starts another broker (several brokers,
   or several configurations, in one test); all are stopped after the test.
 * ``exactly_cluster`` - ZooKeeper and three brokers, with ``kill(i)``, ``stop(i)``,
-  ``restart(i)``, ``leader(topic, partition)`` and ``wait_for_leader(...)``; the test is skipped,
-  with the reason, when Java or ZooKeeper is not installed.
+  ``restart(i)``, ``leader(topic, partition)`` and ``wait_for_leader(...)`` (a wait that runs out
+  raises :class:`~exactly.testing.harness.ClusterTimeout`, a ``TimeoutError``); the test is
+  skipped, with the reason, when Java or ZooKeeper is not installed.
 
 Configuration uses Kafka's broker config names. Either mark the test,
 ``@pytest.mark.exactly_config({"num.partitions": 3})`` (applies to ``exactly_broker`` and
