@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TypeVar
 
 __all__ = ["WaitTimeout", "next_millisecond", "wait_until", "wait_until_async"]
@@ -23,6 +23,26 @@ T = TypeVar("T")
 
 class WaitTimeout(AssertionError):
     """The awaited condition did not become true in time."""
+
+
+def _polls(
+    cond: Callable[[], T], timeout: float, what: str, describe: Callable[[], object] | None
+) -> Generator[None, None, T]:
+    """The one polling rule both waits follow: evaluate ``cond``, return its truthy value, else
+    yield (the caller sleeps its interval, blocking or on the loop) until the deadline, then
+    evaluate once more and raise :class:`WaitTimeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            value = cond()
+            if value:
+                return value
+            detail = f"; last state: {describe()}" if describe is not None else ""
+            raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
+        yield
 
 
 def wait_until(
@@ -38,17 +58,12 @@ def wait_until(
     Raises :class:`WaitTimeout` after ``timeout`` seconds, with ``what`` (and ``describe()``'s
     value, if given) in the message.
     """
-    deadline = time.monotonic() + timeout
+    polls = _polls(cond, timeout, what, describe)
     while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            value = cond()
-            if value:
-                return value
-            detail = f"; last state: {describe()}" if describe is not None else ""
-            raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
+        try:
+            next(polls)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         time.sleep(interval)
 
 
@@ -61,17 +76,12 @@ async def wait_until_async(
     describe: Callable[[], object] | None = None,
 ) -> T:
     """:func:`wait_until` for code on an event loop: the loop keeps running between the polls."""
-    deadline = time.monotonic() + timeout
+    polls = _polls(cond, timeout, what, describe)
     while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            value = cond()
-            if value:
-                return value
-            detail = f"; last state: {describe()}" if describe is not None else ""
-            raise WaitTimeout(f"{what}: not reached within {timeout}s{detail}")
+        try:
+            next(polls)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         await asyncio.sleep(interval)
 
 
