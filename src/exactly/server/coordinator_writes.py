@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -43,6 +43,8 @@ from exactly.server.internal_topics import AppendFailed
 
 if TYPE_CHECKING:
     from exactly.server.internal_topics import InternalTopics
+
+R = TypeVar("R")
 
 SideEffect = Callable[[object], "CoordinatorResult[Any] | None"]
 
@@ -128,31 +130,28 @@ class ResultDriver:
 
     def _append(self, write: Write) -> AppendOutcome:
         try:
-            base = self._internal.append(
-                self._topic,
-                write.partition,
-                write.records,
-                producer_id=write.producer_id,
-                producer_epoch=write.producer_epoch,
-                transactional=write.transactional,
-            )
-            return AppendOutcome(now_ms=now_ms(), base_offset=base)
+            base = self._to_topic(self._internal.append, write)
         except Exception as exc:
             return self._failed(write, exc)
+        return AppendOutcome(now_ms=now_ms(), base_offset=base)
 
     async def _append_replicated(self, write: Write) -> AppendOutcome:
         try:
-            base = await self._internal.append_replicated(
-                self._topic,
-                write.partition,
-                write.records,
-                producer_id=write.producer_id,
-                producer_epoch=write.producer_epoch,
-                transactional=write.transactional,
-            )
-            return AppendOutcome(now_ms=now_ms(), base_offset=base)
+            base = await self._to_topic(self._internal.append_replicated, write)
         except Exception as exc:
             return self._failed(write, exc)
+        return AppendOutcome(now_ms=now_ms(), base_offset=base)
+
+    def _to_topic(self, append: Callable[..., R], write: Write) -> R:
+        """``append`` (either of InternalTopics' appends) called with ``write``'s batch."""
+        return append(
+            self._topic,
+            write.partition,
+            write.records,
+            producer_id=write.producer_id,
+            producer_epoch=write.producer_epoch,
+            transactional=write.transactional,
+        )
 
     def _failed(self, write: Write, exc: Exception) -> AppendOutcome:
         if isinstance(exc, AppendFailed):
