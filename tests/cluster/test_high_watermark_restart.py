@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from exactly.client.replica_verification import read_replica
 from exactly.client.wire import WireError
 from exactly.storage.checkpoint import read_offset_checkpoint
-from exactly.storage.log_manager import REPLICATION_OFFSET_CHECKPOINT
+from exactly.storage.log_checkpoints import REPLICATION_OFFSET_CHECKPOINT
 from exactly.types import TopicPartition
 from tests.cluster.helpers import running_cluster, wait_for
 from tests.support.broker import Broker

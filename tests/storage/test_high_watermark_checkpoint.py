@@ -7,7 +7,8 @@ from pathlib import Path
 
 from exactly.storage.checkpoint import read_offset_checkpoint
 from exactly.storage.config import LogConfig
-from exactly.storage.log_manager import REPLICATION_OFFSET_CHECKPOINT, LogManager
+from exactly.storage.log_checkpoints import REPLICATION_OFFSET_CHECKPOINT
+from exactly.storage.log_manager import LogManager
 from exactly.types import TopicPartition
 from tests.storage.helpers import NOW, append
 

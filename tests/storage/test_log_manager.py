@@ -10,9 +10,9 @@ import pytest
 
 from exactly.storage.checkpoint import read_offset_checkpoint
 from exactly.storage.config import InvalidConfigError, LogConfig
+from exactly.storage.log_checkpoints import RECOVERY_POINT_CHECKPOINT
 from exactly.storage.log_manager import (
     CLEAN_SHUTDOWN_MARKER,
-    RECOVERY_POINT_CHECKPOINT,
     TOPICS_FILE,
     InvalidPartitionsError,
     InvalidTopicError,

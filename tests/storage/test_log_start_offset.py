@@ -9,8 +9,8 @@ import pytest
 
 from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.config import LogConfig
+from exactly.storage.log_checkpoints import LOG_START_OFFSET_CHECKPOINT
 from exactly.storage.log_manager import (
-    LOG_START_OFFSET_CHECKPOINT,
     LogManager,
     PolicyViolationError,
     UnknownTopicError,

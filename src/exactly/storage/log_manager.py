@@ -16,33 +16,16 @@ Topics named ``__consumer_offsets`` / ``__transaction_state`` are ordinary topic
 
 Theory of operation
 -------------------
-A partition's *recovery point* is the offset below which its data was fsynced. The checkpoint
-file holds the recovery points as of the last checkpoint: written by ``run_maintenance``
-periodically (it only ever records flushed data, because recovery points only move on flush) and by
-``close`` after every partition was flushed. Opening a partition validates everything after its
-checkpointed recovery point, so after ``kill -9`` only the unflushed tail is scanned; a partition
-missing from the checkpoint is validated from its start.
+The recovery-point, log-start-offset and high-watermark checkpoints (what each records, when
+it is written and why that is safe) are ``log_checkpoints``'s; this class decides when to write
+them: periodically from ``run_maintenance``, whenever the set of partitions changes, after a
+DeleteRecords moved a log start (before it returns), and at close after every partition was
+flushed. Opening a partition validates everything after its checkpointed recovery point, so after
+``kill -9`` only the unflushed tail is scanned.
 
 The ``.clean_shutdown`` marker is written last by ``close`` and removed as soon as the logs are
 open, so its presence at start-up means the previous process shut down cleanly (every recovery
 point then equals its log end offset and recovery reads nothing). ``had_clean_shutdown`` reports it.
-
-The *log start offset* checkpoint (Kafka's ``log-start-offset-checkpoint``, same format) lists the
-partitions whose log start offset lies above their first segment's base offset, i.e. was moved by
-DeleteRecords and not (yet) matched by segment deletion. ``delete_records`` rewrites it before it
-returns, so an acknowledged deletion survives ``kill -9``. Kafka writes it only every
-log.flush.start.offset.checkpoint.interval.ms and accepts losing a recent deletion when every
-replica crashes; a single broker has no other replica, so ``exactly`` writes it at once (one
-fsynced file per DeleteRecords request, not per partition).
-
-The *high watermark* checkpoint (Kafka's ``replication-offset-checkpoint``, same format) exists
-in cluster mode only (``replicated=True``): a replica's HW is not its log end (a follower may hold
-records the ISR has not acknowledged), so on open each partition's HW is the checkpointed one,
-capped at the recovered log end (a partition missing from the file starts at its log start, as
-Kafka's ``getOrElse(tp, 0)`` clamped). The replica manager writes it every
-``replica.high.watermark.checkpoint.interval.ms`` (``checkpoint_high_watermarks``) and ``close``
-writes it last. A single broker neither writes nor reads it: everything that survived on its disk
-was acknowledged or is acknowledgeable, so its HW is the recovered log end (unchanged behaviour).
 
 topics.json is the commit point of every topic change, and both orders around it are safe:
 ``create_topic`` and ``delete_topic`` write it *before* touching partition directories (a crash in
@@ -67,11 +50,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.config import LogConfig
 from exactly.storage.durable import write_durably
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH, flush_caches
+from exactly.storage.log_checkpoints import DEFAULT_CHECKPOINT_INTERVAL_MS, LogCheckpoints
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
@@ -82,12 +65,8 @@ log = logging.getLogger(__name__)
 
 META_PROPERTIES = "meta.properties"
 TOPICS_FILE = "topics.json"
-RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
-LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
-REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 DELETE_RECORDS_HIGH_WATERMARK = -1  # DeleteRecords offset meaning "up to the high watermark"
 CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
-DEFAULT_CHECKPOINT_INTERVAL_MS = 60_000  # Kafka's log.flush.offset.checkpoint.interval.ms
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 
@@ -167,7 +146,6 @@ class LogManager:
         self.data_dir = data_dir
         self.replicated = replicated
         self.default_config = default_config
-        self.checkpoint_interval_ms = checkpoint_interval_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
         data_dir.mkdir(parents=True, exist_ok=True)
         self._cluster_id = self._load_or_create_meta()
@@ -177,11 +155,11 @@ class LogManager:
         if self._topics and not self.had_clean_shutdown:
             log.warning("%s was not shut down cleanly: validating unflushed data", data_dir)
         self._logs: dict[TopicPartition, PartitionLog] = {}
-        recovery_points = read_offset_checkpoint(data_dir / RECOVERY_POINT_CHECKPOINT) or {}
-        log_starts = read_offset_checkpoint(data_dir / LOG_START_OFFSET_CHECKPOINT) or {}
-        high_watermarks = (
-            (read_offset_checkpoint(data_dir / REPLICATION_OFFSET_CHECKPOINT) or {}) if replicated else None
+        self._checkpoints = LogCheckpoints(
+            data_dir, replicated=replicated, interval_ms=checkpoint_interval_ms, now_ms=now_ms
         )
+        start = self._checkpoints.read()
+        high_watermarks = start.high_watermarks
         self._remove_orphan_directories()
         for info in self._topics.values():
             for partition in range(info.partitions):
@@ -190,10 +168,10 @@ class LogManager:
                     self._partition_dir(tp),
                     tp,
                     info.config,
-                    recovery_point=recovery_points.get(tp),
+                    recovery_point=start.recovery_points.get(tp),
                     now_ms=now_ms,
                     producer_id_expiration_ms=producer_id_expiration_ms,
-                    log_start_offset=log_starts.get(tp, 0),
+                    log_start_offset=start.log_starts.get(tp, 0),
                     high_watermark=None if high_watermarks is None else high_watermarks.get(tp, 0),
                 )
         # Recovery truncated some leader-epoch checkpoints without their fsyncs (as Kafka's
@@ -210,7 +188,6 @@ class LogManager:
         self.cleaner_manager = LogCleanerManager(data_dir)
         # From here on a crash is an unclean shutdown.
         marker.unlink(missing_ok=True)
-        self._last_checkpoint_ms = now_ms
         self._closed = False
 
     # --- metadata files ------------------------------------------------------------------
@@ -442,16 +419,8 @@ class LogManager:
         return results
 
     def checkpoint_log_start_offsets(self) -> None:
-        """Write the log start offsets that the segments alone do not tell (see the module
-        docstring)."""
-        write_offset_checkpoint(
-            self.data_dir / LOG_START_OFFSET_CHECKPOINT,
-            {
-                tp: partition_log.log_start_offset
-                for tp, partition_log in self._logs.items()
-                if partition_log.log_start_offset > partition_log.segments[0].base_offset
-            },
-        )
+        """Write the log start offsets that the segments alone do not tell (``log_checkpoints``)."""
+        self._checkpoints.write_log_start_offsets(self._logs)
 
     # --- maintenance -----------------------------------------------------------------------
     def run_maintenance(self, now_ms: int) -> None:
@@ -463,27 +432,19 @@ class LogManager:
             partition_log.maybe_flush(now_ms)
             partition_log.flush_rolled_segments()
             partition_log.producer_state.remove_expired_producers(now_ms)
-        if now_ms - self._last_checkpoint_ms >= self.checkpoint_interval_ms:
+        if self._checkpoints.due(now_ms):
             self.checkpoint_recovery_points()
             self.checkpoint_log_start_offsets()
-            self._last_checkpoint_ms = now_ms
 
     def checkpoint_recovery_points(self) -> None:
         """Write every partition's recovery point (flushed data only, by construction)."""
-        write_offset_checkpoint(
-            self.data_dir / RECOVERY_POINT_CHECKPOINT,
-            {tp: partition_log.recovery_point for tp, partition_log in self._logs.items()},
-        )
+        self._checkpoints.write_recovery_points(self._logs)
 
     def checkpoint_high_watermarks(self) -> None:
         """Cluster mode: write every partition's high watermark (``replication-offset-checkpoint``,
         durably). A no-op on a single broker, whose HW is its recovered log end."""
-        if not self.replicated or self._closed:
-            return
-        write_offset_checkpoint(
-            self.data_dir / REPLICATION_OFFSET_CHECKPOINT,
-            {tp: partition_log.high_watermark for tp, partition_log in self._logs.items()},
-        )
+        if not self._closed:
+            self._checkpoints.write_high_watermarks(self._logs)
 
     def close(self) -> None:
         """Clean shutdown: close every partition (flush + producer snapshot), write the recovery,
