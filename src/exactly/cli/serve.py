@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import logging
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from exactly.cli.overrides import parse_overrides
@@ -92,6 +95,27 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(config))
 
 
+@contextlib.contextmanager
+def _startup_heap() -> Iterator[None]:
+    """No cyclic garbage collection while the logs open and the coordinators replay their
+    topics, and what start-up built frozen out of every later collection (``gc.freeze``).
+
+    Why: a restart allocates the whole loaded state (every group's offsets, every producer and
+    transactional id) in one go; the collector, triggered by allocation counts, traverses that
+    growing heap again and again (measured: 150 collections, ~0.1-0.2 s of a 3-4 s restart on a
+    loaded box, the longest 30-60 ms) and, once running, pays a full traversal of it at every
+    later generation-2 collection: an event-loop pause in the produce path. The state is
+    long-lived by design, so it is left out. Cost: cyclic garbage made during start-up (if any)
+    is never collected; that is bounded by one start-up. Reference counting frees everything
+    else as usual."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 async def _serve(config: object) -> int:
     from exactly.server.broker import Broker
     from exactly.server.config import BrokerConfig, ConfigError
@@ -99,8 +123,9 @@ async def _serve(config: object) -> int:
     assert isinstance(config, BrokerConfig)
     data_dir = Path(config.get("log.dirs").split(",")[0])
     try:
-        broker = Broker.open(config, data_dir)
-        bound = await broker.start()
+        with _startup_heap():
+            broker = Broker.open(config, data_dir)
+            bound = await broker.start()
     except ConfigError as exc:  # a value the subsystems refuse (e.g. a retention below 1)
         print(f"exactly serve: {exc}", file=sys.stderr)
         return 2
