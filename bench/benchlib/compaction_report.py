@@ -36,38 +36,8 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
             "read / its duration (`/metrics`).",
             "",
         ]
-    e = entries.get("cleaner-produce-latency")
-    if e:
-        s = e["samples"]
-        out += [
-            "| produce at 1,000 msg/s | ack p50 ms | ack p99 ms | ack p99.9 ms | ack max ms | broker cores "
-            "| load avg (1 min) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for v in ("busy", "control", "idle"):
-            if not any(x.get(f"{v}_ack_p99_ms") for x in s):
-                continue
-            label = "cleaner off (control)" if v == "control" else f"cleaner {v}"
-            out.append(
-                f"| {label} | {_cell(s, f'{v}_ack_p50_ms', 2)} | {_cell(s, f'{v}_ack_p99_ms', 2)} "
-                f"| {_cell(s, f'{v}_ack_p999_ms', 2)} | {_cell(s, f'{v}_ack_max_ms', 1)} "
-                f"| {_cell(s, f'{v}_broker_cores', 2)} | {_cell(s, f'{v}_load1', 2)} |"
-            )
-        busy = sum(1 for x in s if x.get("cleaner_busy_whole_window"))
-        out += [
-            "",
-            f"busy / idle p99 per repetition {_cell(s, 'p99_ratio', 2)}; busy / control p99 per repetition "
-            f"{_cell(s, 'p99_ratio_control', 2)}; the cleaner's pass covered the whole busy "
-            f"window in {busy}/{len(s)} runs; runs ok {runs_ok(e)}. Targets: {_targets(e)}.",
-            "",
-            "`latency-1k`'s loop (linger.ms=0, acks=all, idempotent, 1 KB) to a fresh topic on a broker whose cleaner "
-            "is in its first pass over a compacted backlog (**busy**), then on the same broker once the backlog is "
-            "clean (**idle**: the cleaner thread still polls every 100 ms and finds nothing). **Control** (when "
-            "present): a second broker on a copy of the same backlog, started at the same time with the cleaner "
-            "off, measured right before or after *busy* (order alternating per repetition) while the pass runs: "
-            "the same box load and a just-restarted broker, without cleaning.",
-            "",
-        ]
+    for name in ("cleaner-produce-latency", "cleaner-produce-latency-priority"):
+        out += _latency(entries.get(name))
     for name in ("compaction-internal", "compaction-internal-aged", "compaction-internal-month"):
         out += _internal(entries.get(name))
     return out
@@ -130,4 +100,55 @@ def _internal(e: dict[str, Any] | None) -> list[str]:
             "id succeeds (the transaction coordinator loaded `__transaction_state`).",
             "",
         ]
+    return out
+
+
+def _latency(e: dict[str, Any] | None) -> list[str]:
+    if not e:
+        return []
+    s = e["samples"]
+    first = s[0] if s else {}
+    phases = [k[: -len("_windows")] for k in first if k.endswith("_windows")]
+    out = [
+        f"### `{e['workload']}`",
+        "",
+        "| produce at 1,000 msg/s | windows | ack p50 ms | ack p99 ms | ack p99.9 ms | ack max ms | broker cores "
+        "| of which worker | event loop waiting for a CPU ms/s | load avg (1 min) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for v in phases:
+        label = {
+            "idle": "cleaner idle (worker stopped)",
+            "busy": "cleaner busy (worker as shipped)",
+            "idle_after": "idle after the pass ended (diagnostic)",
+        }.get(v, f"cleaner {v}")
+        out.append(
+            f"| {label} | {first.get(f'{v}_windows', 0)} | {_cell(s, f'{v}_ack_p50_ms', 2)} "
+            f"| {_cell(s, f'{v}_ack_p99_ms', 2)} | {_cell(s, f'{v}_ack_p999_ms', 2)} "
+            f"| {_cell(s, f'{v}_ack_max_ms', 1)} | {_cell(s, f'{v}_broker_cores', 2)} "
+            f"| {_cell(s, f'{v}_worker_cores', 2)} | {_cell(s, f'{v}_loop_wait_ms_per_s', 1)} "
+            f"| {_cell(s, f'{v}_load1', 2)} |"
+        )
+    ratios = [k for k in first if k.startswith("p99_ratio")]
+    busy = sum(1 for x in s if x.get("cleaner_busy_whole_window"))
+    out += [
+        "",
+        "p99 ratios per repetition (each phase's mean window p99 / idle's): "
+        + "; ".join(
+            f"{k.removeprefix('p99_ratio_') if k != 'p99_ratio' else 'busy'} {_cell(s, k, 2)}" for k in ratios
+        )
+        + f". The pass covered every busy window in {busy}/{len(s)} runs; runs ok {runs_ok(e)}. "
+        f"Targets: {_targets(e)}.",
+        "",
+        "`latency-1k`'s loop (linger.ms=0, acks=all, idempotent, 1 KB) to a fresh topic per window, on one "
+        "broker whose cleaner is in its first pass over a compacted backlog of 100 B records. The bench "
+        "stops (SIGSTOP) the cleaner's worker process and resumes it (SIGCONT) only for the busy windows, "
+        "which alternate with the idle ones in one sequence (ABBA order, reversed per repetition): same "
+        "broker, same uptime, same box load. Stopped, the worker is as idle as a cleaner with nothing to "
+        "do (the broker's cleaner thread waits on its pipe). Broker cores include the worker's. *Event loop "
+        "waiting for a CPU*: the run-queue delay of the broker's main thread (`/proc/<pid>/task/<pid>/schedstat`) "
+        "per second of window. A "
+        "phase with a nice value had the worker reniced for its windows only.",
+        "",
+    ]
     return out

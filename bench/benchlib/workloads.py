@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -679,11 +680,15 @@ class LatencyFixedRate(Workload):
             kafka.delete_topic(broker.bootstrap, topic)
 
 
-def fixed_rate_latency(ctx: Context, broker: Any, topic: str) -> dict[str, Any]:
+def fixed_rate_latency(
+    ctx: Context, broker: Any, topic: str, window: AbstractContextManager[Any] | None = None
+) -> dict[str, Any]:
     """``ctx.latency_rate`` records/s for ``ctx.latency_seconds`` to partition 0 of ``topic`` (linger.ms=0,
     acks=all, idempotent) with a consumer thread reading it: ack and end-to-end latency percentiles.
     ``broker``: a ``BrokerProcess`` or anything with ``bootstrap``, ``cpu_seconds()``, ``alive()`` and
-    ``info`` (bench/benchlib/cluster.py's ``Cluster``: CPU summed over its brokers)."""
+    ``info`` (bench/benchlib/cluster.py's ``Cluster``: CPU summed over its brokers). ``window``, if
+    given, is entered right before the first record is sent and left once the last is acked (the
+    clients are set up outside it): what the measured window runs under."""
     rate, seconds = ctx.latency_rate, ctx.latency_seconds
     total = int(rate * seconds)
     ack: list[float] = []
@@ -728,7 +733,7 @@ def fixed_rate_latency(ctx: Context, broker: Any, topic: str) -> dict[str, Any]:
     time.sleep(0.5)  # let the consumer's first fetch go out
     pad = ctx.pool[0][8:]
     interval = 1.0 / rate
-    with Meter(broker) as meter:
+    with window if window is not None else nullcontext(), Meter(broker) as meter:
         start = time.perf_counter()
         for i in range(total):
             due = start + i * interval
