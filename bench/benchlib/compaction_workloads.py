@@ -12,11 +12,15 @@ can stop and restart on.
   from ``/metrics`` (``exactly_log_cleaner_bytes_read``, ``exactly_log_cleaner_max_clean_time_seconds``).
 - ``cleaner-throughput-100b``: the same with 100 B values (the size of an offset commit): the
   cleaner's cost is per record, so MB/s is far lower.
-- ``cleaner-produce-latency``: the same backlog (100 B values) and restart; ``latency-1k``'s loop (1,000 msg/s, 1 KB,
-  linger.ms=0, acks=all) to another topic starts at once, while the first pass runs (**busy**); the
-  sample checks the pass was still running when the window closed. Then, once that pass ended and
-  the cleaner has nothing left to do, the same loop again on the same broker (**idle**). Ratio = busy
-  p99 / idle p99 per repetition.
+- ``cleaner-produce-latency``: the same backlog (100 B values) and restart; the bench stops the
+  cleaner's worker process (SIGSTOP) at once and runs ``latency-1k``'s loop (1,000 msg/s, 1 KB,
+  linger.ms=0, acks=all) in windows that alternate between the worker resumed (SIGCONT, **busy**)
+  and stopped (**idle**, as idle as a cleaner with nothing to do: the broker's cleaner thread waits
+  on its pipe), in ABBA order: one broker, one uptime, one box load for both. Ratio = busy p99 /
+  idle p99 per repetition. ``cleaner-produce-latency-priority`` adds busy phases under other worker
+  scheduling (set by the bench for their windows only). An earlier form measured busy right after
+  the restart and idle minutes later, with a twin broker (cleaner off) running beside the busy
+  one as a control: the twin loaded the very box it was meant to control for.
 - ``compaction-internal``: two brokers side by side, one with the cleaner on and one with
   ``log.cleaner.enable=false``, take the same load written through the wire (``exactly.client.wire``):
   OffsetCommit requests of 100 partitions each over ``groups`` x 100 keys, and transactions of
@@ -475,18 +479,6 @@ class CleanerProduceLatencyPriority(CleanerProduceLatency):
     )
     rounds = 2
     mb_per_busy_second = 5.0  # the slower phases read less
-
-
-@register
-class CleanerProduceLatencyNice(CleanerProduceLatency):
-    """Diagnostic: idle vs the worker as shipped vs reniced to 19, more and shorter windows."""
-
-    name = "cleaner-produce-latency-nice"
-    title = "produce ack latency at 1,000 msg/s, cleaner idle vs busy at its nice value vs at nice 19"
-    targets = ()
-    phases = (Phase("idle", False), Phase("busy", True), Phase("busy-nice19", True, nice=19))
-    rounds = 4
-    mb_per_busy_second = 5.0
 
 
 # ------------------------------------------------------------------------------ internal topics

@@ -20,8 +20,8 @@ Priority: the worker lowers its own CPU priority (``WORKER_NICENESS``, the lowes
 on Linux, the ``SCHED_BATCH`` policy): cleaning is background work, and on a box with fewer free
 cores than runnable processes the worker takes the broker's time slices, which shows up directly
 as produce latency (measured by ``bench``'s ``cleaner-produce-latency-priority``: the broker's
-event loop waits for a CPU longer while the worker runs; at nice 19 about half as much longer as at
-nice 10, on a 2-core box at load 11-13). Nice 19 still leaves the worker a share of a saturated
+event loop waits for a CPU longer while the worker runs; at nice 19 that extra wait was 40-50%
+below nice 10's in two runs and the same in a third, on a 2-core box at load 9-15). Nice 19 still leaves the worker a share of a saturated
 CPU (CFS weight 15 against a nice-0 task's 1024) and all of an idle one, so cleaning slows under
 load but never stops; ``SCHED_IDLE`` (weight 3, run only when nothing else wants the CPU) is not
 used, since a box that stays busy would never clean. I/O priority is left alone: the worker reads
