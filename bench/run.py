@@ -32,6 +32,7 @@ from benchlib import (
     brokers,
     cluster_txn_workloads,  # noqa: F401  (registers the cluster's transaction workloads)
     cluster_workloads,  # noqa: F401  (registers the cluster workloads)
+    compaction_latency,  # noqa: F401  (registers the cleaner latency workloads)
     compaction_month,  # noqa: F401  (registers the month-shaped internal topics workload)
     compaction_workloads,  # noqa: F401  (registers the log compaction workloads)
     coordinator_failover,  # noqa: F401  (registers the coordinator failover workloads)

@@ -1,0 +1,286 @@
+"""Log compaction (issue #11): produce latency while the cleaner runs vs while it is idle.
+
+- ``cleaner-produce-latency``: a compacted backlog (100 B values, ``compaction_workloads.backlog_broker``)
+  and a restart with the cleaner on; the bench stops the cleaner's worker process (SIGSTOP) at once and
+  runs ``latency-1k``'s loop (1,000 msg/s, 1 KB, linger.ms=0, acks=all) in windows that alternate
+  between the worker resumed (SIGCONT, **busy**) and stopped (**idle**, as idle as a cleaner with
+  nothing to do: the broker's cleaner thread waits on its pipe), in ABBA order: one broker, one
+  uptime, one box load for both. Ratio = busy p99 / idle p99 per repetition.
+- ``cleaner-produce-latency-priority``: adds busy phases under other worker scheduling (nice,
+  EEVDF slice, SCHED_IDLE), set by the bench for their windows only.
+
+An earlier form measured busy right after the restart and idle minutes later, with a twin broker
+(cleaner off) running beside the busy one as a control: the twin loaded the very box it was meant
+to control for. Linux only (``/proc``, signals, x86_64 system call numbers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchlib import kafka, procstat
+from benchlib.brokers import BrokerProcess
+from benchlib.compaction_workloads import (
+    backlog_broker,
+    bytes_read_of,
+    load1,
+    passes_of,
+    scrape,
+    wait_passes,
+    warm_coordinator,
+)
+from benchlib.workloads import Context, Target, Workload, fixed_rate_latency, register
+
+
+def worker_pid(broker: BrokerProcess, timeout: float = 60) -> int:
+    """The broker's cleaner worker process (its only child process), once it has been started."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for task in Path(f"/proc/{broker.pid}/task").iterdir():
+            try:
+                kids = (task / "children").read_text().split()
+            except OSError:
+                continue
+            if kids:
+                return int(kids[0])
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no cleaner worker under broker pid {broker.pid} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+IOPRIO_WHO_PROCESS = 1
+IOPRIO_CLASS_SHIFT = 13
+SYS_IOPRIO_SET = 251  # x86_64
+SYS_IOPRIO_GET = 252
+
+
+def ioprio(pid: int, value: int | None = None) -> int:
+    """Read (and with ``value``, first set) the I/O priority of ``pid``'s main thread."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if value is not None and libc.syscall(SYS_IOPRIO_SET, IOPRIO_WHO_PROCESS, pid, value) != 0:
+        raise OSError(ctypes.get_errno(), "ioprio_set")
+    return int(libc.syscall(SYS_IOPRIO_GET, IOPRIO_WHO_PROCESS, pid))
+
+
+def run_delay_s(pid: int, tid: int | None = None) -> float:
+    """Seconds thread ``tid`` (default: every thread) of ``pid`` has spent runnable but waiting
+    for a CPU (``/proc/.../schedstat``, field 2)."""
+    tids = [str(tid)] if tid is not None else os.listdir(f"/proc/{pid}/task")
+    total = 0
+    for t in tids:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+SYS_SCHED_SETATTR = 314  # x86_64
+SYS_SCHED_GETATTR = 315
+
+
+class SchedAttr(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("sched_policy", ctypes.c_uint32),
+        ("sched_flags", ctypes.c_uint64),
+        ("sched_nice", ctypes.c_int32),
+        ("sched_priority", ctypes.c_uint32),
+        ("sched_runtime", ctypes.c_uint64),
+        ("sched_deadline", ctypes.c_uint64),
+        ("sched_period", ctypes.c_uint64),
+    ]
+
+
+def sched_attr(pid: int, runtime_ns: int | None = None) -> SchedAttr:
+    """Read (and with ``runtime_ns``, first set: the EEVDF custom slice of a fair task, Linux
+    6.12+) ``pid``'s scheduling attributes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = SchedAttr()
+    if libc.syscall(SYS_SCHED_GETATTR, pid, ctypes.byref(attr), ctypes.sizeof(SchedAttr), 0) != 0:
+        raise OSError(ctypes.get_errno(), "sched_getattr")
+    if runtime_ns is not None:
+        attr.size = ctypes.sizeof(SchedAttr)
+        attr.sched_runtime = runtime_ns
+        if libc.syscall(SYS_SCHED_SETATTR, pid, ctypes.byref(attr), 0) != 0:
+            raise OSError(ctypes.get_errno(), "sched_setattr")
+    return attr
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One kind of measured window: the cleaner worker running (``busy``) or stopped, and the
+    scheduling the bench gives the worker for it (None: as the broker started it)."""
+
+    name: str
+    busy: bool
+    nice: int | None = None
+    io_class: int | None = None  # (class << 13) | level
+    policy: int | None = None  # os.SCHED_*
+    slice_ns: int | None = None  # sched_setattr's sched_runtime: the task's EEVDF slice
+
+
+@contextlib.contextmanager
+def worker_running(pid: int, phase: Phase) -> Iterator[None]:
+    """The worker resumed (SIGCONT) for the window if ``phase.busy``, under ``phase``'s priority, and
+    stopped again (SIGSTOP, priority restored) when it ends. Stopped, the worker is exactly as
+    idle as a cleaner with nothing to do: the broker's cleaner thread waits on its pipe."""
+    if not phase.busy:
+        yield
+        return
+    nice0, io0, policy0 = os.getpriority(os.PRIO_PROCESS, pid), ioprio(pid), os.sched_getscheduler(pid)
+    slice0 = sched_attr(pid).sched_runtime
+    if phase.policy is not None:
+        os.sched_setscheduler(pid, phase.policy, os.sched_param(0))
+    if phase.nice is not None:
+        os.setpriority(os.PRIO_PROCESS, pid, phase.nice)
+    if phase.io_class is not None:
+        ioprio(pid, phase.io_class)
+    if phase.slice_ns is not None:
+        sched_attr(pid, phase.slice_ns)
+    os.kill(pid, signal.SIGCONT)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGSTOP)
+        os.sched_setscheduler(pid, policy0, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, pid, nice0)
+        sched_attr(pid, slice0)
+        ioprio(pid, io0)
+
+
+@register
+class CleanerProduceLatency(Workload):
+    name = "cleaner-produce-latency"
+    kind = "compaction"
+    title = "produce ack latency at 1,000 msg/s while the cleaner runs vs while it is idle"
+    targets = (Target("p99_ratio", "<=", 1.5, "x idle p99 (busy / idle ack p99)", "#11"),)
+    peer_ok = False
+    own_broker = True
+    default = False
+
+    value_size = 100  # per-record costs make the pass slow (~3-5 MB/s): it outlasts the windows
+    #: measured in this order, then reversed, ``rounds`` times (ABBA: drift in the box's load
+    #: weighs on every phase alike)
+    phases: tuple[Phase, ...] = (Phase("idle", False), Phase("busy", True))
+    rounds = 2
+    mb_per_busy_second = 8.0
+
+    def backlog_bytes(self, ctx: Context) -> int:
+        # the pass must outlast every busy window (the worker is stopped outside them): ~8 MB per
+        # busy second, about twice what a pass reads per second on a quiet box
+        busy_windows = sum(p.busy for p in self.phases) * self.rounds
+        return int(max(40.0, self.mb_per_busy_second * busy_windows * ctx.latency_seconds) * 1_000_000)
+
+    def run_once(self, ctx: Context, broker: BrokerProcess | None, state: Any, rep: int) -> dict[str, Any]:
+        work = Path(ctx.scratch) / f"cleaner-lat-{uuid.uuid4().hex[:6]}"
+        b, _records, _ = backlog_broker(ctx, work, self.backlog_bytes(ctx), self.value_size)
+        windows: dict[str, list[dict[str, Any]]] = {p.name: [] for p in self.phases}
+        worker_cpu: dict[str, float] = {p.name: 0.0 for p in self.phases}
+        try:
+            pid = worker_pid(b)
+            os.kill(pid, signal.SIGSTOP)
+            sequence = [
+                p
+                for r in range(self.rounds)
+                for p in (self.phases if (rep + r) % 2 == 0 else self.phases[::-1])
+            ]
+            names = [p.name for p in sequence] + ["idle-after"]
+            topics = {i: f"lat-{n}-{i}-{uuid.uuid4().hex[:6]}" for i, n in enumerate(names)}
+            for t in topics.values():
+                kafka.create_topic(b.bootstrap, t, 1)
+            # The broker's first group use creates __consumer_offsets (50 partitions) while it answers:
+            # the measured loop's consumer has a group.id, so the first window would pay for it.
+            warm_coordinator(b.bootstrap, topics[0])
+            for i, phase in enumerate(sequence):
+                l0, c0, w0 = load1(), procstat.cpu_seconds(pid), run_delay_s(b.pid, b.pid)
+                s = fixed_rate_latency(ctx, b, topics[i], worker_running(pid, phase))
+                s["load1"] = (l0 + load1()) / 2
+                s["loop_wait_ms_per_s"] = (run_delay_s(b.pid, b.pid) - w0) * 1000 / s["wall_s"]
+                worker_cpu[phase.name] += procstat.cpu_seconds(pid) - c0
+                windows[phase.name].append(s)
+            m_busy = scrape(b)
+            still_running = passes_of(m_busy) == 0
+            # diagnostic: the same broker once the pass has ended on its own (the cleaner thread
+            # polls every 100 ms and finds nothing): a broker that has cleaned, not a stopped pass
+            os.kill(pid, signal.SIGCONT)
+            wait_passes(b, 1, 1800)
+            time.sleep(0.5)
+            l0 = load1()
+            after = fixed_rate_latency(ctx, b, topics[len(sequence)])
+            after["load1"] = (l0 + load1()) / 2
+        finally:
+            b.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        errors = [f"{name}: {s['error']}" for name, ws in windows.items() for s in ws if not s["ok"]]
+        if not after["ok"]:
+            errors.append(f"idle-after: {after['error']}")
+        if not still_running:
+            errors.append("the cleaner's pass ended inside the busy windows (backlog too small)")
+        sample: dict[str, Any] = {"ok": not errors, "error": "; ".join(errors)[:1000]}
+        keys = (
+            "ack_p50_ms",
+            "ack_p99_ms",
+            "ack_p999_ms",
+            "ack_max_ms",
+            "achieved_rate",
+            "broker_cores",
+            "load1",
+            "loop_wait_ms_per_s",
+        )
+        for name, ws in [*windows.items(), ("idle_after", [after])]:
+            for key in keys:
+                vals = [w[key] for w in ws if w.get(key) is not None]
+                sample[f"{name}_{key}"] = sum(vals) / len(vals) if vals else None
+            sample[f"{name}_windows"] = len(ws)
+            sample[f"{name}_p99_per_window"] = [w.get("ack_p99_ms") for w in ws]
+        for name, cpu in worker_cpu.items():
+            wall = sum(w.get("wall_s", 0.0) for w in windows[name])
+            sample[f"{name}_worker_cores"] = cpu / wall if wall else None
+        sample["load1"] = sum(w["load1"] for ws in windows.values() for w in ws) / sum(
+            map(len, windows.values())
+        )
+        sample["cleaner_busy_whole_window"] = still_running
+        sample["cleaner_bytes_read_in_window"] = bytes_read_of(m_busy)
+        sample["sequence"] = [p.name for p in sequence]
+        idle = sample.get("idle_ack_p99_ms")
+        for p in self.phases:
+            if p.busy:
+                busy = sample.get(f"{p.name}_ack_p99_ms")
+                key = "p99_ratio" if p.name == "busy" else f"p99_ratio_{p.name.replace('-', '_')}"
+                sample[key] = busy / idle if busy and idle else None
+        after_p99 = sample.get("idle_after_ack_p99_ms")
+        sample["p99_ratio_idle_after"] = sample["busy_ack_p99_ms"] / after_p99 if after_p99 else None
+        return sample
+
+
+@register
+class CleanerProduceLatencyPriority(CleanerProduceLatency):
+    """Diagnostic: the worker's scheduling compared in one run on one broker - as shipped (nice 19,
+    SCHED_BATCH), at nice 10 (as shipped before), with the minimum EEVDF slice (0.1 ms,
+    ``sched_setattr``, Linux 6.12+), and under SCHED_IDLE (never shipped: it can starve cleaning;
+    here it shows what is left of the busy tail when the worker takes no CPU time the broker
+    wants)."""
+
+    name = "cleaner-produce-latency-priority"
+    title = "produce ack latency at 1,000 msg/s, cleaner busy under different worker priorities"
+    targets = ()
+    phases = (
+        Phase("idle", False),
+        Phase("busy", True),
+        Phase("busy-nice10", True, nice=10),
+        Phase("busy-slice-0.1ms", True, slice_ns=100_000),
+        Phase("busy-sched-idle", True, policy=os.SCHED_IDLE),
+    )
+    rounds = 2
+    mb_per_busy_second = 5.0  # the slower phases read less
