@@ -17,7 +17,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME, frame
 from exactly.server import connection as conn_mod
 from exactly.server.connection import KafkaConnection
-from exactly.server.deferred_response import Deferred
+from exactly.server.deferred_response import Deferred, PendingAnswer
 
 
 @dataclass
@@ -378,5 +378,45 @@ def test_drain_waits_for_the_deferred_answers(monkeypatch: pytest.MonkeyPatch) -
         conn.connection_lost(None)
         await asyncio.wait_for(draining, 1)
         await task
+
+    asyncio.run(main())
+
+
+def test_an_answer_resolved_by_a_call_is_written_in_that_call_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deferred answer that is a ``PendingAnswer`` (an acks=all produce's) goes to the socket
+    inside the call that resolves it (the follower fetch that moved the HW), not loop hops later;
+    one resolved ahead of an earlier one waits for it; one still pending when the connection goes
+    is cancelled, which releases what waited to resolve it."""
+    answers: dict[int, PendingAnswer[list[bytes]]] = {}
+
+    async def fake_dispatch(broker: Any, payload: bytearray, *args: Any, **kwargs: Any) -> Any:
+        _key, _version, tag = struct.unpack_from(">hhi", payload)
+        answers[tag] = PendingAnswer()
+        return Deferred(answers[tag])
+
+    async def main() -> None:
+        monkeypatch.setattr(conn_mod, "dispatch", fake_dispatch)
+        conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
+        transport = _Transport()
+        conn.transport = transport  # type: ignore[assignment]
+        conn._frames.extend(
+            [_request(ApiKey.PRODUCE, 1), _request(ApiKey.PRODUCE, 2), _request(ApiKey.PRODUCE, 3)]
+        )
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await asyncio.sleep(0.01)
+        assert sorted(answers) == [1, 2, 3] and transport.writes == []
+        answers[2].set_result([b"r2"])
+        assert transport.writes == []  # behind the answer to request 1
+        answers[1].set_result([b"r1"])
+        assert transport.writes == [[b"r1", b"r2"]]  # written inside set_result, in order
+        released: list[int] = []
+        answers[3].on_cancel(lambda: released.append(3))
+        conn.abort()
+        await task
+        assert released == [3]
+        answers[3].set_result([b"r3"])  # too late: nothing is written
+        assert transport.writes == [[b"r1", b"r2"]]
 
     asyncio.run(main())

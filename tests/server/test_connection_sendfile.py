@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exactly.server.connection import _write
+from exactly.server.plain_write import write_plain as _write
 from exactly.storage.file_slice import FileSlice
 
 

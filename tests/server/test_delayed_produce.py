@@ -8,7 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.cluster.znodes import LeaderAndIsr
 from exactly.replication.leader import LeaderPartition
-from exactly.server.delayed_produce import DelayedProduces
+from exactly.server.delayed_produce import DelayedProduces, Parked
 from exactly.types import TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -94,3 +94,33 @@ def test_a_cancelled_produce_leaves_nothing_parked() -> None:
         return await delayed.wait(TP, lp, lambda: True, 5, 2, timeout_s=10)  # done at once
 
     assert asyncio.run(scenario()) == ErrorCode.none
+
+
+def test_park_completes_inside_the_wake_and_discard_forgets() -> None:
+    """``park``'s callback runs inside the ``wake`` that completes it (no loop hop), once; a
+    discarded entry is never completed; an answer known at once is returned, not called back."""
+
+    async def scenario() -> None:
+        delayed = DelayedProduces()
+        lp = leader()
+        lp.on_leader_append(5, now_ms=1)
+        done: list[tuple[str, ErrorCode]] = []
+        first = delayed.park(TP, lp, lambda: True, 5, 2, 10, lambda code: done.append(("first", code)))
+        second = delayed.park(TP, lp, lambda: True, 5, 2, 10, lambda code: done.append(("second", code)))
+        assert isinstance(first, Parked) and isinstance(second, Parked)
+        delayed.discard(second)
+        lp.on_follower_fetch(2, 5, 0, now_ms=2)
+        delayed.wake(TP)
+        assert done == [("first", ErrorCode.none)]
+        delayed.wake(TP)
+        assert done == [("first", ErrorCode.none)]
+        assert (
+            delayed.park(TP, lp, lambda: True, 5, 2, 10, lambda code: done.append(("x", code)))
+            == ErrorCode.none
+        )
+        expiring = delayed.park(TP, lp, lambda: True, 6, 2, 0.01, lambda code: done.append(("late", code)))
+        assert isinstance(expiring, Parked)
+        await asyncio.sleep(0.05)
+        assert done[-1] == ("late", ErrorCode.request_timed_out)
+
+    asyncio.run(scenario())

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import time
 import typing
@@ -68,10 +67,10 @@ from exactly.security.listeners import ListenerSpec, SecurityProtocol
 from exactly.security.principal import ANONYMOUS, PrincipalMappingError
 from exactly.security.sasl import Action, SaslAuthenticator, SaslState, Step
 from exactly.security.tls import certificate_principal
-from exactly.server.deferred_response import Deferred
+from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.dispatch import CloseConnection, dispatch
+from exactly.server.plain_write import write_plain
 from exactly.server.tls_write import write_tls
-from exactly.storage.file_slice import FileSlice
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
@@ -132,7 +131,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._writable: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         # answers of deferred requests (acks=all produces waiting for the ISR), in request order
-        self._deferred: deque[asyncio.Future[list[Any] | None]] = deque()
+        self._deferred: deque[asyncio.Future[list[Any] | None] | PendingAnswer[list[Any] | None]] = deque()
+        # True only while ``_process`` waits for a frame or an answer with nothing held back:
+        # then an answer resolved by a call (``_answered``) may be written from that call
+        self._idle = False
+        self._write = write_plain
         self._paused_reading = False
         self._closing = False
         self._draining = False
@@ -169,6 +172,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 listener.mechanisms, listener.plain_users, broker.credentials.lookup
             )
             self.framer.set_max_frame_size(broker.sasl_max_receive_size)
+        if listener.ssl_context is not None:
+            self._write = write_tls  # in pieces
         loop = asyncio.get_running_loop()
         self._lost = loop.create_future()
         self._task = loop.create_task(self._process(), name=f"conn-{self.peer}")
@@ -236,7 +241,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         frames = self._frames
         deferred = self._deferred
         release = self.framer.release
-        write = _write if self.listener.ssl_context is None else write_tls  # TLS: in pieces
+        write = self._write
         pending: list[Any] = []  # responses held back for one combined write, in request order
         pending_bytes = 0
 
@@ -270,7 +275,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
                             await self._writable
                             continue
                     self._wakeup = loop.create_future()  # a frame or a deferred answer
-                    await self._wakeup
+                    self._idle = True
+                    try:
+                        await self._wakeup
+                    finally:
+                        self._idle = False
                     continue
                 payload = frames.popleft()
                 if self._paused_reading and len(frames) < MAX_QUEUED_FRAMES // 2:
@@ -316,13 +325,22 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if len(payload) >= LARGE_FRAME and sys.getrefcount(payload) == 2:
                     release(payload)
                 if self._closing:
-                    if isinstance(result, Deferred):
-                        result.answer.close()  # nobody is left to answer
+                    if isinstance(result, Deferred):  # nobody is left to answer
+                        answer = result.answer
+                        if isinstance(answer, PendingAnswer):
+                            answer.cancel()
+                        else:
+                            answer.close()
                     continue
                 if isinstance(result, Deferred):
-                    task = loop.create_task(result.answer)
-                    task.add_done_callback(self._wake)
-                    deferred.append(task)
+                    answer = result.answer
+                    if isinstance(answer, PendingAnswer):
+                        deferred.append(answer)
+                        answer.listen(self._answered)
+                    else:
+                        task = loop.create_task(answer)
+                        task.add_done_callback(self._wake)
+                        deferred.append(task)
                 elif deferred:  # answered now, but after the deferred ones before it
                     if result is not None:
                         done: asyncio.Future[list[Any] | None] = loop.create_future()
@@ -353,6 +371,26 @@ class KafkaConnection(asyncio.BufferedProtocol):
             for waiting in deferred:  # the connection is gone: nobody is left to answer
                 waiting.cancel()
             deferred.clear()
+
+    def _answered(self) -> None:
+        """A deferred answer was resolved by a call (the follower fetch that moved the high
+        watermark, a timer, a role change): when ``_process`` sits idle, write the finished
+        answers at the head of the queue from this call, before whatever resolved it answers
+        its own request (see ``deferred_response``); otherwise ``_process`` writes them in order
+        when it gets to them."""
+        deferred = self._deferred
+        writable = self._writable is None or self._writable.done()
+        if self._idle and writable and deferred and deferred[0].done() and self.transport is not None:
+            chunks: list[Any] = []
+            while deferred and deferred[0].done():
+                answered = deferred.popleft().result()
+                if answered is not None:
+                    chunks.extend(answered)
+            if chunks:
+                self._write(self.transport, chunks)
+            if not self._frames and not self._draining:
+                return  # nothing for _process to do: it stays parked
+        self._wake()
 
     def _sasl_step(self, step: Step) -> bool:
         """Act on an authenticator step whose response is written; False: stop serving."""
@@ -437,52 +475,6 @@ def _tls_handshake_failed(done: list[bool], metrics: Any, listener: str) -> None
     audit.warning(
         "authentication failed: listener=%s mechanism=SSL (TLS handshake did not complete)", listener
     )
-
-
-def _write(transport: asyncio.Transport, chunks: list[Any]) -> None:
-    """``writelines``, except that a ``FileSlice`` chunk (a Fetch answer's records) is sent from
-    its segment file (``_send_slice``)."""
-    start = 0
-    for i, chunk in enumerate(chunks):
-        if type(chunk) is FileSlice:
-            if i > start:
-                transport.writelines(chunks[start:i])
-            _send_slice(transport, chunk)
-            start = i + 1
-    if start == 0:
-        transport.writelines(chunks)
-    elif start < len(chunks):
-        transport.writelines(chunks[start:])
-
-
-def _send_slice(transport: asyncio.Transport, piece: FileSlice) -> None:
-    """As much of ``piece`` as the socket takes now goes with ``os.sendfile`` (page cache to
-    socket, no copy in user space), the rest as a copy through the transport. Only when the
-    transport holds nothing unsent, or the bytes would overtake it; then all of it is copied.
-    Raises ConnectionError when the file shrank under the slice (the answer's size is framed
-    already, so the connection cannot go on)."""
-    sent = 0
-    try:
-        sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_write_buffer_size() == 0 and not transport.is_closing():
-            out, src = sock.fileno(), piece.fileno()
-            try:
-                while sent < piece.size:
-                    n = os.sendfile(out, src, piece.offset + sent, piece.size - sent)
-                    if n == 0:  # end of file: the copy below finds out how short
-                        break
-                    sent += n
-            except (BlockingIOError, InterruptedError):
-                pass  # the socket is full: the transport queues the rest
-            except OSError:
-                pass  # a broken connection: the transport's own write reports it
-        rest = piece.read(sent)
-        if len(rest) != piece.size - sent:
-            raise ConnectionError("a segment file was truncated under a Fetch answer being sent")
-        if rest:
-            transport.write(rest)
-    finally:
-        piece.close()
 
 
 def _api_key(payload: bytearray) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -46,7 +47,7 @@ from exactly.protocol.header import (
     response_header,
     skip_tagged_fields,
 )
-from exactly.server.deferred_response import Deferred
+from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.handlers import HANDLERS, PARSERS
 
 if TYPE_CHECKING:
@@ -182,7 +183,10 @@ async def dispatch(
     )
     response = await handler(broker, ctx, request)
     if isinstance(response, Deferred):
-        return Deferred(_frame_when_answered(broker, api, header, response.answer))
+        answer = response.answer
+        if isinstance(answer, PendingAnswer):  # resolved by a call: framed in that call
+            return Deferred(answer.then(partial(_frame_response, broker, api, header)))
+        return Deferred(_frame_when_answered(broker, api, header, answer))
     return _frame_response(broker, api, header, response)
 
 

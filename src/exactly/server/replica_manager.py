@@ -45,7 +45,7 @@ from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.cluster_topics import ClusterTopics
 from exactly.server.controlled_shutdown import controlled_shutdown, resign_leaderships
-from exactly.server.delayed_produce import DelayedProduces
+from exactly.server.delayed_produce import DelayedProduces, Parked
 from exactly.server.isr_writer import IsrWriter
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
@@ -382,12 +382,15 @@ class ReplicaManager:
 
     def _publish_high_watermark(self, tp: TopicPartition, leader: LeaderPartition) -> None:
         """The leader's HW moved: the delayed produces and consumers' parked fetches (bound by
-        the HW) re-check; the followers' parked fetches (bound by the log end) stay parked."""
+        the HW) re-check; the followers' parked fetches (bound by the log end) stay parked.
+        The produces first: their answers are the latency that acks=all promises, a consumer's
+        read can follow them (it is woken, not answered, here)."""
         plog = self.broker.logs.get_partition(tp)
         if plog is not None:
             plog.update_high_watermark(leader.high_watermark)
-            self.broker.waiters.notify_high_watermark(tp)
         self._wake_acks(tp)
+        if plog is not None:
+            self.broker.waiters.notify_high_watermark(tp)
 
     # --- followers -------------------------------------------------------------------------------
 
@@ -430,6 +433,20 @@ class ReplicaManager:
 
     def _wake_acks(self, tp: TopicPartition) -> None:
         self.delayed_produces.wake(tp)
+
+    def park_for_acks(
+        self,
+        tp: TopicPartition,
+        leader: LeaderPartition,
+        required_offset: int,
+        min_isr: int,
+        timeout_s: float,
+        on_done: Callable[[ErrorCode], None],
+    ) -> ErrorCode | Parked:
+        """Kafka's DelayedProduce for one partition, completed by a callback (see ``delayed_produce``)."""
+        return self.delayed_produces.park(
+            tp, leader, lambda: self.leaders.get(tp) is leader, required_offset, min_isr, timeout_s, on_done
+        )
 
     async def wait_for_acks(
         self,

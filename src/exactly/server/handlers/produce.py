@@ -14,7 +14,9 @@ answered the same way (everything in the ISR has it).
 In a cluster an acks=all append waits for the ISR (Kafka's DelayedProduce). When the connection
 can take it (``ctx.may_defer``) the handler returns a ``Deferred`` right after the appends, and
 the connection handles the client's next pipelined Produce while this one waits (answers still in
-request order). Kafka instead mutes the connection until the answer is sent; here that made a
+request order). That answer is a ``PendingAnswer`` resolved by the wake that completes the last
+delayed partition (``delayed_produce``), with no task per produce: the connection writes it
+within that call. Kafka instead mutes the connection until the answer is sent; here that made a
 client's acks=all produces queue behind each other's replication round trip (one Produce per
 ~1 ms round trip at 1,000 requests/s). The appends themselves still happen one request at a time
 in arrival order, so what is written, and where, is what Kafka writes for the same requests; only
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -43,7 +45,8 @@ from exactly.records.batch import BatchHeader, InvalidRecordError, validate_prod
 from exactly.replication.leader import AckOutcome
 from exactly.server.authz import TOPIC, TXN_ID, WRITE, authorize
 from exactly.server.clock import now_ms
-from exactly.server.deferred_response import Deferred
+from exactly.server.deferred_response import Deferred, PendingAnswer
+from exactly.server.delayed_produce import Parked
 from exactly.server.txn_verification import NOT_IN_TXN_MESSAGE, VerificationGuard, produce_error
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
 from exactly.storage.partition_log import AppendResult, PartitionLog
@@ -69,7 +72,7 @@ async def handle(
     acks = request.acks
     now = now_ms()
     topics_out: list[tuple[str, list[ProducePartitionResult]]] = []
-    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]] = []
+    delayed: list[_Delayed] = []
     remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]] = []
     # Authorization (Kafka's order): WRITE on the transactional id refuses the whole request,
     # then WRITE on each topic, before any existence check
@@ -109,28 +112,59 @@ async def handle(
         if ctx.may_defer:
             return Deferred(answer)
         ctx.before_park()  # answers the connection holds back must not wait for the ISR too
-        return await answer
+        return await answer.wait()
     if acks == 0:
         return None
     return encode_produce_response(ctx.version, topics_out)
 
 
-async def _answer_when_replicated(
+@dataclass(frozen=True, slots=True)
+class _Delayed:
+    """One acks=all partition's wait for the ISR: its answer goes to ``parts[slot]``."""
+
+    parts: list[ProducePartitionResult]
+    slot: int
+    tp: TopicPartition
+    leader: LeaderPartition
+    required_offset: int
+    min_isr: int
+    timeout_s: float
+
+
+def _answer_when_replicated(
     broker: Broker,
     version: int,
     topics_out: list[tuple[str, list[ProducePartitionResult]]],
-    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]],
-) -> bytes:
-    """The acks=all answer once every delayed partition is done (acks is -1 here, never 0)."""
-    if len(delayed) == 1:  # the usual case: no gather (a task per partition)
-        codes = [await delayed[0][2]()]
-    else:
-        codes = await asyncio.gather(*(wait() for _parts, _i, wait in delayed))
-    for (parts, i, _wait), code in zip(delayed, codes, strict=True):
-        if code != ErrorCode.none:
+    delayed: list[_Delayed],
+) -> PendingAnswer[bytes]:
+    """The acks=all answer, resolved (by the wake that completes the last delayed partition, no
+    task in between) once every delayed partition is done (acks is -1 here, never 0).
+    Cancelling it (the connection is gone) discards the partitions still parked."""
+    replicas = broker.replicas
+    assert replicas is not None  # only a cluster leader delays a produce
+    answer: PendingAnswer[bytes] = PendingAnswer()
+    left = len(delayed)
+
+    def settle(wait: _Delayed, code: ErrorCode) -> None:
+        nonlocal left
+        if code != _NO_ERROR:
             broker.metrics.error(ApiKey.PRODUCE, code)
-            parts[i] = ProducePartitionResult(parts[i].index, int(code), -1, -1, -1, None)
-    return encode_produce_response(version, topics_out)
+            wait.parts[wait.slot] = ProducePartitionResult(
+                wait.parts[wait.slot].index, int(code), -1, -1, -1, None
+            )
+        left -= 1
+        if left == 0:
+            answer.set_result(encode_produce_response(version, topics_out))
+
+    for wait in delayed:
+        entry = replicas.park_for_acks(
+            wait.tp, wait.leader, wait.required_offset, wait.min_isr, wait.timeout_s, partial(settle, wait)
+        )
+        if isinstance(entry, Parked):
+            answer.on_cancel(partial(replicas.delayed_produces.discard, entry))
+        else:
+            settle(wait, entry)
+    return answer
 
 
 _Outcome = tuple[ErrorCode, str | None, AppendResult | None]
@@ -143,7 +177,7 @@ def _record(
     index: int,
     outcome: _Outcome,
     parts_out: list[ProducePartitionResult],
-    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]],
+    delayed: list[_Delayed],
     slot: int | None = None,
 ) -> None:
     """Put one partition's answer in ``parts_out`` (appended, or at ``slot``); an acks=all
@@ -176,15 +210,7 @@ def _record(
     min_isr = plog.config.min_insync_replicas
     acks = leader.check_acks_all(required, min_isr)
     if acks is AckOutcome.WAIT:
-        delayed.append(
-            (
-                parts_out,
-                slot,
-                # started only when the answer is awaited: a deferred answer dropped with its
-                # connection leaves no coroutine behind
-                partial(replicas.wait_for_acks, tp, leader, required, min_isr, request.timeout_ms / 1000),
-            )
-        )
+        delayed.append(_Delayed(parts_out, slot, tp, leader, required, min_isr, request.timeout_ms / 1000))
     elif acks is AckOutcome.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
         code = ErrorCode.not_enough_replicas_after_append
         broker.metrics.error(ApiKey.PRODUCE, code)
@@ -195,7 +221,7 @@ async def _verify_and_append(
     broker: Broker,
     request: ProduceRequestData,
     remote: list[tuple[list[ProducePartitionResult], int, str, memoryview | None, _VerifyRemotely]],
-    delayed: list[tuple[list[ProducePartitionResult], int, Callable[[], Awaitable[ErrorCode]]]],
+    delayed: list[_Delayed],
 ) -> None:
     """One AddPartitionsToTxn v4 (verify_only) per producer epoch to the coordinator, then the
     second pass of the verified partitions' appends, each under its guard."""
