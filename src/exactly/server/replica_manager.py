@@ -9,7 +9,9 @@ the metadata cache) is touched on the loop only. Blocking ZooKeeper calls made f
 
 Decisions are the sans-IO ones: ``PartitionRoles.on_state`` says become leader / follower /
 update ISR / stop; ``LeaderPartition`` owns the leader's HW and ISR; ``fetch_checks`` the epoch
-rules of reads. This module applies them to the local logs. Changing the cluster's topic set
+rules of reads. This module applies them to the local logs; what a leadership does on the hot
+path once it exists (HW publication, follower fetches, acks=all waits) is
+``leader_replicas.LeaderReplicas`` (``leading``, whose ``leaders`` dict this module fills). Changing the cluster's topic set
 (CreateTopics, DeleteTopics, auto-creation) is ``cluster_topics``' job, reached as ``topics``.
 
 Lifecycle: ``start`` (connect, register with the advertised endpoint, start the watches and the
@@ -45,12 +47,11 @@ from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
 from exactly.server.cluster_topics import ClusterTopics
 from exactly.server.controlled_shutdown import controlled_shutdown, resign_leaderships
-from exactly.server.delayed_produce import DelayedProduces, Parked
 from exactly.server.isr_writer import IsrWriter
+from exactly.server.leader_replicas import LeaderReplicas
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
 from exactly.server.replica_watches import ReplicaWatches
-from exactly.storage.partition_log import PartitionLog
 from exactly.topics import INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
 
@@ -90,7 +91,18 @@ class ReplicaManager:
         self.cache = MetadataCache()
         self.cluster_id = broker.logs.cluster_id  # replaced by /cluster/id at start
         self.roles = PartitionRoles(self.broker_id, broker_epoch=0)
-        self.leaders: dict[TopicPartition, LeaderPartition] = {}
+        # The leader side (HW, follower fetches, acks=all waits) of the partitions this broker
+        # leads; ``leaders`` is its dict, filled and emptied by the role changes here.
+        self.leading = LeaderReplicas(
+            broker, self.broker_id, lambda tp, leader, update: self.isr_writer.write(tp, leader, update)
+        )
+        self.leaders = self.leading.leaders
+        self.delayed_produces = self.leading.delayed_produces
+        # the handlers' entry points to it
+        self.on_follower_fetch = self.leading.on_follower_fetch
+        self.after_leader_append = self.leading.after_leader_append
+        self.park_for_acks = self.leading.park_for_acks
+        self.wait_for_acks = self.leading.wait_for_acks
         self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
         # how long a fetcher waits for one response before it drops the connection and reconnects
         self.fetch_timeout_s = config.get_int("replica.socket.timeout.ms") / 1000
@@ -98,8 +110,6 @@ class ReplicaManager:
         self._cache_changed: asyncio.Event | None = None
         self._stopped = False
         self.fetchers: dict[int, LeaderFetcher] = {}
-        # Delayed acks=all produces per partition: woken on every HW change and role change.
-        self.delayed_produces = DelayedProduces()
         self._background: set[asyncio.Task[None]] = set()
         # CreateTopics / DeleteTopics / auto-creation, and the local replica of a hosted topic.
         self.topics = ClusterTopics(
@@ -124,7 +134,7 @@ class ReplicaManager:
             self.leaders,
             max_lag_ms=self.max_lag_ms,
             spawn=self._spawn,
-            publish_high_watermark=self._publish_high_watermark,
+            publish_high_watermark=self.leading.publish_high_watermark,
         )
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -243,20 +253,13 @@ class ReplicaManager:
 
     def _set_brokers(self, endpoints: dict[int, BrokerEndpoint]) -> None:
         self.cache.set_brokers(endpoints)
-        self._refresh_high_watermarks()
+        self.leading.refresh_high_watermarks()
         self._changed()
 
     def _set_shutting_down(self, brokers: frozenset[int]) -> None:
         self.shutting_down = brokers
-        self._refresh_high_watermarks()
+        self.leading.refresh_high_watermarks()
         self._changed()
-
-    def _refresh_high_watermarks(self) -> None:
-        """A follower that left or is leaving no longer holds a HW back (``isr_eligible``)."""
-        now = now_ms()
-        for tp, leader in list(self.leaders.items()):
-            if leader.refresh_high_watermark(now):
-                self._publish_high_watermark(tp, leader)
 
     def _set_controller(self, controller: int | None) -> None:
         self.cache.set_controller(controller)
@@ -319,7 +322,7 @@ class ReplicaManager:
         elif action is RoleAction.BECOME_FOLLOWER:
             self.topics.local_log(tp)
             self.leaders.pop(tp, None)
-            self._wake_acks(tp)  # delayed produces answer NOT_LEADER_OR_FOLLOWER
+            self.leading.wake_acks(tp)  # delayed produces answer NOT_LEADER_OR_FOLLOWER
             self.broker.waiters.notify(tp)  # parked reads re-check and get NOT_LEADER_OR_FOLLOWER
             self._unfollow(tp)
             if decision.leader >= 0:
@@ -333,11 +336,11 @@ class ReplicaManager:
                 and state is not None
                 and leader.on_state_observed(state.leader_and_isr, state.zk_version, now_ms())
             ):
-                self._publish_high_watermark(tp, leader)
+                self.leading.publish_high_watermark(tp, leader)
         elif action is RoleAction.STOP_REPLICA:
             self.leaders.pop(tp, None)
             self._unfollow(tp)
-            self._wake_acks(tp)
+            self.leading.wake_acks(tp)
             self.broker.waiters.notify(tp)
             log.info("%s: replica stopped", tp)
 
@@ -356,7 +359,7 @@ class ReplicaManager:
             if current.on_reelected(
                 state.leader_and_isr, state.zk_version, self.cache.replicas(tp), plog.log_end_offset, now_ms()
             ):
-                self._publish_high_watermark(tp, current)
+                self.leading.publish_high_watermark(tp, current)
             log.info(
                 "%s: still leader, now at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr)
             )
@@ -374,23 +377,11 @@ class ReplicaManager:
         )
         self.leaders[tp] = leader
         leader.on_leader_append(plog.log_end_offset, now_ms())
-        self._publish_high_watermark(tp, leader)
+        self.leading.publish_high_watermark(tp, leader)
         log.info("%s: leader at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr))
 
     def _isr_eligible(self, broker: int) -> bool:
         return broker in self.cache.brokers and broker not in self.shutting_down
-
-    def _publish_high_watermark(self, tp: TopicPartition, leader: LeaderPartition) -> None:
-        """The leader's HW moved: the delayed produces and consumers' parked fetches (bound by
-        the HW) re-check; the followers' parked fetches (bound by the log end) stay parked.
-        The produces first: their answers are the latency that acks=all promises, a consumer's
-        read can follow them (it is woken, not answered, here)."""
-        plog = self.broker.logs.get_partition(tp)
-        if plog is not None:
-            plog.update_high_watermark(leader.high_watermark)
-        self._wake_acks(tp)
-        if plog is not None:
-            self.broker.waiters.notify_high_watermark(tp)
 
     # --- followers -------------------------------------------------------------------------------
 
@@ -414,53 +405,6 @@ class ReplicaManager:
             return code
         return check_follower_fetch(replica_id, current_leader_epoch, self.cache.replicas(tp))
 
-    def on_follower_fetch(
-        self, plog: PartitionLog, replica_id: int, fetch_offset: int, log_start: int
-    ) -> None:
-        leader = self.leaders.get(plog.tp)
-        if leader is None or replica_id == self.broker_id:
-            return
-        try:
-            outcome = leader.on_follower_fetch(replica_id, fetch_offset, log_start, now_ms())
-        except KeyError:
-            return
-        if outcome.high_watermark_advanced:
-            self._publish_high_watermark(plog.tp, leader)
-        if outcome.isr_update is not None:
-            self.isr_writer.write(plog.tp, leader, outcome.isr_update)
-
-    # --- delayed produce (acks=all) ----------------------------------------------------------------
-
-    def _wake_acks(self, tp: TopicPartition) -> None:
-        self.delayed_produces.wake(tp)
-
-    def park_for_acks(
-        self,
-        tp: TopicPartition,
-        leader: LeaderPartition,
-        required_offset: int,
-        min_isr: int,
-        timeout_s: float,
-        on_done: Callable[[ErrorCode], None],
-    ) -> ErrorCode | Parked:
-        """Kafka's DelayedProduce for one partition, completed by a callback (see ``delayed_produce``)."""
-        return self.delayed_produces.park(
-            tp, leader, lambda: self.leaders.get(tp) is leader, required_offset, min_isr, timeout_s, on_done
-        )
-
-    async def wait_for_acks(
-        self,
-        tp: TopicPartition,
-        leader: LeaderPartition,
-        required_offset: int,
-        min_isr: int,
-        timeout_s: float,
-    ) -> ErrorCode:
-        """Kafka's DelayedProduce for one partition (see ``delayed_produce``)."""
-        return await self.delayed_produces.wait(
-            tp, leader, lambda: self.leaders.get(tp) is leader, required_offset, min_isr, timeout_s
-        )
-
     # --- serving ---------------------------------------------------------------------------------
 
     def manages(self, tp: TopicPartition) -> bool:
@@ -474,17 +418,6 @@ class ReplicaManager:
         does not even process requests before the broker registered."""
         del tp  # kept for the callers' symmetry: the answer does not depend on the partition
         return True
-
-    def after_leader_append(self, plog: PartitionLog) -> None:
-        leader = self.leaders.get(plog.tp)
-        if leader is None:
-            return
-        if leader.on_leader_append(plog.log_end_offset, now_ms()):  # an ISR of one
-            plog.update_high_watermark(leader.high_watermark)
-            self._wake_acks(plog.tp)
-            self.broker.waiters.notify(plog.tp)  # consumers and parked follower fetches
-        else:
-            self.broker.waiters.notify_appended(plog.tp)  # parked follower fetches only
 
     def leader_for_write(self, tp: TopicPartition) -> tuple[ErrorCode, LeaderPartition | None]:
         cached = self.cache.topic(tp.topic)
