@@ -95,3 +95,23 @@ def test_single_broker_keeps_high_watermark_at_the_log_end(tmp_path: Path) -> No
     assert plog is not None
     assert plog.high_watermark == plog.log_end_offset == 3
     reopened.close()
+
+
+def test_the_checkpoint_is_the_snapshot_taken_when_asked_written_when_called(tmp_path: Path) -> None:
+    """``high_watermark_checkpoint`` freezes the values at the call (the replica manager takes
+    it on the event loop and writes it from a thread): a HW move afterwards is not in that file."""
+    manager = _replicated(tmp_path)
+    plog = manager.get_partition(A0)
+    assert plog is not None
+    append(plog, 5)
+    plog.update_high_watermark(2)
+    write = manager.high_watermark_checkpoint()
+    assert write is not None
+    plog.update_high_watermark(4)
+    write()
+    assert read_offset_checkpoint(tmp_path / REPLICATION_OFFSET_CHECKPOINT) == {A0: 2, A1: 0}
+    manager.close()
+    assert manager.high_watermark_checkpoint() is None  # closed: nothing more to write
+    single = LogManager(tmp_path / "single", LogConfig(), now_ms=NOW)
+    assert single.high_watermark_checkpoint() is None
+    single.close()

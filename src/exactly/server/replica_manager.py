@@ -222,10 +222,22 @@ class ReplicaManager:
         the HWs go to ``replication-offset-checkpoint``, where a restart takes them from (the log
         manager also writes it at close)."""
         interval_s = self.broker.config.get_int("replica.high.watermark.checkpoint.interval.ms") / 1000
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval_s)
+            # The values now, the file written off the loop: its fsyncs took 15-35 ms here, a
+            # stop of every produce, fetch and acks=all answer on this broker every interval.
+            write = self.broker.logs.high_watermark_checkpoint()
+            if write is None:
+                continue
+            written = loop.run_in_executor(None, write)
             try:
-                self.broker.logs.checkpoint_high_watermarks()
+                await asyncio.shield(written)
+            except asyncio.CancelledError:
+                # stopping: a thread cannot be stopped, and the log manager's own last write at
+                # close must come after this one
+                await asyncio.gather(written, return_exceptions=True)
+                raise
             except OSError:  # a full or failing disk: the next round retries, the broker serves on
                 log.exception("high watermark checkpoint failed")
 

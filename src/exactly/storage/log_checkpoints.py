@@ -33,8 +33,9 @@ Every file is written through ``checkpoint.write_offset_checkpoint`` (durably, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from exactly.storage.checkpoint import read_offset_checkpoint, write_offset_checkpoint
@@ -101,9 +102,14 @@ class LogCheckpoints:
 
     def write_high_watermarks(self, logs: Mapping[TopicPartition, PartitionLog]) -> None:
         """Cluster mode: every partition's high watermark. A no-op on a single broker."""
+        write = self.high_watermark_write(logs)
+        if write is not None:
+            write()
+
+    def high_watermark_write(self, logs: Mapping[TopicPartition, PartitionLog]) -> Callable[[], None] | None:
+        """Cluster mode: the HW checkpoint as of now, as a call that writes it (from any thread:
+        it holds a snapshot of the values, not the logs). None on a single broker."""
         if not self.replicated:
-            return
-        write_offset_checkpoint(
-            self.data_dir / REPLICATION_OFFSET_CHECKPOINT,
-            {tp: plog.high_watermark for tp, plog in logs.items()},
-        )
+            return None
+        offsets = {tp: plog.high_watermark for tp, plog in logs.items()}
+        return partial(write_offset_checkpoint, self.data_dir / REPLICATION_OFFSET_CHECKPOINT, offsets)
