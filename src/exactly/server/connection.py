@@ -380,14 +380,16 @@ class KafkaConnection(asyncio.BufferedProtocol):
         when it gets to them."""
         deferred = self._deferred
         writable = self._writable is None or self._writable.done()
-        if self._idle and writable and deferred and deferred[0].done() and self.transport is not None:
+        transport = self.transport
+        idle = self._idle and writable and not self._closing and transport is not None
+        if idle and transport is not None and deferred and deferred[0].done():
             chunks: list[Any] = []
             while deferred and deferred[0].done():
                 answered = deferred.popleft().result()
                 if answered is not None:
                     chunks.extend(answered)
             if chunks:
-                self._write(self.transport, chunks)
+                self._write(transport, chunks)
             if not self._frames and not self._draining:
                 return  # nothing for _process to do: it stays parked
         self._wake()
