@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Run one traced 1,000 msg/s acks=all RF 3 workload on an instrumented copy of src.
+
+    python bench/cluster_timeline/instrument.py /tmp/traced
+    PYTHONPATH=src python bench/cluster_timeline/run.py /tmp/traced/src OUT [SECONDS] [PRODUCER_CONF_JSON]
+    python bench/cluster_timeline/analyze.py OUT
+
+ZooKeeper + 3 brokers (``benchlib.cluster``, broker 0 leads), an RF 3 topic (min.insync.replicas
+2), an idempotent producer (linger.ms 0, acks all) at 1,000 records/s with a consumer reading
+along, as ``cluster-latency-1k`` does. Writes OUT/client.json (each record's offset, send and
+delivery time on CLOCK_MONOTONIC) next to the brokers' trace-<pid>.txt; prints the client's
+percentiles and each broker's CPU microseconds per record. ``S14_PROF=1`` also runs the brokers
+under ``benchlib/cprofile_site`` (CPU-time cProfile between the two signals).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+
+from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition  # noqa: E402
+
+from benchlib import drivers, kafka  # noqa: E402
+from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
+from benchlib.cluster_workloads import _place  # noqa: E402
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def main() -> None:
+    src, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 8.0
+    extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["EXACTLY_TRACE"] = str(out)
+    profile = bool(os.environ.get("S14_PROF"))
+    if profile:
+        os.environ["EXACTLY_CPROFILE"] = str(out / "prof")
+        os.environ["PYTHONPATH"] = str(BENCH / "benchlib" / "cprofile_site")
+    scratch = Path(tempfile.mkdtemp(prefix="cluster-timeline-"))
+    cluster = Cluster(scratch / "c", 3, DEFAULT_SESSION_TIMEOUT_MS, {}, src=src).start()
+    try:
+        pids = {i: b.pid for i, b in enumerate(cluster.brokers) if b.pid is not None}
+        topic = _place(cluster, "timeline", 3)
+        stop = threading.Event()
+
+        def consume() -> None:
+            consumer = kafka.consumer(cluster.bootstrap)
+            consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+            while not stop.is_set():
+                consumer.poll(0.05)
+            consumer.close()
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        acks: dict[int, tuple[int, int]] = {}
+        to_mono = time.monotonic_ns() - time.perf_counter_ns()
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            now = time.perf_counter_ns()
+            if err is None:
+                sent = struct.unpack_from(">Q", msg.value())[0]
+                acks[msg.offset()] = (sent + to_mono, now + to_mono)
+
+        conf = {"bootstrap.servers": cluster.bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0}
+        producer = Producer({**conf, **kafka.QUIET, **extra})
+        producer.list_topics(topic, timeout=30)
+        time.sleep(1.0)
+        pad = b"x" * 1016
+        total = int(1000 * seconds)
+        if profile:
+            for pid in pids.values():
+                os.kill(pid, signal.SIGUSR1)
+        cpu0 = {b: cpu_ticks(pid) for b, pid in pids.items()}
+        start = time.perf_counter()
+        for i in range(total):
+            due = start + i / 1000
+            while (left := due - time.perf_counter()) > 0:
+                producer.poll(min(left, 0.001))
+            producer.produce(topic, struct.pack(">Q", time.perf_counter_ns()) + pad, on_delivery=on_delivery)
+            producer.poll(0)
+        producer.flush(30)
+        cpu1 = {b: cpu_ticks(pid) for b, pid in pids.items()}
+        print("broker CPU us per record", {b: (cpu1[b] - cpu0[b]) * 1e4 / total for b in pids})
+        if profile:
+            for pid in pids.values():
+                os.kill(pid, signal.SIGUSR2)
+            time.sleep(1)
+        stop.set()
+        reader.join(5)
+        lat = sorted((b - a) / 1e6 for a, b in acks.values())
+        n = len(lat)
+        print(
+            f"acks {n}: p50 {lat[n // 2]:.2f} p99 {lat[int(n * 0.99)]:.2f} p99.9 {lat[int(n * 0.999)]:.2f} "
+            f"max {lat[-1]:.2f} ms; load {os.getloadavg()}"
+        )
+        (out / "client.json").write_text(
+            json.dumps({"pids": pids, "acks": {str(k): v for k, v in acks.items()}})
+        )
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
