@@ -14,6 +14,7 @@ from tests.support.framer import feed, feed_chunks
 from exactly.protocol.framing import (
     FREE_BUFFERS,
     FREE_BYTES,
+    HEAD_READ,
     LARGE_FRAME,
     SMALL_BUFFER,
     FrameError,
@@ -82,6 +83,26 @@ def test_a_large_frame_is_received_into_its_own_buffer() -> None:
     assert len(view) == len(stream) - 1000  # exactly the rest of this frame
     feed_chunks(framer, [stream[1000:]])
     assert not framer.receiving_large and bytes(framer.frames.popleft()) == payload
+
+
+def test_after_a_large_frame_only_a_head_is_read_into_the_small_buffer() -> None:
+    """A producer's large requests follow each other: once one is whole, the next read is offered
+    HEAD_READ bytes, so at most that much of the next large frame is copied out of the small
+    buffer; the rest goes straight into the frame's own buffer. A small frame ends this."""
+    framer = Framer()
+    first, second = bytes(range(256)) * 300, bytes(reversed(range(256))) * 1200
+    assert LARGE_FRAME <= len(first) < SMALL_BUFFER  # large, though it arrives whole in the small buffer
+    feed_chunks(framer, [frame(first)])
+    assert len(framer.get_buffer(-1)) == HEAD_READ
+    stream = frame(second) + frame(b"small") + frame(b"next")
+    feed_chunks(framer, [stream[:HEAD_READ]])
+    assert framer.receiving_large
+    assert len(framer.get_buffer(-1)) == len(frame(second)) - HEAD_READ  # the rest of it, directly
+    feed_chunks(framer, [stream[HEAD_READ : len(frame(second))]])
+    assert len(framer.get_buffer(-1)) == HEAD_READ
+    feed_chunks(framer, [stream[len(frame(second)) :]])
+    assert [bytes(f) for f in framer.frames] == [first, second, b"small", b"next"]
+    assert len(framer.get_buffer(-1)) == SMALL_BUFFER  # whole again: every byte was framed
 
 
 def test_spare_buffer_is_resized_and_filled_whole() -> None:

@@ -63,3 +63,27 @@ def test_a_failed_write_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: p
     finally:
         os.close(fd)
     assert path.read_bytes() == b"head"
+
+
+def test_preallocate_reserves_blocks_past_the_end_without_changing_the_size(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 4096)
+    fd = _fd(path)
+    try:
+        if not file_write.preallocate(fd, 4096, 1 << 20):
+            pytest.skip("this file system has no fallocate(FALLOC_FL_KEEP_SIZE)")
+        st = os.fstat(fd)
+        assert st.st_size == 4096 and st.st_blocks * 512 >= 4096 + (1 << 20)
+        os.ftruncate(fd, 4096)  # the same size: the reserved blocks are freed
+        assert os.fstat(fd).st_blocks * 512 < 1 << 20
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 4096
+
+
+def test_preallocate_says_no_rather_than_raising(tmp_path: Path) -> None:
+    fd = os.open("/dev/null", os.O_RDWR)
+    try:
+        assert file_write.preallocate(fd, 0, 4096) is False
+    finally:
+        os.close(fd)

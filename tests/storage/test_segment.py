@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from exactly.records.batch import BatchHeader, patch_base_offset
-from exactly.storage.segment import LogSegment, segment_file
+from exactly.storage.segment import PREALLOCATE_AHEAD, PREALLOCATE_MIN_WRITE, LogSegment, segment_file
 from tests.storage.helpers import NOW, headers_of, make_batch
 
 
@@ -147,3 +147,29 @@ def test_truncate_to_and_delete(tmp_path: Path) -> None:
     assert segment.find_batch(headers[4].base_offset) is None
     segment.delete()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bulk_appends_reserve_blocks_that_roll_and_truncation_free(tmp_path: Path) -> None:
+    """A batch of PREALLOCATE_MIN_WRITE or more is written into blocks preallocated past the end;
+    the file's size stays the log end throughout, and becoming inactive or truncating frees the
+    rest (no disk held by a rolled segment)."""
+    segment = new_segment(tmp_path, interval=4096)
+    big = make_batch(1, value_size=PREALLOCATE_MIN_WRITE)
+    small = make_batch(3, value_size=40)
+    for batch in (big, small, big):
+        patch_base_offset(batch, 0, segment.next_offset)
+        segment.append(batch, BatchHeader.parse(batch))
+    st = os.stat(segment.log_path)
+    assert st.st_size == segment.size == 2 * len(big) + len(small)
+    if st.st_blocks * 512 < segment.size + PREALLOCATE_AHEAD // 2:
+        pytest.skip("this file system has no fallocate(FALLOC_FL_KEEP_SIZE)")
+    assert [h.base_offset for h in headers_of(segment.read(0, segment.size))] == [0, 1, 4]
+    segment.truncate_to(4)  # drops the last big batch, and the reserve with it
+    assert os.stat(segment.log_path).st_blocks * 512 < segment.size + PREALLOCATE_MIN_WRITE
+    patch_base_offset(big, 0, segment.next_offset)
+    segment.append(big, BatchHeader.parse(big))  # reserves again
+    assert os.stat(segment.log_path).st_blocks * 512 >= segment.size + PREALLOCATE_AHEAD // 2
+    segment.on_become_inactive()
+    st = os.stat(segment.log_path)
+    assert st.st_size == segment.size and st.st_blocks * 512 < segment.size + 64 * 1024
+    segment.close()

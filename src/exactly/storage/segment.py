@@ -5,10 +5,13 @@ Theory of operation
 -------------------
 A segment is an append-only file of whole v2 record batches whose offsets start at
 ``base_offset``. Writes go through one descriptor with ``os.pwrite`` at the current size and land
-in the page cache; nothing is fsynced until ``flush``. Every ``index.interval.bytes`` of appended
-data the segment adds an offset-index entry (base offset of the batch, its position) and offers
-the largest timestamp seen so far to the time index. Finding an offset is an index lookup plus a
-scan of batch *headers* (61 bytes each, via ``BatchHeader.parse``); records are never decoded.
+in the page cache; nothing is fsynced until ``flush``. A bulk append (a batch of
+PREALLOCATE_MIN_WRITE or more) first reserves blocks past the end (``file_write.preallocate``:
+cheaper page-cache writes, the file size unchanged); roll, close and truncation free them.
+Every ``index.interval.bytes`` of appended data the segment adds an offset-index entry (base
+offset of the batch, its position) and offers the largest timestamp seen so far to the time
+index. Finding an offset is an index lookup plus a scan of batch *headers* (61 bytes each, via
+``BatchHeader.parse``); records are never decoded.
 
 Reads are ``os.pread`` of a byte range, so a fetch costs one system call and one copy into a
 ``bytes`` that goes straight to the socket.
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_batches
 from exactly.storage.file_slice import FileSlice
-from exactly.storage.file_write import write_whole
+from exactly.storage.file_write import preallocate, write_whole
 from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
 from exactly.storage.recent_batches import RecentBatches
 from exactly.storage.txn_index import TransactionIndex
@@ -47,6 +50,8 @@ ALL_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 
 RECOVERY_CHUNK = 4 * 1024 * 1024  # recovery reads (CRC needs whole batches)
 LOOKUP_CHUNK = 64 * 1024  # index-to-offset scans: a few batches past an index entry
+PREALLOCATE_MIN_WRITE = 256 * 1024
+PREALLOCATE_AHEAD = 16 * 1024 * 1024
 
 
 def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
@@ -72,6 +77,7 @@ class LogSegment:
         "_first_batch_timestamp",
         "_max_timestamp",
         "_offset_of_max_timestamp",
+        "_reserved",
         "_recent",
         "base_offset",
         "created_ms",
@@ -127,6 +133,7 @@ class LogSegment:
         self._offset_of_max_timestamp = base_offset
         self._first_batch_timestamp: int | None = None
         self._recent = RecentBatches()  # what reads at the log end look up first
+        self._reserved = 0  # blocks preallocated up to here (0: none, -1: the file system cannot)
         if create:
             self.offset_index.reset()
             self.time_index.reset()
@@ -239,6 +246,10 @@ class LogSegment:
             self.offset_index.append(header.base_offset, position)
             self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
             self._bytes_since_index = 0
+        end = position + len(data)
+        if end > self._reserved >= 0 and len(data) >= PREALLOCATE_MIN_WRITE:
+            ok = preallocate(self._fd, position, len(data) + PREALLOCATE_AHEAD)
+            self._reserved = end + PREALLOCATE_AHEAD if ok else -1
         write_whole(self._fd, data, position)  # or the file is cut back to ``position``
         self._note_batch(header, position)
         self._recent.note(position, header)
@@ -257,8 +268,11 @@ class LogSegment:
 
     def on_become_inactive(self) -> None:
         """At roll/close: record the final max timestamp so a reopened segment knows it from the
-        time index alone."""
+        time index alone. Frees the blocks preallocated past the end."""
         self._recent.clear()
+        if self._reserved > self.size:
+            os.ftruncate(self._fd, self.size)  # the same size: only the reserved blocks go
+            self._reserved = 0
         if self._max_timestamp is not None and self._max_timestamp >= 0:
             self.ensure_indexes()
             self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
@@ -426,7 +440,8 @@ class LogSegment:
         return removed
 
     def _truncate_file(self, position: int) -> None:
-        os.ftruncate(self._fd, position)
+        os.ftruncate(self._fd, position)  # frees any blocks preallocated past the end too
+        self._reserved = min(self._reserved, 0)
         self._recent.clear()
         self.size = position
         self.unflushed = True
