@@ -386,9 +386,8 @@ class CoordinatorRuntime:
             )
             self._sleep_until = now + int(delay_ms)
             if delay_ms > 0:
-                # the wake-up at the deadline sets the same event as a request arming an earlier
-                # timer: no wait_for (a task, a timeout and a cancellation per idle poll were
-                # most of an idle broker's ~3 ms of CPU a second)
+                # the deadline sets the event a request arming an earlier timer sets; no wait_for
+                # (its task, timeout and cancellation per poll were most of an idle broker's CPU)
                 wake.clear()
                 timer = loop.call_later(delay_ms / 1000, wake.set)
                 try:
