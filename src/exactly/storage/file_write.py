@@ -13,7 +13,10 @@ same 700 KB write costs ~25% less (measured 197 -> 148 µs; the fsync that follo
 same). The file's size, and so everything that reads or recovers the log, is unchanged: blocks
 past the end are invisible, ``ftruncate`` to the size frees them, and deleting the file frees
 them too. Kafka's ``log.preallocate`` is a different thing (it sets the file length up front
-and trims it at roll); this keeps the "file length = log end" invariant of ``segment``.
+and trims it at roll); this keeps the "file length = log end" invariant of ``segment``. Near a
+full disk a reservation is space other files cannot have (at most ``segment``'s
+PREALLOCATE_AHEAD per active segment taking bulk appends); a refused one only means the write
+goes ahead without it, and fails or not exactly as it would have.
 """
 
 from __future__ import annotations
