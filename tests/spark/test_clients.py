@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from exactly.spark import clients
+from exactly.spark import clients, sink
+from exactly.spark.options import parse_sink_options
 
 
 class FakeConsumer:
@@ -46,3 +47,13 @@ def test_idle_clients_are_closed() -> None:
     assert clients.close_idle(time.monotonic() + 1) >= 2
     assert consumer.closed and shared.closed
     assert clients.shared("test", conf, FakeConsumer) is not shared
+
+
+def test_sink_producers_connect_eagerly_unless_the_user_overrides_it() -> None:
+    """Sparse connections put a 500 ms librdkafka retry on a new producer's producer-id look-up."""
+    eager = parse_sink_options({"kafka.bootstrap.servers": "b:1", "topic": "t"})
+    assert sink._producer_conf(eager)["enable.sparse.connections"] is False
+    sparse = parse_sink_options(
+        {"kafka.bootstrap.servers": "b:1", "topic": "t", "kafka.enable.sparse.connections": "true"}
+    )
+    assert sink._producer_conf(sparse)["enable.sparse.connections"] == "true"

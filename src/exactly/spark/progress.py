@@ -276,7 +276,13 @@ def write_decision(client_conf: dict[str, str], topic: str, partition: int, key:
 
     The idempotent producer is kept for the process's next decision (``clients.shared``); one
     that failed is dropped."""
-    conf = {"log_level": 3, **client_conf, "enable.idempotence": True, "acks": "all"}
+    conf = {
+        "log_level": 3,
+        **clients.PRODUCER_DEFAULTS,
+        **client_conf,
+        "enable.idempotence": True,
+        "acks": "all",
+    }
     producer = clients.shared("decisions", conf, Producer)
     errors: list[Any] = []
     producer.produce(

@@ -163,6 +163,7 @@ class _Deliveries:
 def _producer_conf(options: SinkOptions) -> dict[str, Any]:
     return {
         "log_level": 3,
+        **clients.PRODUCER_DEFAULTS,
         "partitioner": "murmur2_random",  # the Java client's partitioner, as Spark's Kafka sink
         "linger.ms": 5,
         "batch.size": 1_000_000,
