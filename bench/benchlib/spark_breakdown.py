@@ -84,8 +84,20 @@ def batch_rows(
     return rows
 
 
+def per_row_us(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Microseconds per input row of every time column over the warm batches (all but the first):
+    the column's seconds summed over those batches / their rows. At large batches this is the
+    per-row cost; at small ones the per-trigger costs dominate it."""
+    warm = rows[1:] or rows
+    total_rows = sum(r["rows"] for r in warm)
+    if not total_rows:
+        return {}
+    return {c: sum(r[c] for r in warm) / total_rows * 1e6 for c in COLUMNS[2:]}
+
+
 def render_table(title: str, rows: list[dict[str, float]]) -> list[str]:
-    """Markdown: one line per micro-batch, then the median of the batches after the first."""
+    """Markdown: one line per micro-batch, the median of the batches after the first, and the
+    microseconds per row of the batches after the first."""
     if not rows:
         return []
     out = [
@@ -99,6 +111,11 @@ def render_table(title: str, rows: list[dict[str, float]]) -> list[str]:
     warm = rows[1:] or rows
     median = {c: statistics.median(r[c] for r in warm) for c in COLUMNS}
     out.append("| " + " | ".join(["**median (warm)**", *(_cell(c, median[c]) for c in COLUMNS[1:])]) + " |")
+    micros = per_row_us(rows)
+    if micros:
+        rows_warm = sum(r["rows"] for r in warm)
+        cells = [f"{micros[c]:.1f}" for c in COLUMNS[2:]]
+        out.append("| " + " | ".join(["**us/row (warm)**", f"{rows_warm:,.0f}", *cells]) + " |")
     out.append("")
     return out
 

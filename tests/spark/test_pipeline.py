@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from exactly.spark.orders import Topics, create_topics, generate, verify
-from exactly.spark.pipeline import JobConfig, run
+import pyarrow as pa
+
+from exactly.spark.pipeline import JobConfig, parse_orders, partial_totals, run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -75,3 +77,53 @@ def test_replay_after_sink_commit(spark: Any, bootstrap: str, tmp_path: Path, de
     else:
         assert not report.ok
         assert any(f"batch {commits[-1]} written twice" in p for p in report.problems), report.problems
+
+
+def test_orders_are_parsed_column_wise_and_bad_values_skipped() -> None:
+    """Which orders count, as Spark's from_json + the null filter decided before: a value that is
+    null, not a JSON object, or lacks a string category or an integer amount that fits a long is
+    skipped; other fields are ignored. A batch with one bad value still counts its good ones."""
+    good = [
+        b'{"order_id":1,"category":"books","amount":500,"completed_at":1}',
+        b'{"category":"toys","amount":7}',
+    ]
+    assert parse_orders(pa.array([*good, None], pa.binary())).to_pylist() == [
+        {"category": "books", "amount": 500},
+        {"category": "toys", "amount": 7},
+    ]
+    bad = [
+        b"not json",
+        b"[1]",
+        b'{"amount":3}',
+        b'{"category":"x","amount":"3"}',
+        b'{"category":"x","amount":1.5}',
+        b'{"category":"x","amount":true}',
+        b'{"category":"x","amount":99999999999999999999}',
+    ]
+    mixed = pa.array([good[0], *bad, good[1]], pa.binary())
+    assert parse_orders(mixed).to_pylist() == [
+        {"category": "books", "amount": 500},
+        {"category": "toys", "amount": 7},
+    ]
+    assert parse_orders(mixed.slice(1, len(bad))).num_rows == 0
+
+
+def test_partial_totals_sum_one_partition_per_category_and_in_total() -> None:
+    values = pa.array(
+        [
+            b'{"category":"a","amount":5}',
+            b'{"category":"b","amount":7}',
+            b'{"category":"a","amount":1}',
+            b"{}",
+        ],
+        pa.binary(),
+    )
+    batch = pa.RecordBatch.from_arrays([values], names=["value"])
+    rows = [
+        row for out in partial_totals(iter([batch.slice(0, 2), batch.slice(2)])) for row in out.to_pylist()
+    ]
+    assert sorted(rows, key=lambda r: r["key"]) == [
+        {"key": "a", "amount": 6, "orders": 2},
+        {"key": "b", "amount": 7, "orders": 1},
+        {"key": "total", "amount": 13, "orders": 3},
+    ]
