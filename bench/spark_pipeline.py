@@ -78,7 +78,38 @@ TARGET_RATIO = 0.9
 TARGET_LATENCY_S = 1.0
 
 
-def _measure(query: Any, timeout: float) -> dict[str, Any]:
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by ``root`` (this process) and every descendant:
+    the broker, the Spark JVM and its Python workers. Children that ended are in their reaped
+    parent's cutime/cstime. Unlike a rate, this does not depend on what else the machine runs
+    (beyond cache and scheduling effects), so it compares runs made under different loads."""
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(x) for x in fields[11:15]) / _TICK
+    total = 0.0
+    for pid in times:
+        p = pid
+        while p > 1 and p != root:
+            p = parents.get(p, 0)
+        if p == root:
+            total += times[pid]
+    return total
+
+
+def _measure(query: Any, timeout: float, cpu_before: float) -> dict[str, Any]:
     started = time.monotonic()
     if not query.awaitTermination(timeout):
         query.stop()
@@ -89,6 +120,7 @@ def _measure(query: Any, timeout: float) -> dict[str, Any]:
     progress = [p for p in query.recentProgress if p.get("numInputRows")]
     rows = sum(int(p["numInputRows"]) for p in progress)
     busy = sum(float(p.get("batchDuration", 0)) for p in progress) / 1000.0
+    cpu = tree_cpu_seconds() - cpu_before
     warm_rows = sum(int(p["numInputRows"]) for p in progress[1:])
     warm_busy = sum(float(p.get("batchDuration", 0)) for p in progress[1:]) / 1000.0
     return {
@@ -99,6 +131,8 @@ def _measure(query: Any, timeout: float) -> dict[str, Any]:
         "rate": rows / busy if busy else 0.0,
         "warm_rate": warm_rows / warm_busy if warm_busy else 0.0,
         "load": os.getloadavg()[0],
+        "cpu_s": cpu,
+        "cpu_us_per_row": cpu / rows * 1e6 if rows else 0.0,
         "progress": [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in progress],
     }
 
@@ -121,7 +155,8 @@ def run_pipeline(
 ) -> dict[str, Any]:
     topics = Topics(source.orders, f"{out_prefix}category-sales", f"{out_prefix}total-sales")
     create_topics(bootstrap, topics)
-    result = _measure(start(spark, _config(bootstrap, topics, ckpt, delivery, batch)), 1800)
+    cpu = tree_cpu_seconds()
+    result = _measure(start(spark, _config(bootstrap, topics, ckpt, delivery, batch)), 1800, cpu)
     if delivery == "exactly_once":
         report = verify(bootstrap, topics)
         if not report.ok:
@@ -136,6 +171,7 @@ def run_copy(
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     admin.create_topics([NewTopic(target, num_partitions=3, replication_factor=-1)])[target].result(30)
+    cpu = tree_cpu_seconds()
     query = (
         spark.readStream.format("exactly")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -153,7 +189,7 @@ def run_copy(
         .trigger(availableNow=True)
         .start()
     )
-    result = _measure(query, 1800)
+    result = _measure(query, 1800, cpu)
     got = len(read_committed(bootstrap, target, timeout=300))
     if got != expected:
         raise RuntimeError(f"copy-{delivery}: {got} records in {target}, expected {expected}")
@@ -187,7 +223,8 @@ def run_latency(spark: Any, bootstrap: str, source: Topics, ckpt: Path, batch: i
     reader = _VisibleAt(bootstrap, topics.total)
     reader.start()
     try:
-        result = _measure(start(spark, _config(bootstrap, topics, ckpt, "exactly_once", batch)), 1800)
+        cpu = tree_cpu_seconds()
+        result = _measure(start(spark, _config(bootstrap, topics, ckpt, "exactly_once", batch)), 1800, cpu)
         deadline = time.monotonic() + 30
         wanted = {int(p["batchId"]) for p in result["progress"]}
         while not wanted <= set(reader.seen) and time.monotonic() < deadline:
@@ -292,7 +329,8 @@ def main() -> int:
                     print(
                         f"round {rnd} {job:<8} {delivery:<13}: {result['rows']:.0f} records in {result['batches']:.0f} "
                         f"batches, {result['seconds']:.1f}s busy ({result['wall']:.1f}s wall): {result['rate']:,.0f}/s "
-                        f"(warm {result['warm_rate']:,.0f}/s), load {result['load']:.1f}",
+                        f"(warm {result['warm_rate']:,.0f}/s), load {result['load']:.1f}, "
+                        f"{result['cpu_us_per_row']:.0f} CPU-us/record",
                         flush=True,
                     )
         latency = run_latency(spark, bootstrap, lat_source, tmp / "ckpt-latency", args.latency_batch)
@@ -335,8 +373,9 @@ def render(
         "Load average (1/5/15 min) at start, after the warm-up, at the end: "
         + "; ".join("/".join(f"{x:.2f}" for x in la) for la in load),
         "",
-        "| job | round | exactly_once (atomic) /s | at_least_once /s | EOS/ALOS | EOS warm /s | ALOS warm /s | load (EOS, ALOS) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| job | round | exactly_once (atomic) /s | at_least_once /s | EOS/ALOS | EOS warm /s | ALOS warm /s "
+        "| load (EOS, ALOS) | CPU-us/record (EOS, ALOS) | CPU ALOS/EOS |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |",
     ]
     medians: dict[str, tuple[float, float, float]] = {}
     for job in ("pipeline", "copy"):
@@ -351,7 +390,9 @@ def render(
             lines.append(
                 f"| {job} | {rnd} | {eos_run['rate']:,.0f} | {alos_run['rate']:,.0f} | {ratio:.2f} "
                 f"| {eos_run.get('warm_rate', 0):,.0f} | {alos_run.get('warm_rate', 0):,.0f} "
-                f"| {eos_run.get('load', 0):.1f}, {alos_run.get('load', 0):.1f} |"
+                f"| {eos_run.get('load', 0):.1f}, {alos_run.get('load', 0):.1f} "
+                f"| {eos_run.get('cpu_us_per_row', 0):.0f}, {alos_run.get('cpu_us_per_row', 0):.0f} "
+                f"| {alos_run.get('cpu_us_per_row', 0) / max(eos_run.get('cpu_us_per_row', 0), 1e-9):.2f} |"
             )
         if ratios:
             eos = statistics.median(
@@ -363,7 +404,7 @@ def render(
             medians[job] = (eos, alos, statistics.median(ratios))
             lines.append(
                 f"| **{job} median** | | **{eos:,.0f}** | **{alos:,.0f}** | **{statistics.median(ratios):.2f}** "
-                "| | | |"
+                "| | | | | |"
             )
     warm_latencies = latency.get("latencies", [])[1:]
     p50 = statistics.median(warm_latencies) if warm_latencies else float("nan")
@@ -371,7 +412,9 @@ def render(
         "",
         "pipeline: orders/s through the orders job (source -> running totals -> sink); copy: records/s",
         "written one-for-one through the sink. Rate = records / sum of micro-batch durations (warm: of",
-        "the batches after the first). Load: the 1-minute load average when the run ended.",
+        "the batches after the first). Load: the 1-minute load average when the run ended. CPU-us/record:",
+        "CPU time of the whole process tree (broker, Spark JVM, Python workers) per record during the",
+        "run - independent of the load, so EOS/ALOS and before/after compare on it when the box is busy.",
         "",
         "### Targets",
         "",
