@@ -81,35 +81,48 @@ TARGET_LATENCY_S = 1.0
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by ``root`` (this process) and every descendant:
-    the broker, the Spark JVM and its Python workers. Children that ended are in their reaped
-    parent's cutime/cstime. Unlike a rate, this does not depend on what else the machine runs
-    (beyond cache and scheduling effects), so it compares runs made under different loads."""
+def tree_cpu_seconds(root: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by ``root`` (this process) and every descendant,
+    by kind: ``broker``, ``jvm`` (Spark), ``python`` (Spark's Python workers and this process)
+    and their ``total``. Children that ended are in their reaped parent's cutime/cstime. Unlike a
+    rate, this does not depend on what else the machine runs (beyond cache and scheduling
+    effects), so it compares runs made under different loads."""
     root = os.getpid() if root is None else root
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
+    kinds: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                head, tail = f.read().rsplit(")", 1)
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ")
         except OSError:
             continue
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = sum(int(x) for x in fields[11:15]) / _TICK
-    total = 0.0
+        fields = tail.split()
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(x) for x in fields[11:15]) / _TICK
+        if b"exactly serve" in cmdline:
+            kinds[pid] = "broker"
+        elif b"java" in head.encode() or cmdline.startswith(b"java") or b"/java " in cmdline:
+            kinds[pid] = "jvm"
+        else:
+            kinds[pid] = "python"
+    totals = {"broker": 0.0, "jvm": 0.0, "python": 0.0}
     for pid in times:
         p = pid
         while p > 1 and p != root:
             p = parents.get(p, 0)
         if p == root:
-            total += times[pid]
-    return total
+            totals[kinds[pid]] += times[pid]
+    totals["total"] = sum(totals.values())
+    return totals
 
 
-def _measure(query: Any, timeout: float, cpu_before: float) -> dict[str, Any]:
+def _measure(query: Any, timeout: float, cpu_before: dict[str, float]) -> dict[str, Any]:
     started = time.monotonic()
     if not query.awaitTermination(timeout):
         query.stop()
@@ -120,7 +133,8 @@ def _measure(query: Any, timeout: float, cpu_before: float) -> dict[str, Any]:
     progress = [p for p in query.recentProgress if p.get("numInputRows")]
     rows = sum(int(p["numInputRows"]) for p in progress)
     busy = sum(float(p.get("batchDuration", 0)) for p in progress) / 1000.0
-    cpu = tree_cpu_seconds() - cpu_before
+    cpu_after = tree_cpu_seconds()
+    cpu = {kind: cpu_after[kind] - cpu_before[kind] for kind in cpu_after}
     warm_rows = sum(int(p["numInputRows"]) for p in progress[1:])
     warm_busy = sum(float(p.get("batchDuration", 0)) for p in progress[1:]) / 1000.0
     return {
@@ -132,7 +146,8 @@ def _measure(query: Any, timeout: float, cpu_before: float) -> dict[str, Any]:
         "warm_rate": warm_rows / warm_busy if warm_busy else 0.0,
         "load": os.getloadavg()[0],
         "cpu_s": cpu,
-        "cpu_us_per_row": cpu / rows * 1e6 if rows else 0.0,
+        "cpu_us_per_row": cpu["total"] / rows * 1e6 if rows else 0.0,
+        "cpu_us_per_row_by_kind": {k: v / rows * 1e6 for k, v in cpu.items()} if rows else {},
         "progress": [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in progress],
     }
 
@@ -330,7 +345,13 @@ def main() -> int:
                         f"round {rnd} {job:<8} {delivery:<13}: {result['rows']:.0f} records in {result['batches']:.0f} "
                         f"batches, {result['seconds']:.1f}s busy ({result['wall']:.1f}s wall): {result['rate']:,.0f}/s "
                         f"(warm {result['warm_rate']:,.0f}/s), load {result['load']:.1f}, "
-                        f"{result['cpu_us_per_row']:.0f} CPU-us/record",
+                        f"{result['cpu_us_per_row']:.0f} CPU-us/record ("
+                        + ", ".join(
+                            f"{k} {v:.0f}"
+                            for k, v in result["cpu_us_per_row_by_kind"].items()
+                            if k != "total"
+                        )
+                        + ")",
                         flush=True,
                     )
         latency = run_latency(spark, bootstrap, lat_source, tmp / "ckpt-latency", args.latency_batch)

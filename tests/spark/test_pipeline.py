@@ -6,11 +6,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from exactly.spark.orders import Topics, create_topics, generate, verify
-import pyarrow as pa
-
 from exactly.spark.pipeline import JobConfig, parse_orders, partial_totals, run
 
 pytestmark = pytest.mark.timeout(300)
