@@ -281,6 +281,7 @@ def main() -> int:
     spark = None
     samples: list[dict[str, Any]] = []
     latency: dict[str, Any] = {}
+    connector_lines: list[dict[str, Any]] = []
     load = [os.getloadavg()]
     try:
         source = Topics.with_prefix("bench-")
@@ -362,6 +363,7 @@ def main() -> int:
         for sample in samples:
             sample["breakdown"] = batch_rows(sample["progress"], lines, cores)
         latency["breakdown"] = batch_rows(latency["progress"], lines, cores)
+        connector_lines = lines  # every timed section (the sink's init/lookup/produce/flush/prepare...)
     finally:
         if spark is not None:
             spark.stop()
@@ -373,7 +375,11 @@ def main() -> int:
     if args.out is not None:
         args.out.write_text(report)
     if args.json is not None:
-        args.json.write_text(json.dumps({"samples": samples, "latency": latency, "load": load}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"samples": samples, "latency": latency, "load": load, "timings": connector_lines}, indent=2
+            )
+        )
     return 0
 
 
