@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from exactly.records.batch import BatchHeader, patch_base_offset
-from exactly.storage.segment import PREALLOCATE_AHEAD, PREALLOCATE_MIN_WRITE, LogSegment, segment_file
+from exactly.storage.file_write import PREALLOCATE_AHEAD, PREALLOCATE_MIN_WRITE
+from exactly.storage.segment import LogSegment, segment_file
 from tests.storage.helpers import NOW, headers_of, make_batch
 
 

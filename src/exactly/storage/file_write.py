@@ -14,9 +14,10 @@ same). The file's size, and so everything that reads or recovers the log, is unc
 past the end are invisible, ``ftruncate`` to the size frees them, and deleting the file frees
 them too. Kafka's ``log.preallocate`` is a different thing (it sets the file length up front
 and trims it at roll); this keeps the "file length = log end" invariant of ``segment``. Near a
-full disk a reservation is space other files cannot have (at most ``segment``'s
-PREALLOCATE_AHEAD per active segment taking bulk appends); a refused one only means the write
-goes ahead without it, and fails or not exactly as it would have.
+full disk a reservation is space other files cannot have (at most PREALLOCATE_AHEAD per active
+segment taking bulk appends); a refused one only means the write goes ahead without it, and
+fails or not exactly as it would have. ``BlockReserve`` is one file's reservation: when to ask
+for more, and freeing what is left at roll, close and truncation.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import sys
 from collections.abc import Callable
 
 _FALLOC_FL_KEEP_SIZE = 1
+PREALLOCATE_MIN_WRITE = 256 * 1024  # a write this big (a bulk append) reserves blocks first
+PREALLOCATE_AHEAD = 16 * 1024 * 1024  # reserved past the end of such a write
 
 
 def write_whole(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
@@ -72,4 +75,33 @@ def preallocate(fd: int, offset: int, length: int) -> bool:
     return bool(_FALLOCATE(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0)
 
 
-__all__ = ["preallocate", "write_whole"]
+class BlockReserve:
+    """The blocks reserved past the end of one growing file (``preallocate``). Invariant:
+    ``_upto`` is 0 when nothing is reserved, the end of the reservation otherwise, and -1 once
+    the file system refused (then it is never asked again)."""
+
+    __slots__ = ("_upto",)
+
+    def __init__(self) -> None:
+        self._upto = 0
+
+    def before_write(self, fd: int, position: int, length: int) -> None:
+        """A bulk write of ``length`` bytes at ``position`` past the reservation reserves
+        PREALLOCATE_AHEAD more beyond it first."""
+        end = position + length
+        if end > self._upto >= 0 and length >= PREALLOCATE_MIN_WRITE:
+            ok = preallocate(fd, position, length + PREALLOCATE_AHEAD)
+            self._upto = end + PREALLOCATE_AHEAD if ok else -1
+
+    def release(self, fd: int, size: int) -> None:
+        """Free what is reserved past ``size`` (the file's size, unchanged)."""
+        if self._upto > size:
+            os.ftruncate(fd, size)  # the same size: only the reserved blocks go
+            self._upto = 0
+
+    def truncated(self) -> None:
+        """The file was cut back with ``ftruncate``, which freed the reservation too."""
+        self._upto = min(self._upto, 0)
+
+
+__all__ = ["PREALLOCATE_AHEAD", "PREALLOCATE_MIN_WRITE", "BlockReserve", "preallocate", "write_whole"]

@@ -5,9 +5,9 @@ Theory of operation
 -------------------
 A segment is an append-only file of whole v2 record batches whose offsets start at
 ``base_offset``. Writes go through one descriptor with ``os.pwrite`` at the current size and land
-in the page cache; nothing is fsynced until ``flush``. A bulk append (a batch of
-PREALLOCATE_MIN_WRITE or more) first reserves blocks past the end (``file_write.preallocate``:
-cheaper page-cache writes, the file size unchanged); roll, close and truncation free them.
+in the page cache; nothing is fsynced until ``flush``. A bulk append first reserves blocks past
+the end (``file_write.BlockReserve``: cheaper page-cache writes, the file size unchanged); roll,
+close and truncation free them.
 Every ``index.interval.bytes`` of appended data the segment adds an offset-index entry (base
 offset of the batch, its position) and offers the largest timestamp seen so far to the time
 index. Finding an offset is an index lookup plus a scan of batch *headers* (61 bytes each, via
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_batches
 from exactly.storage.file_slice import FileSlice
-from exactly.storage.file_write import preallocate, write_whole
+from exactly.storage.file_write import BlockReserve, write_whole
 from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
 from exactly.storage.recent_batches import RecentBatches
 from exactly.storage.txn_index import TransactionIndex
@@ -50,8 +50,6 @@ ALL_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 
 RECOVERY_CHUNK = 4 * 1024 * 1024  # recovery reads (CRC needs whole batches)
 LOOKUP_CHUNK = 64 * 1024  # index-to-offset scans: a few batches past an index entry
-PREALLOCATE_MIN_WRITE = 256 * 1024
-PREALLOCATE_AHEAD = 16 * 1024 * 1024
 
 
 def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
@@ -78,7 +76,7 @@ class LogSegment:
         "_max_timestamp",
         "_offset_of_max_timestamp",
         "_recent",
-        "_reserved",
+        "_reserve",
         "base_offset",
         "created_ms",
         "directory",
@@ -133,7 +131,7 @@ class LogSegment:
         self._offset_of_max_timestamp = base_offset
         self._first_batch_timestamp: int | None = None
         self._recent = RecentBatches()  # what reads at the log end look up first
-        self._reserved = 0  # blocks preallocated up to here (0: none, -1: the file system cannot)
+        self._reserve = BlockReserve()
         if create:
             self.offset_index.reset()
             self.time_index.reset()
@@ -246,10 +244,7 @@ class LogSegment:
             self.offset_index.append(header.base_offset, position)
             self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
             self._bytes_since_index = 0
-        end = position + len(data)
-        if end > self._reserved >= 0 and len(data) >= PREALLOCATE_MIN_WRITE:
-            ok = preallocate(self._fd, position, len(data) + PREALLOCATE_AHEAD)
-            self._reserved = end + PREALLOCATE_AHEAD if ok else -1
+        self._reserve.before_write(self._fd, position, len(data))
         write_whole(self._fd, data, position)  # or the file is cut back to ``position``
         self._note_batch(header, position)
         self._recent.note(position, header)
@@ -270,9 +265,7 @@ class LogSegment:
         """At roll/close: record the final max timestamp so a reopened segment knows it from the
         time index alone. Frees the blocks preallocated past the end."""
         self._recent.clear()
-        if self._reserved > self.size:
-            os.ftruncate(self._fd, self.size)  # the same size: only the reserved blocks go
-            self._reserved = 0
+        self._reserve.release(self._fd, self.size)
         if self._max_timestamp is not None and self._max_timestamp >= 0:
             self.ensure_indexes()
             self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
@@ -441,7 +434,7 @@ class LogSegment:
 
     def _truncate_file(self, position: int) -> None:
         os.ftruncate(self._fd, position)  # frees any blocks preallocated past the end too
-        self._reserved = min(self._reserved, 0)
+        self._reserve.truncated()
         self._recent.clear()
         self.size = position
         self.unflushed = True
