@@ -35,6 +35,7 @@ function so the Python workers import it from ``exactly`` rather than unpickling
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -46,7 +47,6 @@ from exactly.spark.orders import TOTAL_KEY, Topics
 
 log = logging.getLogger("exactly.spark.pipeline")
 
-ORDER_SCHEMA = "order_id long, category string, amount long, completed_at long"
 PARTIAL_SCHEMA = "key string, amount long, orders long"
 UPDATE_SCHEMA = "key string, batch long, total_cents long, orders long, delta_cents long, delta_orders long"
 STATE_SCHEMA = "total_cents long, orders long"
@@ -105,8 +105,6 @@ def parse_orders(values: Any) -> Any:
 
 
 def _parse_orders_one_by_one(values: list[bytes], schema: Any) -> Any:
-    import json
-
     import pyarrow as pa
 
     categories: list[str] = []
