@@ -6,8 +6,8 @@
   between the worker resumed (SIGCONT, **busy**) and stopped (**idle**, as idle as a cleaner with
   nothing to do: the broker's cleaner thread waits on its pipe), in ABBA order: one broker, one
   uptime, one box load for both. Ratio = busy p99 / idle p99 per repetition.
-- ``cleaner-produce-latency-priority``: adds busy phases under other worker scheduling (nice,
-  EEVDF slice, SCHED_IDLE), set by the bench for their windows only.
+- ``cleaner-produce-latency-priority``: adds busy phases under other worker scheduling
+  (SCHED_BATCH, the worker's session at nice 0), set by the bench for their windows only.
 
 An earlier form measured busy right after the restart and idle minutes later, with a twin broker
 (cleaner off) running beside the busy one as a control: the twin loaded the very box it was meant
@@ -40,10 +40,13 @@ from benchlib.compaction_workloads import (
     warm_coordinator,
 )
 from benchlib.workloads import Context, Target, Workload, fixed_rate_latency, register
+from exactly.storage.cleaner.worker import WORKER_NICENESS
 
 
 def worker_pid(broker: BrokerProcess, timeout: float = 60) -> int:
-    """The broker's cleaner worker process (its only child process), once it has been started."""
+    """The broker's cleaner worker process (its only child process), once it has lowered its own
+    priority (nice 19, the first thing it does): a worker stopped before that would keep the
+    broker's priority, and ``worker_running`` would restore that priority after every window."""
     deadline = time.monotonic() + timeout
     while True:
         for task in Path(f"/proc/{broker.pid}/task").iterdir():
@@ -51,11 +54,23 @@ def worker_pid(broker: BrokerProcess, timeout: float = 60) -> int:
                 kids = (task / "children").read_text().split()
             except OSError:
                 continue
-            if kids:
+            if kids and os.getpriority(os.PRIO_PROCESS, int(kids[0])) == WORKER_NICENESS:
                 return int(kids[0])
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no cleaner worker under broker pid {broker.pid} after {timeout:.0f} s")
+            raise RuntimeError(f"no cleaner worker at nice {WORKER_NICENESS} under broker pid {broker.pid}")
         time.sleep(0.05)
+
+
+def autogroup_nice(pid: int, value: int | None = None) -> int | None:
+    """Read (and with ``value``, first set) the nice value of ``pid``'s autogroup (its session's
+    scheduling group); None without autogroups."""
+    path = Path(f"/proc/{pid}/autogroup")
+    try:
+        if value is not None:
+            path.write_text(f"{value}\n")
+        return int(path.read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 IOPRIO_WHO_PROCESS = 1
@@ -128,6 +143,7 @@ class Phase:
     io_class: int | None = None  # (class << 13) | level
     policy: int | None = None  # os.SCHED_*
     slice_ns: int | None = None  # sched_setattr's sched_runtime: the task's EEVDF slice
+    autogroup_nice: int | None = None  # the nice value of the worker's session (autogroup)
 
 
 @contextlib.contextmanager
@@ -139,7 +155,7 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
         yield
         return
     nice0, io0, policy0 = os.getpriority(os.PRIO_PROCESS, pid), ioprio(pid), os.sched_getscheduler(pid)
-    slice0 = sched_attr(pid).sched_runtime
+    slice0, group0 = sched_attr(pid).sched_runtime, autogroup_nice(pid)
     if phase.policy is not None:
         os.sched_setscheduler(pid, phase.policy, os.sched_param(0))
     if phase.nice is not None:
@@ -148,6 +164,8 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
         ioprio(pid, phase.io_class)
     if phase.slice_ns is not None:
         sched_attr(pid, phase.slice_ns)
+    if phase.autogroup_nice is not None:
+        autogroup_nice(pid, phase.autogroup_nice)
     os.kill(pid, signal.SIGCONT)
     try:
         yield
@@ -157,6 +175,8 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
         os.setpriority(os.PRIO_PROCESS, pid, nice0)
         sched_attr(pid, slice0)
         ioprio(pid, io0)
+        if phase.autogroup_nice is not None and group0 is not None:
+            autogroup_nice(pid, group0)
 
 
 @register
@@ -169,16 +189,17 @@ class CleanerProduceLatency(Workload):
     own_broker = True
     default = False
 
-    value_size = 100  # per-record costs make the pass slow (~3-5 MB/s): it outlasts the windows
+    value_size = 100  # per-record costs make the pass slow: it outlasts the windows
     #: measured in this order, then reversed, ``rounds`` times (ABBA: drift in the box's load
     #: weighs on every phase alike)
     phases: tuple[Phase, ...] = (Phase("idle", False), Phase("busy", True))
     rounds = 2
-    mb_per_busy_second = 8.0
+    #: backlog per second of busy window: a worker with a whole idle core (a quiet box) reads
+    #: 100 B records at up to ~10 MB/s; at 8 the pass once ended before the last busy window
+    mb_per_busy_second = 20.0
 
     def backlog_bytes(self, ctx: Context) -> int:
-        # the pass must outlast every busy window (the worker is stopped outside them): ~8 MB per
-        # busy second, about twice what a pass reads per second on a quiet box
+        # the pass must outlast every busy window (the worker is stopped outside them)
         busy_windows = sum(p.busy for p in self.phases) * self.rounds
         return int(max(40.0, self.mb_per_busy_second * busy_windows * ctx.latency_seconds) * 1_000_000)
 
@@ -266,11 +287,10 @@ class CleanerProduceLatency(Workload):
 
 @register
 class CleanerProduceLatencyPriority(CleanerProduceLatency):
-    """Diagnostic: the worker's scheduling compared in one run on one broker - as shipped (nice 19,
-    SCHED_BATCH), at nice 10 (as shipped before), with the minimum EEVDF slice (0.1 ms,
-    ``sched_setattr``, Linux 6.12+), and under SCHED_IDLE (never shipped: it can starve cleaning;
-    here it shows what is left of the busy tail when the worker takes no CPU time the broker
-    wants)."""
+    """Diagnostic: the worker's scheduling compared in one run on one broker - as shipped (its own
+    session at nice 19, SCHED_IDLE), with SCHED_BATCH instead of SCHED_IDLE, and with its session at
+    nice 0 (as heavy as any other session on the box: what the worker amounted to when it ran in
+    the broker's session, whose weight it drew on)."""
 
     name = "cleaner-produce-latency-priority"
     title = "produce ack latency at 1,000 msg/s, cleaner busy under different worker priorities"
@@ -278,9 +298,8 @@ class CleanerProduceLatencyPriority(CleanerProduceLatency):
     phases = (
         Phase("idle", False),
         Phase("busy", True),
-        Phase("busy-nice10", True, nice=10),
-        Phase("busy-slice-0.1ms", True, slice_ns=100_000),
-        Phase("busy-sched-idle", True, policy=os.SCHED_IDLE),
+        Phase("busy-batch", True, policy=os.SCHED_BATCH),
+        Phase("busy-session-nice0", True, autogroup_nice=0),
     )
     rounds = 2
-    mb_per_busy_second = 5.0  # the slower phases read less
+    mb_per_busy_second = 10.0  # the worker is stopped in the idle windows: 6 busy of 8

@@ -7,15 +7,18 @@ import dataclasses
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner
 from exactly.storage.cleaner.swap import SwapStep
-from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, Throttler
+from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, WORKER_NICENESS, Throttler
 from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import NOW, append_keyed, key_values, offsets_in, open_compacted
 
@@ -179,6 +182,32 @@ def test_the_pass_runs_in_a_worker_process(tmp_path: Path) -> None:
     assert len(pids) == 1 and pids[0] != os.getpid()
     assert cleaner.worker_pids == []  # stopped with the cleaner
     assert offsets_in(log) == [55, 56, 57, 58, 59]
+    log.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduling")
+def test_the_worker_runs_in_its_own_session_at_background_priority(tmp_path: Path) -> None:
+    # In the broker's session the worker would draw on that session's share of the CPU (with
+    # autogroups); alone in its own, at nice 19, it yields to every other session.
+    log = _compactable_log(tmp_path)
+    manager = LogCleanerManager(tmp_path)
+    owner = Owner()
+    cleaner = LogCleaner(CONFIG, manager, lambda: [log], clock_ms=lambda: NOW)
+    cleaner.start(owner.run_on_owner)
+    try:
+        while cleaner.metrics.passes == 0:
+            owner.pump()
+        (pid,) = cleaner.worker_pids
+        session, policy = os.getsid(pid), os.sched_getscheduler(pid)
+        nice = os.getpriority(os.PRIO_PROCESS, pid)
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        group = autogroup.read_text() if autogroup.exists() else None
+    finally:
+        _stop(cleaner, owner)
+    assert session == pid != os.getsid(0)
+    assert policy == os.SCHED_IDLE and nice == WORKER_NICENESS
+    if group is not None:
+        assert group.split()[-1] == str(WORKER_NICENESS)
     log.close()
 
 

@@ -16,19 +16,31 @@ removed); a worker that dies (killed, out of memory) is seen as the end of its p
 (``WorkerDiedError``), its leftovers are removed by the caller and a new worker is started for
 the next request. The worker exits when its pipe closes, so it never outlives the broker.
 
-Priority: the worker lowers its own CPU priority (``WORKER_NICENESS``, the lowest nice value, and,
-on Linux, the ``SCHED_BATCH`` policy): cleaning is background work, and on a box with fewer free
-cores than runnable processes the worker takes the broker's time slices, which shows up directly
-as produce latency (measured by ``bench``'s ``cleaner-produce-latency-priority``: the broker's
-event loop waits for a CPU longer while the worker runs; at nice 19 that extra wait was 40-50%
-below nice 10's in two runs and the same in a third, on a 2-core box at load 9-15). Nice 19 still leaves the worker a share of a saturated
-CPU (CFS weight 15 against a nice-0 task's 1024) and all of an idle one, so cleaning slows under
-load but never stops; ``SCHED_IDLE`` (weight 3, run only when nothing else wants the CPU) is not
-used, since a box that stays busy would never clean. I/O priority is left alone: the worker reads
-from the page cache and writes little (cleaned segments are small), and the idle I/O class
-measured no different. Kafka's cleaner threads run at the JVM's normal priority and are held back
-only by ``log.cleaner.io.max.bytes.per.second`` (here too); the lowered CPU priority is a
-deliberate difference (a cleaner starved by a saturated box only cleans later).
+Priority: cleaning is background work, and on a box with fewer free cores than runnable
+processes a worker at the broker's priority takes the event loop's time slices, which shows up
+directly as produce latency (bench's ``cleaner-produce-latency``). The worker therefore starts in
+a session of its own and lowers three things (``_lower_priority``, best effort, Linux):
+
+- its *autogroup's* nice value to ``WORKER_NICENESS`` (19). With ``CONFIG_SCHED_AUTOGROUP`` (on
+  in most distributions' kernels; ``/proc/sys/kernel/sched_autogroup_enabled``) a process's nice
+  value only ranks it inside its session: a worker in the broker's session at nice 19 still drew
+  on that whole session's fair share against every other session on the box, so the broker's
+  group went on paying for it (measured on a 2-core box at load 8: the worker took 0.20 cores of
+  the broker's session; alone in a session at nice 19 it took 0.01-0.13);
+- its policy to ``SCHED_IDLE``: a CPU that runs only SCHED_IDLE tasks counts as idle when the
+  scheduler places a waking task, so the event loop is woken there instead of queueing behind
+  another process. Alone in its session the policy does not change its share against other
+  sessions (that is the group's weight, nice 19's), so it does not starve the worker more than
+  nice 19 does; ``SCHED_BATCH`` is the fallback where SCHED_IDLE is refused;
+- its own nice value to 19 (what counts when autogroups are off, and what the I/O scheduler
+  derives a best-effort level from).
+
+Nice 19 leaves the worker a small share of a saturated CPU (weight 15 against a nice-0 group's
+1024) and all of an idle one, so cleaning slows under load but never stops. A worker in its own
+session no longer gets the broker's process-group signals; it still dies with the broker (the
+parent-death signal, and its pipe's end). Kafka's cleaner threads run at the JVM's normal priority
+and are held back only by ``log.cleaner.io.max.bytes.per.second`` (here too); the lowered
+priority is a deliberate difference (a cleaner starved by a saturated box only cleans later).
 
 Throttle: each worker keeps its own share of ``log.cleaner.io.max.bytes.per.second`` (the rate
 divided by the number of workers; Kafka's threads share one throttler, which a set of processes
@@ -63,9 +75,9 @@ log = logging.getLogger(__name__)
 FAULT_EXIT_AFTER_FIRST_GROUP = "exit_after_first_group"
 POLL_S = 0.1
 PR_SET_PDEATHSIG = 1
-#: Added to the worker's nice value (19: the lowest priority short of SCHED_IDLE): it yields the
-#: CPU to the broker's event loop.
+#: The worker's nice value and its session's (autogroup's): the lowest priority a fair task has.
 WORKER_NICENESS = 19
+AUTOGROUP = Path("/proc/self/autogroup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,13 +216,24 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _lower_priority() -> None:
-    """Background priority (see the module docstring); best effort."""
+    """Background priority (see the module docstring); best effort, each step on its own."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            try:
+                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            except (OSError, AttributeError) as exc:
+                log.warning("could not lower the cleaner worker's scheduling policy: %s", exc)
     try:
-        if sys.platform.startswith("linux"):
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         os.nice(WORKER_NICENESS)
-    except (OSError, AttributeError) as exc:
-        log.warning("could not lower the cleaner worker's priority: %s", exc)
+    except OSError as exc:
+        log.warning("could not lower the cleaner worker's nice value: %s", exc)
+    if os.getsid(0) == os.getpid():  # the broker started it in a session of its own
+        try:
+            AUTOGROUP.write_text(f"{WORKER_NICENESS}\n")
+        except OSError:  # no autogroups in this kernel: the task's own priority is what counts
+            pass
 
 
 def main(argv: list[str]) -> int:
@@ -262,6 +285,7 @@ class WorkerProcess:
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
+                start_new_session=True,  # its own autogroup (see the module docstring)
             )
         except BaseException:
             ours.close()
