@@ -7,7 +7,7 @@
   nothing to do: the broker's cleaner thread waits on its pipe), in ABBA order: one broker, one
   uptime, one box load for both. Ratio = busy p99 / idle p99 per repetition.
 - ``cleaner-produce-latency-priority``: adds busy phases under other worker scheduling
-  (SCHED_BATCH, the worker's session at nice 0), set by the bench for their windows only.
+  (SCHED_IDLE, the worker's session at nice 0), set by the bench for their windows only.
 
 An earlier form measured busy right after the restart and idle minutes later, with a twin broker
 (cleaner off) running beside the busy one as a control: the twin loaded the very box it was meant
@@ -288,7 +288,7 @@ class CleanerProduceLatency(Workload):
 @register
 class CleanerProduceLatencyPriority(CleanerProduceLatency):
     """Diagnostic: the worker's scheduling compared in one run on one broker - as shipped (its own
-    session at nice 19, SCHED_IDLE), with SCHED_BATCH instead of SCHED_IDLE, and with its session at
+    session at nice 19, SCHED_BATCH), with SCHED_IDLE instead, and with its session at
     nice 0 (as heavy as any other session on the box: what the worker amounted to when it ran in
     the broker's session, whose weight it drew on)."""
 
@@ -298,7 +298,7 @@ class CleanerProduceLatencyPriority(CleanerProduceLatency):
     phases = (
         Phase("idle", False),
         Phase("busy", True),
-        Phase("busy-batch", True, policy=os.SCHED_BATCH),
+        Phase("busy-sched-idle", True, policy=os.SCHED_IDLE),
         Phase("busy-session-nice0", True, autogroup_nice=0),
     )
     rounds = 2

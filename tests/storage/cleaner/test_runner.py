@@ -205,7 +205,7 @@ def test_the_worker_runs_in_its_own_session_at_background_priority(tmp_path: Pat
     finally:
         _stop(cleaner, owner)
     assert session == pid != os.getsid(0)
-    assert policy == os.SCHED_IDLE and nice == WORKER_NICENESS
+    assert policy == os.SCHED_BATCH and nice == WORKER_NICENESS
     if group is not None:
         assert group.split()[-1] == str(WORKER_NICENESS)
     log.close()

@@ -25,13 +25,14 @@ a session of its own and lowers three things (``_lower_priority``, best effort, 
   in most distributions' kernels; ``/proc/sys/kernel/sched_autogroup_enabled``) a process's nice
   value only ranks it inside its session: a worker in the broker's session at nice 19 still drew
   on that whole session's fair share against every other session on the box, so the broker's
-  group went on paying for it (measured on a 2-core box at load 8: the worker took 0.20 cores of
-  the broker's session; alone in a session at nice 19 it took 0.01-0.13);
-- its policy to ``SCHED_IDLE``: a CPU that runs only SCHED_IDLE tasks counts as idle when the
-  scheduler places a waking task, so the event loop is woken there instead of queueing behind
-  another process. Alone in its session the policy does not change its share against other
-  sessions (that is the group's weight, nice 19's), so it does not starve the worker more than
-  nice 19 does; ``SCHED_BATCH`` is the fallback where SCHED_IDLE is refused;
+  group went on paying for it (measured on a 2-core box at load 7-10: the worker took 0.13-0.17
+  cores in the broker's session, 0.01-0.02 alone in a session at nice 19);
+- its policy to ``SCHED_BATCH`` (no wake-up preemption of others: it is a CPU-bound batch job).
+  ``SCHED_IDLE`` was measured (bench's ``cleaner-produce-latency-priority``, two runs at load
+  2.4-2.8) and not kept: busy / idle p99 1.88 and 8.15 against SCHED_BATCH's 1.11 and 0.90, one
+  window with a 270 ms stall the event loop did not spend waiting for a CPU -- consistent with a
+  worker starved while it holds something the broker needs (a file system journal handle while it
+  writes), which the lowest weight makes longer;
 - its own nice value to 19 (what counts when autogroups are off, and what the I/O scheduler
   derives a best-effort level from).
 
@@ -219,12 +220,9 @@ def _lower_priority() -> None:
     """Background priority (see the module docstring); best effort, each step on its own."""
     if sys.platform.startswith("linux"):
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):
-            try:
-                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-            except (OSError, AttributeError) as exc:
-                log.warning("could not lower the cleaner worker's scheduling policy: %s", exc)
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except (OSError, AttributeError) as exc:
+            log.warning("could not lower the cleaner worker's scheduling policy: %s", exc)
     try:
         os.nice(WORKER_NICENESS)
     except OSError as exc:
