@@ -28,11 +28,10 @@ a session of its own and lowers three things (``_lower_priority``, best effort, 
   group went on paying for it (measured on a 2-core box at load 7-10: the worker took 0.13-0.17
   cores in the broker's session, 0.01-0.02 alone in a session at nice 19);
 - its policy to ``SCHED_BATCH`` (no wake-up preemption of others: it is a CPU-bound batch job).
-  ``SCHED_IDLE`` was measured (bench's ``cleaner-produce-latency-priority``, two runs at load
-  2.4-2.8) and not kept: busy / idle p99 1.88 and 8.15 against SCHED_BATCH's 1.11 and 0.90, one
-  window with a 270 ms stall the event loop did not spend waiting for a CPU -- consistent with a
-  worker starved while it holds something the broker needs (a file system journal handle while it
-  writes), which the lowest weight makes longer;
+  ``SCHED_IDLE`` was measured against it (bench's ``cleaner-produce-latency-priority``, three
+  runs at load 2-3) and could not be told apart: whichever held the bench's first busy slot did
+  worse. SCHED_BATCH stays, since a worker starved at the lowest weight would also hold whatever
+  it holds (a file, a file system journal handle while it writes) longer;
 - its own nice value to 19 (what counts when autogroups are off, and what the I/O scheduler
   derives a best-effort level from).
 
