@@ -36,9 +36,11 @@ typecheck: $(STAMP)
 
 # two pytest-xdist workers: the suite mostly waits on broker, ZooKeeper and Spark subprocesses, so two
 # workers on two cores halve the wall time; the run still starts one ZooKeeper and one Spark session
-# (tests/conftest.py, tests/support/shared_zookeeper.py). src is byte-compiled first, as an installed wheel
-# is: the tests start hundreds of broker processes, which would otherwise each compile every module
-# where PYTHONDONTWRITEBYTECODE is set
+# (tests/support/shared_zookeeper.py; --dist loadgroup keeps the tests of the session's SparkSession on
+# one worker, and the slow tests are handed out first so both workers finish together:
+# tests/support/scheduling.py). src is byte-compiled first, as an installed wheel is: the tests start
+# hundreds of broker processes, which would otherwise each compile every module where
+# PYTHONDONTWRITEBYTECODE is set
 test: setup lint typecheck
 	$(BIN)/python -m compileall -q src
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadgroup

@@ -33,7 +33,8 @@ from tests.support.reporting import broker_sections, note_broker
 # The package's pytest plugin (exactly_broker, exactly_cluster, ...): an installed package registers
 # it through its pytest11 entry point (of the same name, so it is not registered twice); this
 # loads it from the source tree when the installed metadata predates it.
-pytest_plugins = ["exactly.testing.pytest_plugin"]
+# tests.support.scheduling: how `make test` spreads the suite over its two xdist workers.
+pytest_plugins = ["exactly.testing.pytest_plugin", "tests.support.scheduling"]
 
 _SHARED_ZK = pytest.StashKey[str | None]()
 
@@ -46,16 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Install kcat (if missing) before any test runs, outside every test's timeout. Under
-    pytest-xdist (``--dist loadgroup``) every test that uses the Spark session runs on one worker,
-    so the run starts one Spark JVM, not one per worker."""
+    """Install kcat (if missing) before any test runs, outside every test's timeout. (The Spark
+    xdist group and the order the tests are handed out in: tests/support/scheduling.py.)"""
     if any("kcat" in getattr(item, "fixturenames", ()) for item in items):
         ensure_kcat()
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -6,7 +6,8 @@ SDP runs the definitions through Spark Connect: the ``exactly`` source and sink 
 sources registered on the Connect session, the sink is ``create_sink(format="exactly")``, and the
 Connect server's Python workers import ``exactly`` from PYTHONPATH. The test copies the project and
 sets the broker, topic prefix and sink options in the copy's ``configuration`` (where a user sets
-them), and its ``storage`` to the test's directory.
+them), and its ``storage`` to the test's directory. ``spark-pipelines`` starts its own Spark Connect
+server, so the test is not in the Spark xdist group of the session's in-process SparkSession.
 
 PySpark 4.3.0's Connect client ends ``spark-pipelines run`` with an error *after* the run completed:
 the server sends the (empty) accumulator updates of the Python data source's workers as observed
@@ -30,7 +31,7 @@ from exactly.spark.orders import Topics, create_topics, generate, verify
 from tests.conftest import BrokerFactory
 from tests.support.broker import SRC_DIR, child_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("spark")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PROJECT = SRC_DIR.parent / "examples" / "orders-sdp"
 COMPLETED = "Run is COMPLETED."

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.broker import Broker, child_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two pipeline JVMs: about 90 s
 
 
 def exactly(*args: str) -> subprocess.CompletedProcess[str]:
