@@ -67,3 +67,43 @@ def test_a_file_cut_under_its_slice_breaks_the_answer(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert piece.fileno() == -1
+
+
+async def _over_tcp(chunks: list[object], expected: int) -> tuple[bytes, int]:
+    """Write ``chunks`` on a loopback TCP connection; what the peer got and TCP_CORK afterwards."""
+    loop = asyncio.get_running_loop()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    client = socket.create_connection(listener.getsockname())
+    peer, _ = await loop.sock_accept(listener)
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport, _protocol = await loop.create_connection(asyncio.Protocol, sock=client)
+    try:
+        _write(transport, chunks)  # type: ignore[arg-type]
+        cork = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK)
+        received = bytearray()
+        while len(received) < expected:
+            chunk = await asyncio.wait_for(loop.sock_recv(peer, 1 << 20), 10)
+            if not chunk:
+                break
+            received += chunk
+        return bytes(received), cork
+    finally:
+        transport.close()
+        peer.close()
+        listener.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
+def test_an_answer_with_a_slice_leaves_uncorked_over_tcp(tmp_path: Path) -> None:
+    """The answer is written corked (so it leaves as full segments), and the cork is off again
+    once written: the last bytes are pushed at once, not held for the cork's 200 ms."""
+    size = 2_000_000
+    data = os.urandom(size)
+    fd = _file(tmp_path, data)
+    piece = FileSlice(fd, 0, size)
+    os.close(fd)
+    got, cork = asyncio.run(_over_tcp([b"head", piece, b"end"], size + 7))
+    assert got == b"head" + data + b"end"
+    assert cork == 0
+    assert piece.fileno() == -1

@@ -1,31 +1,73 @@
 """Writing responses to a plaintext connection: one ``writelines`` for the chunks, except that a
 Fetch answer's records may be a ``FileSlice`` of a segment file, sent with ``os.sendfile`` (page
 cache to socket, no copy in user space). The TLS counterpart is ``tls_write`` (the kernel cannot
-encrypt a sendfile, so the dispatcher hands TLS connections no slices)."""
+encrypt a sendfile, so the dispatcher hands TLS connections no slices).
+
+An answer with a slice is written corked (``TCP_CORK``, what nginx's ``tcp_nopush`` does around
+sendfile): its chunks before the slice (the response and partition headers), the slice and the
+chunks after it (the closing tagged fields, 3 bytes at Fetch v12) are three system calls, and on
+a socket with ``TCP_NODELAY`` (every broker socket) each would leave as its own segment. The
+reader then wakes for the 72-byte header, again for the records and again for the last 3 bytes:
+measured on a follower, three event-loop wake-ups and four reads per replicated batch instead of
+one wake-up. Corked, the kernel holds the pieces and sends full segments; uncorking pushes the
+rest at once, so nothing waits for the cork's 200 ms ceiling.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from typing import Any
 
 from exactly.storage.file_slice import FileSlice
 
+_CORK = getattr(socket, "TCP_CORK", None)  # Linux only; elsewhere the pieces go uncorked
+
 
 def write_plain(transport: asyncio.Transport, chunks: list[Any]) -> None:
     """``writelines``, except that a ``FileSlice`` chunk (a Fetch answer's records) is sent from
-    its segment file (``send_slice``)."""
+    its segment file (``send_slice``), the whole answer corked (module docstring)."""
     start = 0
-    for i, chunk in enumerate(chunks):
-        if type(chunk) is FileSlice:
-            if i > start:
-                transport.writelines(chunks[start:i])
-            send_slice(transport, chunk)
-            start = i + 1
-    if start == 0:
-        transport.writelines(chunks)
-    elif start < len(chunks):
-        transport.writelines(chunks[start:])
+    corked: socket.socket | None = None
+    try:
+        for i, chunk in enumerate(chunks):
+            if type(chunk) is FileSlice:
+                if corked is None:
+                    corked = _cork(transport)
+                if i > start:
+                    transport.writelines(chunks[start:i])
+                send_slice(transport, chunk)
+                start = i + 1
+        if start == 0:
+            transport.writelines(chunks)
+        elif start < len(chunks):
+            transport.writelines(chunks[start:])
+    finally:
+        if corked is not None:
+            _uncork(corked)
+
+
+def _cork(transport: asyncio.Transport) -> socket.socket | None:
+    """Set TCP_CORK on the transport's socket; the socket when it was set (to uncork), None when
+    there is nothing to cork (not TCP, not Linux, closing)."""
+    sock = transport.get_extra_info("socket")
+    if _CORK is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+    except OSError:
+        return None
+    return sock  # type: ignore[no-any-return]
+
+
+def _uncork(sock: socket.socket) -> None:
+    """Send what the cork holds now. Whatever the transport still buffers (a socket that was
+    full) is written later by the transport itself, uncorked."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # type: ignore[arg-type]
+    except OSError:
+        pass  # a connection already broken: the transport reports it
 
 
 def send_slice(transport: asyncio.Transport, piece: FileSlice) -> None:
@@ -49,6 +91,8 @@ def send_slice(transport: asyncio.Transport, piece: FileSlice) -> None:
                 pass  # the socket is full: the transport queues the rest
             except OSError:
                 pass  # a broken connection: the transport's own write reports it
+        if sent == piece.size:
+            return  # all of it went (no read of nothing)
         rest = piece.read(sent)
         if len(rest) != piece.size - sent:
             raise ConnectionError("a segment file was truncated under a Fetch answer being sent")
