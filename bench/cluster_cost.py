@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Where an RF 3 cluster's CPU per byte goes, broker by broker.
+
+    PYTHONPATH=src .venv/bin/python bench/cluster_cost.py [--records N] [--rounds R] [--rf 3]
+        [--perf | --strace | --cprofile]
+
+ZooKeeper + 3 brokers from this checkout's ``src`` (``benchlib.cluster``, broker 0 leads), then R
+rounds of ``cluster-produce-p1``'s produce loop (1 KB records, acks=all, 1 MB batches) to a fresh
+topic each. Per round and broker: user and system CPU-s per 10^9 record bytes and voluntary /
+involuntary context switches per MB (``/proc/<pid>/status``: wake-ups and preemptions). During the
+last round, optionally, on every broker:
+
+- ``--perf``: ``perf record -g`` (software cpu-clock, kernel and native frames; Python frames show
+  as libpython), then the share of kernel / libpython / other per broker and the top symbols;
+- ``--strace``: ``strace -c`` (system calls per round: divide by the rounds' batches);
+- ``--cprofile``: a CPU-time cProfile of each broker's event loop (``benchlib/cprofile_site``;
+  call counts per round are exact, times are inflated by the profiler's own clock reads).
+
+Output files go to ``--out`` (default a temporary directory, printed). Measured figures and their
+reading: ``results/cluster-cost-s15.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from benchlib import drivers  # noqa: E402
+from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
+from benchlib.cluster_workloads import _place  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu(pid: int) -> tuple[float, float]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def switches(pid: int) -> tuple[int, int]:
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"])
+
+
+def tracer(kind: str, pid: int, stem: Path) -> list[str]:
+    if kind == "perf":
+        return ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", f"{stem}.perf.data"]
+    return ["strace", "-c", "-f", "-p", str(pid), "-o", f"{stem}.strace.txt"]
+
+
+def perf_summary(data: Path) -> str:
+    def report(sort: str, limit: int) -> list[str]:
+        out = subprocess.run(
+            ["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", sort, "-g", "none"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()[:1].isdigit()][:limit]
+
+    return "  " + "; ".join(report("dso", 3)) + "\n    " + "\n    ".join(report("symbol", 8))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rf", type=int, default=3)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--perf", action="store_const", const="perf", dest="trace")
+    mode.add_argument("--strace", action="store_const", const="strace", dest="trace")
+    mode.add_argument("--cprofile", action="store_const", const="cprofile", dest="trace")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="cluster-cost-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.trace == "cprofile":  # the brokers inherit both
+        os.environ["EXACTLY_CPROFILE"] = str(out / "cprofile")
+        os.environ["PYTHONPATH"] = str(BENCH / "benchlib" / "cprofile_site")
+    src = BENCH.parent / "src"
+    cluster = Cluster(out / "cluster", 3, DEFAULT_SESSION_TIMEOUT_MS, {}, src=src).start()
+    pool = drivers.payload_pool()
+    try:
+        warm = _place(cluster, "cost-warmup", 1)
+        pids = [b.pid for b in cluster.brokers if b.pid is not None]
+        for rnd in range(args.rounds):
+            topic = _place(cluster, "cost", args.rf)
+            tracers: list[subprocess.Popen[bytes]] = []
+            last = rnd == args.rounds - 1
+            if last and args.trace in ("perf", "strace"):
+                for i, pid in enumerate(pids):
+                    cmd = tracer(args.trace, pid, out / f"broker{i}")
+                    tracers.append(
+                        subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    )
+                time.sleep(1)
+            if last and args.trace == "cprofile":
+                for pid in pids:
+                    os.kill(pid, signal.SIGUSR1)
+            cs0, cpu0 = [switches(p) for p in pids], [cpu(p) for p in pids]
+            run = drivers.confluent_produce(
+                cluster.bootstrap, topic, args.records, pool, 600, warmup_topic=warm
+            )
+            cpu1, cs1 = [cpu(p) for p in pids], [switches(p) for p in pids]
+            if last and args.trace == "cprofile":
+                for pid in pids:
+                    os.kill(pid, signal.SIGUSR2)
+            for t in tracers:
+                t.send_signal(signal.SIGINT)
+            for t in tracers:
+                t.wait(120)
+            gb, mb = run.bytes / 1e9, run.bytes / 1e6
+            total = sum(b[0] - a[0] + b[1] - a[1] for a, b in zip(cpu0, cpu1, strict=True)) / gb
+            parts = "  ".join(
+                f"b{i} user {(b[0] - a[0]) / gb:.2f} sys {(b[1] - a[1]) / gb:.2f}"
+                f" ctx/MB {(d[0] - c[0]) / mb:.1f}+{(d[1] - c[1]) / mb:.1f}"
+                for i, (a, b, c, d) in enumerate(zip(cpu0, cpu1, cs0, cs1, strict=True))
+            )
+            print(
+                f"round {rnd} rf {args.rf}: {mb / run.wall_s:.0f} MB/s, {total:.2f} CPU-s/GB;  {parts};"
+                f"  load {os.getloadavg()[0]:.1f}{'  errors ' + str(run.errors[:2]) if run.errors else ''}",
+                flush=True,
+            )
+            cluster.delete_topic(topic)
+    finally:
+        cluster.stop()
+    if args.trace == "perf":
+        for i in range(len(pids)):
+            print(f"broker {i} (perf, last round):\n{perf_summary(out / f'broker{i}.perf.data')}")
+    print(f"files: {out}")
+
+
+if __name__ == "__main__":
+    main()
