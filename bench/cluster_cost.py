@@ -16,6 +16,10 @@ last round, optionally, on every broker:
 - ``--cprofile``: a CPU-time cProfile of each broker's event loop (``benchlib/cprofile_site``;
   call counts per round are exact, times are inflated by the profiler's own clock reads).
 
+``--sched-batch`` alternates the rounds between the normal policy and SCHED_BATCH for every broker
+thread (``chrt -a -b``: a woken broker does not preempt the running task; a diagnostic of what
+wake-up preemption costs on 2 cores, not a recommended setting: it may delay answers).
+
 Output files go to ``--out`` (default a temporary directory, printed). Measured figures and their
 reading: ``results/cluster-cost-s15.md``.
 """
@@ -81,6 +85,7 @@ def main() -> None:
     mode.add_argument("--perf", action="store_const", const="perf", dest="trace")
     mode.add_argument("--strace", action="store_const", const="strace", dest="trace")
     mode.add_argument("--cprofile", action="store_const", const="cprofile", dest="trace")
+    ap.add_argument("--sched-batch", action="store_true", help="odd rounds under SCHED_BATCH (see above)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="cluster-cost-"))
@@ -96,6 +101,14 @@ def main() -> None:
         pids = [b.pid for b in cluster.brokers if b.pid is not None]
         for rnd in range(args.rounds):
             topic = _place(cluster, "cost", args.rf)
+            policy = "normal"
+            if args.sched_batch:
+                policy = "batch" if rnd % 2 else "normal"
+                for pid in pids:
+                    flag = "-b" if rnd % 2 else "-o"
+                    subprocess.run(
+                        ["chrt", "-a", flag, "-p", "0", str(pid)], check=True, stdout=subprocess.DEVNULL
+                    )
             tracers: list[subprocess.Popen[bytes]] = []
             last = rnd == args.rounds - 1
             if last and args.trace in ("perf", "strace"):
@@ -128,7 +141,7 @@ def main() -> None:
                 for i, (a, b, c, d) in enumerate(zip(cpu0, cpu1, cs0, cs1, strict=True))
             )
             print(
-                f"round {rnd} rf {args.rf}: {mb / run.wall_s:.0f} MB/s, {total:.2f} CPU-s/GB;  {parts};"
+                f"round {rnd} rf {args.rf} {policy}: {mb / run.wall_s:.0f} MB/s, {total:.2f} CPU-s/GB;  {parts};"
                 f"  load {os.getloadavg()[0]:.1f}{'  errors ' + str(run.errors[:2]) if run.errors else ''}",
                 flush=True,
             )
