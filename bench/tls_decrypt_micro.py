@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import multiprocessing
 import os
 import socket
@@ -263,16 +264,13 @@ def serve_and_measure(
 
 
 def frame_pieces(mix: str, size: int) -> list[int]:
-    """A ``size``-byte request cut as ``mix`` cuts a MB (the rest in full records)."""
+    """A ``size``-byte request cut into ``mix``'s record sizes (its pattern repeated)."""
     out: list[int] = []
     left = size
-    for piece in pieces_per_mb(mix):
+    for piece in itertools.cycle(pieces_per_mb(mix)):
         if left <= 0:
             break
         out.append(min(piece, left))
-        left -= out[-1]
-    while left > 0:
-        out.append(min(16384, left))
         left -= out[-1]
     return out
 
