@@ -84,7 +84,16 @@ def control_type(buf: bytes | bytearray | memoryview, header: BatchHeader) -> Co
     markers it replays. A record laid out as :func:`build_control_batch` writes it (every varint
     one byte) is read with one unpack; any other layout goes through :func:`read_control_marker`,
     with the same result and errors."""
-    pos = header.position + HEADER_SIZE
+    known = control_type_at(buf, header.position)
+    return known if known is not None else read_control_marker(buf, header).type
+
+
+def control_type_at(buf: bytes | bytearray | memoryview, position: int) -> ControlType | None:
+    """:func:`control_type` of the control batch at ``position`` without its parsed header, or
+    None when the marker is not in one of the two layouts read by unpacks alone (the caller
+    then parses the header and calls :func:`control_type`). What a coordinator's load calls for
+    each of its markers, most of its batches."""
+    pos = position + HEADER_SIZE
     if pos + _MARKER_PREFIX.size <= len(buf):
         length, _attributes, ts_delta, offset_delta, key_len, _version, ctype = _MARKER_PREFIX.unpack_from(
             buf, pos
@@ -102,7 +111,7 @@ def control_type(buf: bytes | bytearray | memoryview, header: BatchHeader) -> Co
             known = _BY_VALUE.get(ctype)
             if known is not None:
                 return known
-    return read_control_marker(buf, header).type
+    return None
 
 
 def _skip_varint(buf: bytes | bytearray | memoryview, pos: int) -> int:

@@ -24,15 +24,25 @@ acks=-1 with ``offsets.commit.timeout.ms``). The synchronous :meth:`InternalTopi
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import struct
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
-from exactly.records.batch import BatchHeader, InvalidRecordError, iter_batches
+from exactly.frozen import quick_init
+from exactly.records.batch import (
+    CONTROL_FLAG,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MIN_BATCH_LENGTH,
+    TRANSACTIONAL_FLAG,
+    BatchHeader,
+    InvalidRecordError,
+)
 from exactly.records.builder import Record, build_batch, record_key_values
-from exactly.records.control import ControlType, build_control_batch, control_type
+from exactly.records.control import ControlType, build_control_batch, control_type, control_type_at
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
@@ -48,6 +58,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("exactly.internal")
 
 REPLAY_CHUNK = 4 * 1024 * 1024
+# What a load reads of each batch header: base offset, batch length, magic, attributes, last
+# offset delta, producer id, record count (the 61-byte v2 header, the rest skipped).
+_WALK = struct.Struct(">qi4xb4xhi16xq6xi")
 
 
 class AppendFailed(Exception):
@@ -58,6 +71,7 @@ class AppendFailed(Exception):
         self.error_code = error_code
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReplayedBatch:
     """One batch of an internal partition, decoded for replay."""
@@ -283,29 +297,46 @@ class InternalTopics:
                 assert isinstance(data, bytes)  # no slice_from: a copy, never a FileSlice
                 if not data:
                     break
-                for header in iter_batches(data):
-                    if header.next_offset <= offset:
-                        continue
-                    if header.is_control and header.record_count == 0:
-                        # A marker the log cleaner emptied (kept for its producer's epoch): no
-                        # transaction to decide, as Kafka's loaders skip it.
-                        offset = header.next_offset
-                        continue
-                    control = None
-                    entries: tuple[tuple[int, bytes | None, bytes | None], ...] = ()
-                    if header.is_control:
-                        control = control_type(data, header)
-                    else:
-                        entries = tuple(record_key_values(data, header))
-                    yield ReplayedBatch(
-                        partition,
-                        header.base_offset,
-                        header.producer_id,
-                        header.is_transactional,
-                        control,
-                        entries,
-                    )
-                    offset = header.next_offset
+                offset = yield from _walk(data, partition, offset)
+
+
+def _walk(data: bytes, partition: int, offset: int) -> Generator[ReplayedBatch, None, int]:
+    """Yield the batches of ``data`` (whole, valid v2 batches up to the first torn or invalid
+    one, as :func:`iter_batches` reads them) that end past ``offset``; returns the offset after
+    the last one yielded (``offset`` if none).
+
+    Why not ``iter_batches``: a load walks every batch of its partitions, on a compacted
+    ``__consumer_offsets`` mostly COMMIT markers kept for ``delete.retention.ms``. Only the
+    fields the replay needs are unpacked, and a marker's type is read without a parsed header;
+    a :class:`BatchHeader` is built only for a data batch (to decode its records) or a marker
+    in a layout the quick read does not take."""
+    limit = len(data)
+    pos = 0
+    walk = _WALK.unpack_from
+    while pos + HEADER_SIZE <= limit:
+        base_offset, batch_length, magic, attributes, last_delta, producer_id, count = walk(data, pos)
+        size = batch_length + LOG_OVERHEAD
+        if magic != 2 or batch_length < MIN_BATCH_LENGTH or pos + size > limit:
+            break
+        next_offset = base_offset + last_delta + 1
+        if next_offset > offset:
+            offset = next_offset
+            if attributes & CONTROL_FLAG:
+                # A marker the log cleaner emptied (no records; kept for its producer's epoch)
+                # decides no transaction, as Kafka's loaders skip it.
+                if count:
+                    control = control_type_at(data, pos)
+                    if control is None:
+                        control = control_type(data, BatchHeader.parse(data, pos))
+                    transactional = bool(attributes & TRANSACTIONAL_FLAG)
+                    yield ReplayedBatch(partition, base_offset, producer_id, transactional, control, ())
+            else:
+                entries = tuple(record_key_values(data, BatchHeader.parse(data, pos)))
+                yield ReplayedBatch(
+                    partition, base_offset, producer_id, bool(attributes & TRANSACTIONAL_FLAG), None, entries
+                )
+        pos += size
+    return offset
 
 
 def _records_batch(
