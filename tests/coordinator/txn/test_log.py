@@ -24,6 +24,8 @@ from exactly.coordinator.txn.log import (
     transit_from_value,
     value_for_transit,
 )
+from exactly.coordinator.txn.log import _decode_value as generic_decode_value
+from exactly.coordinator.txn.log import _quick_value as quick_value
 from exactly.coordinator.txn.metadata import TxnTransitMetadata
 from exactly.coordinator.txn.state import TransactionState
 from exactly.types import ProducerEpoch, ProducerId, TopicPartition
@@ -198,6 +200,30 @@ def test_value_v0_round_trip(value: TransactionLogValue) -> None:
 @given(log_values(flexible=True))
 def test_value_v1_round_trip(value: TransactionLogValue) -> None:
     assert decode_value(encode_value(value, 1)) == value
+
+
+@given(log_values(flexible=True))
+def test_quick_read_of_written_values_equals_the_generic_one(value: TransactionLogValue) -> None:
+    """What this broker writes (known tags only) takes the unpack-only path, with the same value."""
+    written = dataclasses.replace(
+        value, unknown_tagged_fields=(), partitions=value.partitions and value.partitions[:3]
+    )
+    data = encode_value(written, 1)
+    assert quick_value(data) == generic_decode_value(data) == written
+
+
+@settings(max_examples=500)
+@given(log_values(flexible=True), st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=3))
+def test_quick_read_never_differs_from_the_generic_one(
+    value: TransactionLogValue, edits: list[tuple[int, int]]
+) -> None:
+    """On any bytes, the quick path gives the generic reader's value or leaves them to it."""
+    data = bytearray(encode_value(dataclasses.replace(value, unknown_tagged_fields=()), 1))
+    for at, byte in edits:
+        data[at % len(data)] = byte
+    quick = quick_value(bytes(data))
+    if quick is not None:
+        assert quick == generic_decode_value(bytes(data))
 
 
 @given(st.text(max_size=50))

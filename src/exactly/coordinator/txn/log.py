@@ -61,6 +61,11 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _FIXED = struct.Struct(">qhib")  # producer id, epoch, timeout, status
 _TIMES = struct.Struct(">qq")  # last update, start
+# The known tagged fields' types, by tag: previous / next producer id, client transaction
+# version, next producer epoch.
+_TAG_STRUCTS = (_I64, _I64, _I16, _I16)
+_KEY_HEAD = struct.Struct(">hh")  # key version, id length
+_VALUE_HEAD = struct.Struct(">hqhibB")  # version, _FIXED, the v1 partition array's first byte
 
 
 # -- partitioning ------------------------------------------------------------------------------
@@ -170,6 +175,13 @@ def encode_key(transactional_id: str) -> bytes:
 
 
 def decode_key(data: bytes | bytearray | memoryview) -> str:
+    if len(data) >= 4:
+        version, size = _KEY_HEAD.unpack_from(data)
+        if version == KEY_VERSION and size >= 0 and len(data) == 4 + size:
+            try:
+                return str(data[4:], "utf-8")
+            except UnicodeDecodeError:
+                pass  # the generic reader raises its own error for it
     r = Reader(data)
     (version,) = r.unpack(_I16)
     if version != KEY_VERSION:
@@ -218,6 +230,82 @@ def encode_value(value: TransactionLogValue, version: int = DEFAULT_VALUE_VERSIO
 
 
 def decode_value(data: bytes | bytearray | memoryview) -> TransactionLogValue:
+    """Decode a value of a known version (else UnknownVersionError); malformed bytes raise."""
+    quick = _quick_value(data)
+    return quick if quick is not None else _decode_value(data)
+
+
+def _quick_value(data: bytes | bytearray | memoryview) -> TransactionLogValue | None:
+    """A v1 value (what this broker and Kafka 3.x write) whose compact lengths and tag numbers
+    each fit one byte and whose tagged fields are known ones in order, read with unpacks alone; None for anything else, which
+    :func:`_decode_value` then reads (same value, or its error). Why: a restart decodes every
+    live transactional id's value, and the generic reader was most of that load's time."""
+    size = len(data)
+    if size < _VALUE_HEAD.size + _TIMES.size + 1:
+        return None
+    version, producer_id, epoch, timeout, status, count = _VALUE_HEAD.unpack_from(data)
+    if version != 1 or count & 0x80:
+        return None
+    pos = _VALUE_HEAD.size
+    partitions: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    if count:
+        groups = []
+        for _ in range(count - 1):
+            if pos >= size or data[pos] & 0x80 or not data[pos]:
+                return None
+            end = pos + data[pos]  # the topic's length + 1, after its length byte
+            if end >= size or data[end] & 0x80 or not data[end]:
+                return None
+            n = data[end] - 1
+            ids_end = end + 1 + 4 * n
+            if ids_end >= size or data[ids_end]:  # its own tagged fields: none
+                return None
+            try:
+                topic = str(data[pos + 1 : end], "utf-8")
+            except UnicodeDecodeError:
+                return None
+            groups.append((topic, struct.unpack_from(f">{n}i", data, end + 1)))
+            pos = ids_end + 1
+        partitions = tuple(groups)
+    if pos + _TIMES.size >= size:
+        return None
+    last_update, start = _TIMES.unpack_from(data, pos)
+    pos += _TIMES.size
+    tags = data[pos]
+    if tags & 0x80:
+        return None
+    pos += 1
+    fields = [-1, -1, 0, -1]  # the known tags' defaults, by tag
+    previous = -1
+    for _ in range(tags):
+        if pos + 2 > size:
+            return None
+        tag, length = data[pos], data[pos + 1]
+        if tag <= previous or tag >= len(fields) or length != _TAG_STRUCTS[tag].size:
+            return None  # out of order, repeated, unknown or mis-sized: the generic reader's
+        if pos + 2 + length > size:
+            return None
+        fields[tag] = _TAG_STRUCTS[tag].unpack_from(data, pos + 2)[0]
+        previous = tag
+        pos += 2 + length
+    if pos != size:
+        return None
+    return TransactionLogValue(
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        transaction_timeout_ms=timeout,
+        transaction_status=status,
+        partitions=partitions,
+        last_update_timestamp_ms=last_update,
+        start_timestamp_ms=start,
+        previous_producer_id=fields[_TAG_PREVIOUS_PRODUCER_ID],
+        next_producer_id=fields[_TAG_NEXT_PRODUCER_ID],
+        client_transaction_version=fields[_TAG_CLIENT_TRANSACTION_VERSION],
+        next_producer_epoch=fields[_TAG_NEXT_PRODUCER_EPOCH],
+    )
+
+
+def _decode_value(data: bytes | bytearray | memoryview) -> TransactionLogValue:
     r = Reader(data)
     (version,) = r.unpack(_I16)
     if version not in VALUE_VERSIONS:
