@@ -36,6 +36,7 @@ from exactly.records.control import ControlType, read_control_marker
 from exactly.server.broker import Broker
 from exactly.server.config import BrokerConfig
 from exactly.server.coordinator_runtime import CoordinatorRuntime
+from exactly.server import internal_topics
 from exactly.server.internal_topics import InternalTopics, ReplayedBatch
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
@@ -179,9 +180,13 @@ def load(internal: object) -> GroupCoordinator:
     return coordinator
 
 
+@pytest.mark.parametrize("chunk", [None, 300], ids=["one-read", "many-reads"])
 def test_fast_load_rebuilds_exactly_the_generic_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int | None
 ) -> None:
+    """``many-reads``: the load reads a few batches at a time, so its walk resumes mid-log."""
+    if chunk is not None:
+        monkeypatch.setattr(internal_topics, "REPLAY_CHUNK", chunk)
     config = BrokerConfig.load(
         None,
         {
