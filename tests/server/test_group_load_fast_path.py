@@ -33,10 +33,10 @@ from exactly.coordinator.group.records import (
 from exactly.records.batch import iter_batches
 from exactly.records.builder import decode_batch
 from exactly.records.control import ControlType, read_control_marker
+from exactly.server import internal_topics
 from exactly.server.broker import Broker
 from exactly.server.config import BrokerConfig
 from exactly.server.coordinator_runtime import CoordinatorRuntime
-from exactly.server import internal_topics
 from exactly.server.internal_topics import InternalTopics, ReplayedBatch
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
 from exactly.types import TopicPartition
