@@ -178,6 +178,7 @@ def test_log_cleaner_settings_and_broker_level_compaction_defaults() -> None:
             "log.cleaner.threads": "2",
             "log.cleaner.dedupe.buffer.size": str(4 * 1024 * 1024),
             "log.cleaner.io.max.bytes.per.second": "1048576",
+            "log.cleaner.cpu.max.share": "0.5",
             "log.cleaner.min.cleanable.ratio": "0.25",
             "log.cleaner.delete.retention.ms": "1000",
             "log.cleaner.min.compaction.lag.ms": "5",
@@ -187,6 +188,9 @@ def test_log_cleaner_settings_and_broker_level_compaction_defaults() -> None:
     )
     assert cfg.cleaner_config().map_memory_per_thread == 2 * 1024 * 1024
     assert cfg.cleaner_config().max_io_bytes_per_second == 1048576.0
+    assert cfg.cleaner_config().max_cpu_share == 0.5
+    # exactly's own setting defaults to a share of a core below 1 (Kafka: unlimited, 1.0 here).
+    assert 0 < BrokerConfig.load(None, {}).cleaner_config().max_cpu_share < 1
     log = cfg.log_config()
     assert (log.min_cleanable_dirty_ratio, log.delete_retention_ms, log.min_compaction_lag_ms) == (
         0.25,
@@ -208,6 +212,9 @@ def test_log_cleaner_settings_and_broker_level_compaction_defaults() -> None:
         {"log.cleaner.min.compaction.lag.ms": "10", "log.cleaner.max.compaction.lag.ms": "5"},
         {"log.cleanup.policy": "shred"},
         {"log.cleaner.enable": "maybe"},
+        {"log.cleaner.cpu.max.share": "0"},
+        {"log.cleaner.cpu.max.share": "1.5"},
+        {"log.cleaner.cpu.max.share": "nan"},
     ],
 )
 def test_bad_log_cleaner_settings_are_refused(overrides: dict[str, str]) -> None:

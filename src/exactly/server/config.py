@@ -14,7 +14,7 @@ from pathlib import Path
 from exactly.security.authorizer import authorizer_from_config
 from exactly.security.inter_broker import InterBrokerConfigError, InterBrokerSecurity, inter_broker_security
 from exactly.security.listeners import ListenerError, Listeners, parse_listeners
-from exactly.storage.cleaner.runner import CleanerConfig
+from exactly.storage.cleaner.runner import DEFAULT_CPU_SHARE, CleanerConfig
 from exactly.storage.config import InvalidConfigError, LogConfig
 
 _DEFAULTS: dict[str, str] = {
@@ -92,6 +92,9 @@ _DEFAULTS: dict[str, str] = {
     "log.cleaner.io.buffer.load.factor": "0.9",
     "log.cleaner.backoff.ms": "15000",
     "log.cleaner.io.max.bytes.per.second": "1.7976931348623157E308",
+    # exactly's own (Kafka's cleaner is not CPU-limited): each cleaner worker's CPU as a share of
+    # one core, in (0, 1]; 1.0 is Kafka's behaviour. See storage.cleaner.duty_cycle.
+    "log.cleaner.cpu.max.share": str(DEFAULT_CPU_SHARE),
     "log.cleaner.min.cleanable.ratio": "0.5",
     "log.cleaner.min.compaction.lag.ms": "0",
     "log.cleaner.max.compaction.lag.ms": str(2**63 - 1),
@@ -381,11 +384,14 @@ class BrokerConfig:
             io_buffer_load_factor=self.get_float("log.cleaner.io.buffer.load.factor"),
             backoff_ms=self.get_int("log.cleaner.backoff.ms"),
             max_io_bytes_per_second=self.get_float("log.cleaner.io.max.bytes.per.second"),
+            max_cpu_share=self.get_float("log.cleaner.cpu.max.share"),
         )
         if config.num_threads < 0:
             raise ConfigError("log.cleaner.threads must not be negative")
         if config.map_memory_per_thread < 1024 * 1024:
             raise ConfigError("log.cleaner.dedupe.buffer.size must give each cleaner thread at least 1 MiB")
+        if not 0 < config.max_cpu_share <= 1:
+            raise ConfigError("log.cleaner.cpu.max.share must be in (0, 1] (a share of one core)")
         if not 0 < config.io_buffer_load_factor <= 1:
             raise ConfigError("log.cleaner.io.buffer.load.factor must be in (0, 1]")
         if config.backoff_ms < 0 or config.io_buffer_size <= 0 or config.max_io_bytes_per_second <= 0:

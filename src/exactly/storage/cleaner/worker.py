@@ -42,9 +42,19 @@ parent-death signal, and its pipe's end). Kafka's cleaner threads run at the JVM
 and are held back only by ``log.cleaner.io.max.bytes.per.second`` (here too); the lowered
 priority is a deliberate difference (a cleaner starved by a saturated box only cleans later).
 
+CPU share: the lowered priority yields to *runnable* tasks, not to idle cores, so on a quiet
+2-core box an unlimited worker takes the idle core (~0.6 of a core measured), which is where the
+broker's clients run: their run-queue wait, not the broker, then made the produce p99 while
+cleaning 3.7-46x the idle one (``bench/results/compaction-worker-session.md``). Each worker
+therefore holds its CPU to ``log.cleaner.cpu.max.share`` of one core (``duty_cycle.DutyCycle``:
+it reads its own CPU clock at each batch it reads or writes and sleeps in >= 10 ms slices when
+over its share). This is a deliberate difference from Kafka, whose cleaner threads run at
+normal priority and are unthrottled by default; ``log.cleaner.cpu.max.share=1.0`` restores that.
+The share is per worker (each of ``log.cleaner.threads`` workers may use that much of a core).
+
 Throttle: each worker keeps its own share of ``log.cleaner.io.max.bytes.per.second`` (the rate
 divided by the number of workers; Kafka's threads share one throttler, which a set of processes
-cannot without a shared clock and counter).
+cannot without a shared clock and counter). It applies as well: both are consulted at each batch.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from pathlib import Path
 import exactly
 from exactly.storage.cleaner.batch_filter import UncleanableBatchError
 from exactly.storage.cleaner.cleaner import CleanerStats, run_pass
+from exactly.storage.cleaner.duty_cycle import DutyCycle
 from exactly.storage.cleaner.job import CleanedSegment, CleaningJob, remove_cleaned_files
 from exactly.storage.cleaner.offset_map import OffsetMap
 
@@ -87,6 +98,7 @@ class WorkRequest:
     load_factor: float
     io_buffer_size: int
     io_bytes_per_second: float
+    cpu_share: float = 1.0
     fault: str = ""
 
 
@@ -141,6 +153,36 @@ class Throttler:
             self._sleep(pause)
 
 
+class CpuLimiter:
+    """The worker's CPU duty cycle at its hook points: asks ``DutyCycle`` and sleeps what it says
+    (the clocks and the sleep are parameters for tests)."""
+
+    def __init__(
+        self,
+        share: float,
+        *,
+        cpu_clock: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.duty = DutyCycle(share)
+        self._cpu_clock = cpu_clock
+        self._clock = clock
+        self._sleep = sleep
+        self.slept_s = 0.0
+
+    def start(self) -> None:
+        self.duty.start(self._cpu_clock(), self._clock())
+
+    def __call__(self) -> None:
+        if self.duty.unlimited:
+            return
+        pause = self.duty.observe(self._cpu_clock(), self._clock())
+        if pause > 0:
+            self._sleep(pause)
+            self.slept_s += pause
+
+
 # --- the worker's side ---------------------------------------------------------------------------
 class _Work:
     """The worker's state between requests: the offset map (reused while its size fits)."""
@@ -149,6 +191,7 @@ class _Work:
         self.offset_map: OffsetMap | None = None
         self.map_size = (0, 0.0)
         self.throttler: Throttler | None = None
+        self.cpu: CpuLimiter | None = None
 
     def handle(self, request: WorkRequest) -> WorkResponse:
         if self.offset_map is None or self.map_size != (request.map_memory, request.load_factor):
@@ -156,6 +199,15 @@ class _Work:
             self.map_size = (request.map_memory, request.load_factor)
         if self.throttler is None or self.throttler.rate != request.io_bytes_per_second:
             self.throttler = Throttler(request.io_bytes_per_second)
+        if self.cpu is None or self.cpu.duty.share != request.cpu_share:
+            self.cpu = CpuLimiter(request.cpu_share)
+        throttler, cpu = self.throttler, self.cpu
+        cpu.start()
+
+        def throttle(nbytes: int) -> None:
+            throttler(nbytes)
+            cpu()
+
         job = request.job
         written: list[CleanedSegment] = []
 
@@ -170,7 +222,7 @@ class _Work:
                 self.offset_map,
                 on_cleaned,
                 io_buffer_size=request.io_buffer_size,
-                throttle=self.throttler,
+                throttle=throttle,
             )
         except FileNotFoundError as exc:
             remove_cleaned_files(job.directory, [c.base_offset for c in written])

@@ -1,0 +1,83 @@
+"""A CPU duty cycle for the cleaner's worker: how long to sleep so that the CPU it uses stays at or
+under a share of one core (``log.cleaner.cpu.max.share``).
+
+Why a CPU share and not a byte rate: the cleaner's cost that hurts others on a small box is the
+core it occupies (a nice-19 worker yields to runnable tasks but takes any *idle* core, and on a
+2-core box that idle core is where the broker's clients run). Bytes per second
+(``log.cleaner.io.max.bytes.per.second``) bound CPU only for one record size: 1 KB records cost
+far less CPU per byte than 100 B ones.
+
+Sans-IO: ``DutyCycle.observe(cpu_s, now_s)`` takes the process's CPU clock and a monotonic wall
+clock and returns the seconds to sleep (0.0 for none); the caller sleeps. The worker calls it at
+the same points as the byte throttle (each batch read while filling the key map, each batch
+filtered and written), so the work between two calls is one batch: bounded and short.
+
+Accounting (a leaky bucket over CPU): ``credit`` is CPU the worker may still use; it grows by
+``share * wall`` and shrinks by the CPU used. Invariants:
+
+- ``credit <= burst_s`` (``share * min_sleep_s``): idle time (between passes, waiting on the disk)
+  earns at most that much, so a pass never starts with a long burst at full speed;
+- when ``credit >= 0`` nothing sleeps (under its share, the worker is never slowed);
+- a sleep is asked for only once the debt is worth ``min_sleep_s`` of wall time; it repays the
+  debt exactly (``-credit / share``), so the worker never sleeps in sub-millisecond slices nor
+  spins on the clock. Work runs in bursts of about ``share / (1 - share) * min_sleep_s`` of CPU
+  (2.5 ms at 0.2 and the 10 ms default), so over any window of ``window_s`` (100 ms) the CPU used
+  is the share of it plus at most one burst and one batch;
+- a sleep that overslept is credit up to ``burst_s`` only (lost, not banked); one that woke early
+  leaves the rest of the debt, repaid at the next call.
+
+``share >= 1.0`` disables it (Kafka's behaviour: its cleaner threads are not CPU-limited).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Shortest sleep asked for: a timer sleep shorter than this is mostly syscall and wake-up cost.
+MIN_SLEEP_S = 0.010
+
+
+@dataclass(slots=True)
+class DutyCycle:
+    """Keeps one process's CPU at or under ``share`` of one core; see the module docstring."""
+
+    share: float
+    min_sleep_s: float = MIN_SLEEP_S
+    credit: float = 0.0
+    _cpu: float | None = None
+    _now: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share:
+            raise ValueError(f"a CPU share must be positive, not {self.share}")
+        if self.min_sleep_s <= 0:
+            raise ValueError("min_sleep_s must be positive")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.share >= 1.0
+
+    @property
+    def burst_s(self) -> float:
+        """The most CPU credit kept: what ``min_sleep_s`` of wall time earns."""
+        return self.share * self.min_sleep_s
+
+    def start(self, cpu_s: float, now_s: float) -> None:
+        """Begin accounting (a pass starts): no credit from the time before."""
+        self._cpu, self._now, self.credit = cpu_s, now_s, 0.0
+
+    def observe(self, cpu_s: float, now_s: float) -> float:
+        """The CPU clock and the wall clock now; returns the seconds to sleep before going on."""
+        if self.unlimited:
+            return 0.0
+        if self._cpu is None:
+            self.start(cpu_s, now_s)
+            return 0.0
+        used = max(cpu_s - self._cpu, 0.0)
+        wall = max(now_s - self._now, 0.0)
+        self._cpu, self._now = cpu_s, now_s
+        self.credit = min(self.credit + self.share * wall - used, self.burst_s)
+        if self.credit >= 0:
+            return 0.0
+        pause = -self.credit / self.share
+        return pause if pause >= self.min_sleep_s else 0.0

@@ -1,0 +1,146 @@
+"""The worker's CPU duty cycle (``duty_cycle.DutyCycle``, ``worker.CpuLimiter``): never sleeps
+under its share, never in tiny slices, and holds the share over any 100 ms window."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+import pytest
+
+from exactly.storage.cleaner.duty_cycle import MIN_SLEEP_S, DutyCycle
+from exactly.storage.cleaner.worker import CpuLimiter
+
+
+class FakeProcess:
+    """A simulated worker: ``work`` advances its CPU and wall clocks together (one core, no
+    contention), ``wait`` advances the wall clock only (disk I/O), ``sleep`` is what the limiter
+    calls. Every stretch of CPU is recorded so windows can be checked."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self.busy: list[tuple[float, float]] = []  # (start, end) of each stretch on the CPU
+
+    def work(self, seconds: float) -> None:
+        self.busy.append((self.now, self.now + seconds))
+        self.cpu += seconds
+        self.now += seconds
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def limiter(self, share: float) -> CpuLimiter:
+        return CpuLimiter(share, cpu_clock=lambda: self.cpu, clock=lambda: self.now, sleep=self.sleep)
+
+    def cpu_until(self, t: float, starts: list[float], before: list[float]) -> float:
+        """CPU used from 0 to ``t`` (``starts``: the stretches' starts; ``before``: the CPU used
+        before each stretch)."""
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0:
+            return 0.0
+        a, b = self.busy[i]
+        return before[i] + min(b, t) - a
+
+    def max_cpu_in_window(self, window: float, step: float = 0.0005) -> float:
+        starts = [a for a, _ in self.busy]
+        before = list(itertools.accumulate((b - a for a, b in self.busy), initial=0.0))[:-1]
+        worst, t = 0.0, 0.0
+        while t + window <= self.now:
+            used = self.cpu_until(t + window, starts, before) - self.cpu_until(t, starts, before)
+            worst = max(worst, used)
+            t += step
+        return worst
+
+
+@pytest.mark.parametrize("share", [0.1, 0.2, 0.5])
+@pytest.mark.parametrize("step_s", [0.00005, 0.0005, 0.002])
+def test_holds_the_share_over_any_100ms_window(share: float, step_s: float) -> None:
+    proc = FakeProcess()
+    limit = proc.limiter(share)
+    limit.start()
+    while proc.now < 3.0:
+        proc.work(step_s)  # one batch
+        limit()
+    # Over the whole run: the share, give or take one burst.
+    assert proc.cpu <= share * proc.now + limit.duty.burst_s + step_s
+    assert proc.cpu >= share * proc.now * 0.9  # it is held back to the share, not below it
+    # Over any 100 ms: the share of it plus at most one burst of work and one batch.
+    burst = 2 * share * MIN_SLEEP_S / (1 - share)
+    assert proc.max_cpu_in_window(0.1) <= share * 0.1 + burst + step_s + 1e-9
+
+
+def test_never_sleeps_under_its_share() -> None:
+    proc = FakeProcess()
+    limit = proc.limiter(0.25)
+    limit.start()
+    for _ in range(2000):
+        proc.work(0.0005)
+        proc.wait(0.0016)  # 0.5 ms of CPU per 2.1 ms: ~0.24 of a core
+        limit()
+    assert proc.sleeps == []
+
+
+def test_never_sleeps_in_tiny_slices() -> None:
+    """A worker over its share sleeps only in slices of at least MIN_SLEEP_S, however small its
+    batches: no spinning on the clock, no per-batch micro-sleeps."""
+    proc = FakeProcess()
+    limit = proc.limiter(0.2)
+    limit.start()
+    calls = 0
+    while proc.now < 1.0:
+        proc.work(0.00002)
+        limit()
+        calls += 1
+    assert proc.sleeps
+    assert min(proc.sleeps) >= MIN_SLEEP_S
+    assert len(proc.sleeps) < calls / 10
+
+
+def test_idle_time_earns_only_one_burst() -> None:
+    """Time between passes, or waiting on the disk, is not banked: after a long idle stretch the
+    worker may run at full speed only for about one burst."""
+    duty = DutyCycle(0.2)
+    duty.start(0.0, 0.0)
+    assert duty.observe(0.0, 100.0) == 0.0  # 100 s idle
+    assert duty.credit == pytest.approx(duty.burst_s)
+    # Then 50 ms of CPU in 50 ms of wall: far over 0.2; it must sleep to repay the excess.
+    pause = duty.observe(0.05, 100.05)
+    expected = (0.05 - 0.2 * 0.05 - duty.burst_s) / 0.2
+    assert pause == pytest.approx(expected)
+
+
+def test_a_short_sleep_leaves_the_rest_of_the_debt() -> None:
+    duty = DutyCycle(0.5)
+    duty.start(0.0, 0.0)
+    pause = duty.observe(0.1, 0.1)  # 0.1 s CPU in 0.1 s: 0.05 s over, 0.1 s to sleep
+    assert pause == pytest.approx(0.1)
+    # Woke after 0.04 s only: still 0.03 s of CPU owed, 0.06 s of sleep.
+    assert duty.observe(0.1, 0.14) == pytest.approx(0.06)
+    # An oversleep is not banked beyond one burst.
+    assert duty.observe(0.1, 10.0) == 0.0
+    assert duty.credit == pytest.approx(duty.burst_s)
+
+
+def test_a_full_core_is_unlimited_and_bad_shares_are_refused() -> None:
+    proc = FakeProcess()
+    limit = proc.limiter(1.0)
+    for _ in range(100):
+        proc.work(0.01)
+        limit()
+    assert proc.sleeps == []
+    for bad in (0.0, -0.5):
+        with pytest.raises(ValueError):
+            DutyCycle(bad)
+
+
+def test_clocks_going_backwards_do_not_add_credit() -> None:
+    duty = DutyCycle(0.2)
+    duty.start(5.0, 5.0)
+    assert duty.observe(4.0, 4.0) == 0.0
+    assert duty.credit == 0.0
