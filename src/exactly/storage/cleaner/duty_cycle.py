@@ -48,7 +48,7 @@ class DutyCycle:
     _now: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.share:
+        if not self.share > 0:  # NaN too
             raise ValueError(f"a CPU share must be positive, not {self.share}")
         if self.min_sleep_s <= 0:
             raise ValueError("min_sleep_s must be positive")
