@@ -127,6 +127,14 @@ class ProduceFrames:
         self.size = len(batch)
         self.sequence = 0
 
+    def current(self) -> bytes:
+        """The frame as last sent (or the unsent template), without taking a sequence: for the
+        echo phase. Taking one there would leave the producer one ahead of its partition's log
+        end, and the fetchers of the next produce+fetch phase (which start at the producers'
+        sequences) one past it: OFFSET_OUT_OF_RANGE whenever a Fetch got in before that
+        phase's first append."""
+        return bytes(self.frame)
+
     def next(self) -> bytes:
         at = self.at
         struct.pack_into(">i", self.frame, at + _SEQ_AT, self.sequence)
@@ -469,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 started.append(("tansu", brokers.start_tansu(scratch / "tansu", binary)))
             targets = [setup_broker(label, b, args.clients) for label, b in started]
             echo = Target("echo", echo_proc.pid, ("127.0.0.1", echo_port), producers=targets[0].producers)
-            echo_frame = targets[0].producers[0].next()
+            echo_frame = targets[0].producers[0].current()
             for rep in range(-1 if args.cprofile else 0, args.repeat):
                 order = targets if rep % 2 == 0 else targets[::-1]
                 for phase in args.phases:
