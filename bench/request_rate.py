@@ -88,9 +88,10 @@ class Counter:
 
 
 class ProduceFrames:
-    """One producer's Produce v9 frame, re-sequenced per request (batch built once)."""
+    """One producer's Produce v9 frame, re-sequenced per request (batch built once): one batch
+    of ``records`` records of 100 B (one here; bench/dispatch_micro.py --records sends more)."""
 
-    def __init__(self, client: WireClient, partition: int) -> None:
+    def __init__(self, client: WireClient, partition: int, records: int = 1) -> None:
         pid = client.call(
             ApiKey.INIT_PRODUCER_ID,
             4,
@@ -102,7 +103,7 @@ class ProduceFrames:
         if int(pid.error_code):
             raise RuntimeError(f"InitProducerId failed: {pid.error_code}")
         batch = build_batch(
-            [Record(key=None, value=b"v" * 100)],
+            [Record(key=None, value=b"v" * 100)] * records,
             producer_id=int(pid.producer_id),
             producer_epoch=int(pid.producer_epoch),
             base_sequence=0,
@@ -126,6 +127,7 @@ class ProduceFrames:
         self.at = self.frame.index(batch)
         self.size = len(batch)
         self.sequence = 0
+        self.records = records
 
     def current(self) -> bytes:
         """The frame as last sent (or the unsent template), without taking a sequence: for the
@@ -141,7 +143,7 @@ class ProduceFrames:
         view = memoryview(self.frame)
         crc = crc32c.crc32c(view[at + _ATTR_AT : at + self.size])
         struct.pack_into(">I", self.frame, at + _CRC_AT, crc)
-        self.sequence += 1
+        self.sequence += self.records
         return bytes(self.frame)
 
 
