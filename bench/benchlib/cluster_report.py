@@ -38,27 +38,37 @@ def section(by_kind: dict[str, list[dict[str, Any]]]) -> list[str]:
             "### Throughput and CPU: RF 3 acks=all vs RF 1 (same cluster) vs single broker",
             "",
             "| workload | variant | MB/s | broker CPU-s/GB (sum) | leader CPU-s/GB | followers CPU-s/GB "
-            "| ZooKeeper CPU-s/GB | client cores | runs ok |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+            "| ZooKeeper CPU-s/GB | client cores | client CPU-s/GB | runs ok |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         for e in thr:
             s = e["samples"]
-            for v in ("rf3", "rf1", "single"):
+            cls = REGISTRY.get(e["workload"])
+            for v in getattr(cls, "variants", ("rf3", "rf1", "single")):
                 out.append(
                     f"| {e['workload']} | {v} | {_cell(s, f'{v}_mb_s')} | {_cell(s, f'{v}_broker_cpu_s_per_gb', 2)} "
                     f"| {_cell(s, f'{v}_leader_cpu_s_per_gb', 2)} | {_cell(s, f'{v}_followers_cpu_s_per_gb', 2)} "
-                    f"| {_cell(s, f'{v}_zk_cpu_s_per_gb', 3)} | {_cell(s, f'{v}_client_cores', 2)} | {runs_ok(e)} |"
+                    f"| {_cell(s, f'{v}_zk_cpu_s_per_gb', 3)} | {_cell(s, f'{v}_client_cores', 2)} "
+                    f"| {_cell(s, f'{v}_client_cpu_s_per_gb', 2)} | {runs_ok(e)} |"
                 )
             out += [
                 "",
-                f"{e['workload']}: RF 3 / RF 1 MB/s per repetition {_cell(s, 'ratio', 2)}; RF 3 / single "
+                f"{e['workload']}: RF 3 / RF 1 MB/s per repetition {_cell(s, 'ratio', 2)}; "
+                + (
+                    f"with the wire producer {_cell(s, 'ratio_wire', 2)} (its RF 3 / confluent's RF 3 MB/s "
+                    f"{_cell(s, 'rf3_wire_vs_rf3', 2)}); "
+                    if any("ratio_wire" in x for x in s)
+                    else ""
+                )
+                + f"RF 3 / single "
                 f"{_cell(s, 'ratio_single', 2)}; RF 1 (cluster) / single {_cell(s, 'rf1_vs_single', 2)}; "
                 f"load avg (1 min) during the runs {_cell(s, 'load1', 2)}. Targets: {_targets(e)}.",
                 "",
             ]
         out += [
             "RF 1 = a replication-factor-1 topic on the same 3-broker cluster; single = the embedded default "
-            "broker (no ZooKeeper) running beside it. Broker 0 leads every measured partition (explicit "
+            "broker (no ZooKeeper) running beside it; *_wire = the same topics written by the blocking "
+            "idempotent wire producer (benchlib/batch_producer.py) instead of confluent-kafka. Broker 0 leads every measured partition (explicit "
             "assignment). CPU-s/GB: user+system CPU per 10^9 record bytes; *sum* over the three broker "
             "processes; ZooKeeper (a JVM) separately.",
             "",

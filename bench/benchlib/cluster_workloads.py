@@ -32,7 +32,7 @@ from kazoo.client import KazooClient
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32
 
-from benchlib import brokers, drivers, kafka
+from benchlib import batch_producer, brokers, drivers, kafka
 from benchlib.brokers import BrokerProcess
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster
 from benchlib.workloads import (
@@ -236,29 +236,43 @@ class ClusterProduce(Workload):
         cluster: Cluster = state["cluster"]
         single: BrokerProcess | None = state["single"]
         target: Any = single if variant == "single" else cluster
+        wire = variant.endswith("_wire")
         if variant == "single":
             assert single is not None
             topic = f"{self.name}-single-r{rep}-{uuid.uuid4().hex[:6]}"
             kafka.create_topic(single.bootstrap, topic, self.partitions)
         else:
-            topic = _place(cluster, self.name, 3 if variant == "rf3" else 1, self.partitions)
-        if variant not in state["warmup"]:
+            topic = _place(cluster, self.name, 3 if variant.startswith("rf3") else 1, self.partitions)
+        if not wire and variant not in state["warmup"]:
             # the warm-up record goes to an RF 1 topic of the same target (never a measured one)
             state["warmup"][variant] = (
                 ctx.warmup_topic(single) if variant == "single" else _place(cluster, "bench-warmup", 1)
             )
         size = len(ctx.pool[0])
+        timeout = ctx.timeout_for(ctx.records * size)
+        # the wire producer connects, gets its producer id and encodes its batches before the meter
+        # starts (librdkafka's connect, metadata and warm-up record are inside it, but take ~ms)
+        ready = (
+            batch_producer.BatchProducerProcess(
+                cluster.brokers[LEADER].bootstrap, topic, ctx.records, timeout
+            )
+            if wire
+            else None
+        )
         zk0 = cluster.zk_cpu_seconds()
         per0 = cluster.broker_cpu()
         with Meter(target) as meter:
-            run = drivers.confluent_produce(
-                target.bootstrap,
-                topic,
-                ctx.records,
-                ctx.pool,
-                ctx.timeout_for(ctx.records * size),
-                warmup_topic=state["warmup"][variant],
-            )
+            if ready is not None:
+                run = ready.go()
+            else:
+                run = drivers.confluent_produce(
+                    target.bootstrap,
+                    topic,
+                    ctx.records,
+                    ctx.pool,
+                    timeout,
+                    warmup_topic=state["warmup"][variant],
+                )
         zk_cpu = cluster.zk_cpu_seconds() - zk0
         per1 = cluster.broker_cpu()
         in_log = ctx.count_records(target, topic, self.partitions)
@@ -266,6 +280,8 @@ class ClusterProduce(Workload):
             run.errors.append(f"log holds {in_log} records, producer reported {run.records} delivered")
         sample = throughput_sample(run, meter, ctx.records)
         gb = run.bytes / GB if run.bytes else None
+        if wire and run.extra.get("first_offset") != 0:
+            run.errors.append(f"first batch stored at offset {run.extra.get('first_offset')}, expected 0")
         if variant != "single":
             leader_cpu = per1.get(LEADER, 0.0) - per0.get(LEADER, 0.0)
             sample["leader_cpu_s_per_gb"] = leader_cpu / gb if gb else None
@@ -290,6 +306,8 @@ class ClusterProduce(Workload):
         out = run_alternating(list(self.variants), rep, one)
         for key, (a, b) in {
             "ratio": ("rf3", "rf1"),
+            "ratio_wire": ("rf3_wire", "rf1_wire"),
+            "rf3_wire_vs_rf3": ("rf3_wire", "rf3"),
             "ratio_single": ("rf3", "single"),
             "rf1_vs_single": ("rf1", "single"),
         }.items():
@@ -337,6 +355,31 @@ register(
             "variants": ("rf3",),
             "default": False,
             "targets": (),
+        },
+    )
+)
+# librdkafka beside the blocking wire producer (benchlib/batch_producer.py --idempotent), RF 3 and RF 1
+# each, alternating in every repetition (not default: the librdkafka pair above stays the plain run's)
+register(
+    type(
+        "cluster_produce_clients_p1",
+        (ClusterProduce,),
+        {
+            "name": "cluster-produce-clients-p1",
+            "title": "3-broker cluster: produce 1 KB, 1 partition, RF 3 acks=all vs RF 1, confluent-kafka "
+            "and the blocking idempotent wire producer side by side",
+            "variants": ("rf3", "rf1", "rf3_wire", "rf1_wire"),
+            "default": False,
+            "targets": (
+                Target("ratio", ">=", 0.5, "RF 3 / RF 1 MB/s (confluent-kafka)", "#9"),
+                Target("ratio_wire", ">=", 0.5, "RF 3 / RF 1 MB/s (wire producer)", "#9"),
+                Target(
+                    "rf3_broker_cpu_s_per_gb", "<=", 3.0, "cluster broker CPU-s/GB (RF 3, confluent)", "#9"
+                ),
+                Target(
+                    "rf3_wire_broker_cpu_s_per_gb", "<=", 3.0, "cluster broker CPU-s/GB (RF 3, wire)", "#9"
+                ),
+            ),
         },
     )
 )
