@@ -2,7 +2,7 @@
 """Where an RF 3 cluster's CPU per byte goes, broker by broker.
 
     PYTHONPATH=src .venv/bin/python bench/cluster_cost.py [--records N] [--rounds R] [--rf 3]
-        [--perf | --strace | --cprofile]
+        [--perf | --strace | --cprofile] [--client wire]
 
 ZooKeeper + 3 brokers from this checkout's ``src`` (``benchlib.cluster``, broker 0 leads), then R
 rounds of ``cluster-produce-p1``'s produce loop (1 KB records, acks=all, 1 MB batches) to a fresh
@@ -38,7 +38,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from benchlib import drivers  # noqa: E402
+from benchlib import batch_producer, drivers  # noqa: E402
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
 from benchlib.cluster_workloads import _place  # noqa: E402
 
@@ -85,6 +85,12 @@ def main() -> None:
     mode.add_argument("--perf", action="store_const", const="perf", dest="trace")
     mode.add_argument("--strace", action="store_const", const="strace", dest="trace")
     mode.add_argument("--cprofile", action="store_const", const="cprofile", dest="trace")
+    ap.add_argument(
+        "--client",
+        choices=("confluent", "wire"),
+        default="confluent",
+        help="load generator: confluent-kafka (default) or the blocking idempotent wire producer",
+    )
     ap.add_argument("--sched-batch", action="store_true", help="odd rounds under SCHED_BATCH (see above)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -121,10 +127,18 @@ def main() -> None:
             if last and args.trace == "cprofile":
                 for pid in pids:
                     os.kill(pid, signal.SIGUSR1)
-            cs0, cpu0 = [switches(p) for p in pids], [cpu(p) for p in pids]
-            run = drivers.confluent_produce(
-                cluster.bootstrap, topic, args.records, pool, 600, warmup_topic=warm
+            ready = (
+                batch_producer.BatchProducerProcess(cluster.brokers[0].bootstrap, topic, args.records, 600)
+                if args.client == "wire"
+                else None
             )
+            cs0, cpu0 = [switches(p) for p in pids], [cpu(p) for p in pids]
+            if ready is not None:
+                run = ready.go()
+            else:
+                run = drivers.confluent_produce(
+                    cluster.bootstrap, topic, args.records, pool, 600, warmup_topic=warm
+                )
             cpu1, cs1 = [cpu(p) for p in pids], [switches(p) for p in pids]
             if last and args.trace == "cprofile":
                 for pid in pids:
@@ -141,7 +155,7 @@ def main() -> None:
                 for i, (a, b, c, d) in enumerate(zip(cpu0, cpu1, cs0, cs1, strict=True))
             )
             print(
-                f"round {rnd} rf {args.rf} {policy}: {mb / run.wall_s:.0f} MB/s, {total:.2f} CPU-s/GB;  {parts};"
+                f"round {rnd} rf {args.rf} {policy} {args.client}: {mb / run.wall_s:.0f} MB/s, {total:.2f} CPU-s/GB;  {parts};"
                 f"  load {os.getloadavg()[0]:.1f}{'  errors ' + str(run.errors[:2]) if run.errors else ''}",
                 flush=True,
             )

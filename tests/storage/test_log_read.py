@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from exactly.records.batch import iter_batches
+from exactly.storage import log_read
 from exactly.storage.file_slice import FileSlice
 from exactly.storage.log_read import (
     AbortedTxn,
@@ -110,3 +113,35 @@ def test_a_slice_outlives_its_segment_and_sees_a_truncation(tmp_path: Path) -> N
     assert len(again.read()) < len(again)
     sliced.close()
     again.close()
+
+
+def test_a_read_cut_by_max_bytes_is_a_slice_of_the_whole_batches_that_fit(tmp_path: Path) -> None:
+    segments, bases, end = two_segments(tmp_path)
+    size = next(iter_batches(segments[1].read(0, segments[1].size))).size
+    copied, upper = read_batches(segments, bases, end, 15, bound=end, max_bytes=3 * size - 1, min_one=True)
+    assert isinstance(copied, bytes) and offsets(copied) == [15, 18] and upper == 21
+    for recent in (True, False):  # headers from the recent-batch memory, then from index + file
+        if not recent:
+            segments[1].on_become_inactive()
+        sliced, sliced_upper = read_batches(
+            segments, bases, end, 15, bound=end, max_bytes=3 * size - 1, min_one=True, slice_from=size
+        )
+        assert isinstance(sliced, FileSlice) and sliced_upper == upper and sliced.read() == copied
+        sliced.close()
+    # the bound still ends the range first when it comes before max_bytes
+    bounded, bounded_upper = read_batches(
+        segments, bases, end, 15, bound=20, max_bytes=3 * size - 1, min_one=True, slice_from=size
+    )
+    assert isinstance(bounded, FileSlice) and bounded_upper == 18 and offsets(bounded.read()) == [15]
+    bounded.close()
+
+
+def test_the_header_walk_for_a_cut_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    segments, bases, end = two_segments(tmp_path)
+    size = next(iter_batches(segments[1].read(0, segments[1].size))).size
+    monkeypatch.setattr(log_read, "HEADER_WALK", 1)
+    sliced, upper = read_batches(
+        segments, bases, end, 15, bound=end, max_bytes=4 * size, min_one=True, slice_from=size
+    )
+    assert isinstance(sliced, FileSlice) and upper == 21 and offsets(sliced.read()) == [15, 18]
+    sliced.close()

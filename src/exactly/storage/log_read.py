@@ -8,8 +8,11 @@ decides the bounds (log start, high watermark, LSO, log end) and calls in here.
 *Read* finds the segment by base offset, the batch containing the fetch offset via the sparse
 index, and returns whole batches with one ``pread`` up to the bound and ``max_bytes``, or at least
 one batch. Data comes from one segment per call, as in Kafka. With ``slice_from`` a read of at least
-that many bytes that needs no cut comes back as a ``FileSlice`` of the segment file instead of a
-copy (the connection sends it with ``os.sendfile``).
+that many bytes comes back as a ``FileSlice`` of the segment file instead of a copy (the
+connection sends it with ``os.sendfile``); when ``max_bytes`` cuts the range and the first batch
+is itself at least ``slice_from`` bytes, the cut is found from batch headers, so a reader that is
+more than ``max_bytes`` behind (a follower while the producer streams 1 MB batches) is answered
+with a slice too, not with a ``max_bytes`` read and a second copy of the whole batches in it.
 
 Invariant of the arguments: ``bases[i] == segments[i].base_offset``, ascending, and ``log_end``
 is the last segment's next offset.
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exactly.frozen import quick_init
-from exactly.records.batch import iter_batches
+from exactly.records.batch import BatchHeader, iter_batches
 from exactly.storage.file_slice import FileSlice
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
@@ -86,6 +89,11 @@ def read_batches(
             if min_one:
                 return _take(segment, position, first.size, slice_from), first.next_offset
             break
+        if slice_from is not None and first.size >= slice_from:
+            # Large batches (a follower or consumer behind by more than max_bytes): find the
+            # cut from the batch headers and answer with a slice, not a copy of max_bytes
+            size, upper = _whole_batches_within(segment, position, first, end_position, max_bytes)
+            return _take(segment, position, size, slice_from), upper
         # Several batches, not all of which fit: cut after the last whole one.
         data = segment.read(position, max_bytes)
         cut = 0
@@ -94,6 +102,30 @@ def read_batches(
             upper = header.next_offset
         return (data if cut == len(data) else data[:cut]), upper
     return b"", fetch_offset
+
+
+HEADER_WALK = 64  # batch headers looked at for one cut, at most (each >= slice_from bytes at first)
+
+
+def _whole_batches_within(
+    segment: LogSegment, position: int, first: BatchHeader, end_position: int, max_bytes: int
+) -> tuple[int, int]:
+    """(bytes, next offset) of the run of whole batches from ``first`` (at file ``position``)
+    that ends at or before ``end_position`` and fits ``max_bytes`` (``first`` alone always counts),
+    found from headers only: ``find_batch`` answers batches near the log end from the segment's
+    recent-batch memory and others with an index lookup and one header read. At most
+    HEADER_WALK batches, so a run of small batches behind a large one costs a bounded number of
+    header reads; the answer then holds fewer bytes than max_bytes, which a Fetch allows."""
+    size, upper = first.size, first.next_offset
+    for _ in range(HEADER_WALK):
+        found = segment.find_batch(upper)
+        if found is None:
+            break
+        pos, header = found
+        if pos != position + size or pos + header.size > end_position or size + header.size > max_bytes:
+            break
+        size, upper = size + header.size, header.next_offset
+    return size, upper
 
 
 def _take(segment: LogSegment, position: int, size: int, slice_from: int | None) -> bytes | FileSlice:
