@@ -8,14 +8,15 @@ cut after one whole batch, and each answer is sent over TCP loopback to a child 
 drains it. *copy* = ``read_batches`` without ``slice_from`` (a max_bytes ``pread``, the cut copy,
 ``sendall``: what a cut read did before), *slice* = with ``slice_from`` (the cut found from
 headers, ``os.sendfile`` from the segment). CPU seconds of this process (the leader's side;
-``time.process_time``) per 10^9 bytes sent, alternating the two modes per round; the drain's
-CPU is not counted. Figures: bench/results/rf3-ratio-s16.md.
+``time.process_time``) per 10^9 bytes sent, alternating the two modes per round; and the drain's
+(the reader's: a follower's receive), a fresh process per round, its Python start-up included. Figures: bench/results/rf3-ratio-s16.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -75,20 +76,29 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="exactly-leader-micro-"))
     segment = build(directory, args.batches)
     listener = socket.create_server(("127.0.0.1", 0))
-    drain = subprocess.Popen([sys.executable, "-c", DRAIN, str(listener.getsockname()[1])])
-    conn, _ = listener.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    figures: dict[str, list[float]] = {"copy": [], "slice": []}
+    figures: dict[str, list[tuple[float, float]]] = {"copy": [], "slice": []}
     for rnd in range(args.rounds):
         for mode in ("copy", "slice") if rnd % 2 == 0 else ("slice", "copy"):
+            # a fresh drain per round, so its CPU (the reader's side: a follower's receive) is
+            # its whole rusage
+            drain = subprocess.Popen([sys.executable, "-c", DRAIN, str(listener.getsockname()[1])])
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            started = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu, sent = serve(segment, conn, None if mode == "copy" else 64 * 1024)
-            figures[mode].append(cpu / (sent / 1e9))
-    conn.close()
-    drain.wait(30)
+            conn.close()
+            drain.wait(30)
+            ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+            reader = ended.ru_utime + ended.ru_stime - started.ru_utime - started.ru_stime
+            figures[mode].append((cpu / (sent / 1e9), reader / (sent / 1e9)))
     segment.close()
     shutil.rmtree(directory)
     for mode, values in figures.items():
-        print(f"{mode:5s} CPU-s/GB (leader side): " + ", ".join(f"{v:.3f}" for v in values))
+        print(f"{mode:5s} CPU-s/GB leader side: " + ", ".join(f"{v:.3f}" for v, _ in values))
+        print(
+            f"{mode:5s} CPU-s/GB reader side (incl. its start-up): "
+            + ", ".join(f"{r:.3f}" for _, r in values)
+        )
 
 
 if __name__ == "__main__":
