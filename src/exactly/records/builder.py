@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import gzip
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
 
-from exactly.protocol.primitives import append_varint, append_varlong, read_varint, read_varlong
+from exactly.protocol.primitives import (
+    WireFormatError,
+    append_varint,
+    append_varlong,
+    read_varint,
+    read_varlong,
+)
 from exactly.records.batch import (
     COMPRESSION_MASK,
     CONTROL_FLAG,
@@ -180,25 +186,59 @@ def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeade
 
 def record_key_values(
     buf: bytes | memoryview, header: BatchHeader
-) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+) -> tuple[tuple[int, bytes | None, bytes | None], ...]:
     """(offset, key, value) of each record of the batch ``header`` describes, skipping timestamps
     and headers and building no :class:`Record`: what a coordinator's load replays, for every
     batch of its partitions, so it stays the cheapest full read. Same codecs and errors as
     :func:`decode_batch`; the values are exactly what it would give."""
-    payload = record_payload(buf, header)
-    base_offset = header.base_offset
+    return payload_key_values(record_payload(buf, header), header.base_offset, header.record_count)
+
+
+def payload_key_values(
+    payload: bytes | memoryview, base_offset: int, record_count: int
+) -> tuple[tuple[int, bytes | None, bytes | None], ...]:
+    """:func:`record_key_values` of a batch's (uncompressed or decompressed) ``payload``, the
+    records after its 61-byte header: a load's walk calls it directly for an uncompressed batch,
+    without parsing a :class:`BatchHeader`. A varint of one byte (nearly every one a coordinator
+    writes) is read inline; longer ones by :func:`read_varint`, so the values and the errors are
+    the same (a varint past the end raises WireFormatError, as the reader does)."""
+    out: list[tuple[int, bytes | None, bytes | None]] = []
     pos = 0
-    for _ in range(header.record_count):
-        length, pos = read_varint(payload, pos)
-        rec_end = pos + length
-        _ts, cursor = read_varlong(payload, pos + 1)  # after the record attributes
-        delta, cursor = read_varint(payload, cursor)
-        key_len, cursor = read_varint(payload, cursor)
-        key = None
-        if key_len >= 0:
-            key = bytes(payload[cursor : cursor + key_len])
-            cursor += key_len
-        value_len, cursor = read_varint(payload, cursor)
-        value = None if value_len < 0 else bytes(payload[cursor : cursor + value_len])
-        yield base_offset + delta, key, value
-        pos = rec_end
+    try:
+        for _ in range(record_count):
+            v = payload[pos]
+            if v < 0x80:
+                length, pos = (v >> 1) ^ -(v & 1), pos + 1
+            else:
+                length, pos = read_varint(payload, pos)
+            rec_end = pos + length
+            cursor = pos + 1  # after the record attributes
+            if payload[cursor] < 0x80:  # the timestamp delta, not needed
+                cursor += 1
+            else:
+                cursor = read_varlong(payload, cursor)[1]
+            v = payload[cursor]
+            if v < 0x80:
+                delta, cursor = (v >> 1) ^ -(v & 1), cursor + 1
+            else:
+                delta, cursor = read_varint(payload, cursor)
+            v = payload[cursor]
+            if v < 0x80:
+                key_len, cursor = (v >> 1) ^ -(v & 1), cursor + 1
+            else:
+                key_len, cursor = read_varint(payload, cursor)
+            key = None
+            if key_len >= 0:
+                key = bytes(payload[cursor : cursor + key_len])
+                cursor += key_len
+            v = payload[cursor]
+            if v < 0x80:
+                value_len, cursor = (v >> 1) ^ -(v & 1), cursor + 1
+            else:
+                value_len, cursor = read_varint(payload, cursor)
+            value = None if value_len < 0 else bytes(payload[cursor : cursor + value_len])
+            out.append((base_offset + delta, key, value))
+            pos = rec_end
+    except IndexError:
+        raise WireFormatError("truncated varint") from None
+    return tuple(out)

@@ -33,6 +33,7 @@ from kio.schema.errors import ErrorCode
 
 from exactly.frozen import quick_init
 from exactly.records.batch import (
+    COMPRESSION_MASK,
     CONTROL_FLAG,
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -41,7 +42,7 @@ from exactly.records.batch import (
     BatchHeader,
     InvalidRecordError,
 )
-from exactly.records.builder import Record, build_batch, record_key_values
+from exactly.records.builder import Record, build_batch, payload_key_values, record_key_values
 from exactly.records.control import ControlType, build_control_batch, control_type, control_type_at
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
@@ -307,12 +308,13 @@ def _walk(data: bytes, partition: int, offset: int) -> Generator[ReplayedBatch, 
 
     Why not ``iter_batches``: a load walks every batch of its partitions, on a compacted
     ``__consumer_offsets`` mostly COMMIT markers kept for ``delete.retention.ms``. Only the
-    fields the replay needs are unpacked, and a marker's type is read without a parsed header;
-    a :class:`BatchHeader` is built only for a data batch (to decode its records) or a marker
-    in a layout the quick read does not take."""
+    fields the replay needs are unpacked, a marker's type is read without a parsed header and
+    the records of an uncompressed batch straight from its payload; a :class:`BatchHeader` is
+    built only for a compressed batch or a marker in a layout the quick read does not take."""
     limit = len(data)
     pos = 0
     walk = _WALK.unpack_from
+    view = memoryview(data)
     while pos + HEADER_SIZE <= limit:
         base_offset, batch_length, magic, attributes, last_delta, producer_id, count = walk(data, pos)
         size = batch_length + LOG_OVERHEAD
@@ -331,7 +333,10 @@ def _walk(data: bytes, partition: int, offset: int) -> Generator[ReplayedBatch, 
                     transactional = bool(attributes & TRANSACTIONAL_FLAG)
                     yield ReplayedBatch(partition, base_offset, producer_id, transactional, control, ())
             else:
-                entries = tuple(record_key_values(data, BatchHeader.parse(data, pos)))
+                if attributes & COMPRESSION_MASK:
+                    entries = record_key_values(data, BatchHeader.parse(data, pos))
+                else:
+                    entries = payload_key_values(view[pos + HEADER_SIZE : pos + size], base_offset, count)
                 yield ReplayedBatch(
                     partition, base_offset, producer_id, bool(attributes & TRANSACTIONAL_FLAG), None, entries
                 )

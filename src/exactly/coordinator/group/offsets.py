@@ -55,10 +55,12 @@ from exactly.coordinator.group.api import (
 from exactly.coordinator.group.group import ClassicGroup
 from exactly.coordinator.group.records import OffsetCommitKey, OffsetCommitValue
 from exactly.coordinator.group.state import GroupState
+from exactly.frozen import quick_init
 
 TopicPartitionKey = tuple[str, int]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommittedOffset:
     """An offset as stored, with the log offset of the record that carried it."""
@@ -188,12 +190,26 @@ class OffsetStore:
             return
         for group_id in [g for g in pending if group_filter is None or group_filter(g)]:
             offsets = pending.pop(group_id)
+            # What _close_if_settled does per partition, inlined (a load applies thousands of
+            # markers): the producer's offsets of this group are neither pending (just popped)
+            # nor staged (the group's staged ones went above) any more, so it leaves ``_open``.
+            by_tp = self._open.get(group_id)
+            committed = self._committed.get(group_id)
             for tp, entry in offsets.items():
-                self._close_if_settled(group_id, tp, producer_id)
+                if by_tp is not None:
+                    producers = by_tp.get(tp)
+                    if producers is not None:
+                        producers.discard(producer_id)
+                        if not producers:
+                            del by_tp[tp]
                 if commit:
-                    existing = self._committed.get(group_id, {}).get(tp)
+                    existing = None if committed is None else committed.get(tp)
                     if existing is None or entry.record_offset > existing.record_offset:
-                        self._committed.setdefault(group_id, {})[tp] = entry
+                        if committed is None:
+                            committed = self._committed[group_id] = {}
+                        committed[tp] = entry
+            if by_tp is not None and not by_tp:
+                del self._open[group_id]
         if not pending:
             del self._pending[producer_id]
 

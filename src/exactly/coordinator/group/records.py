@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from exactly.frozen import quick_init
 from exactly.protocol.primitives import Reader, WireFormatError, write_uvarint
 
 OFFSET_COMMIT_KEY_VERSION = 1
@@ -57,6 +58,7 @@ class RecordDecodeError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class OffsetCommitKey:
     group: str
@@ -64,6 +66,7 @@ class OffsetCommitKey:
     partition: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class GroupMetadataKey:
     group: str
@@ -72,6 +75,7 @@ class GroupMetadataKey:
 RecordKey = OffsetCommitKey | GroupMetadataKey
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OffsetCommitValue:
     offset: int

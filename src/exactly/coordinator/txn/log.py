@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from exactly.coordinator.txn.metadata import TxnTransitMetadata
 from exactly.coordinator.txn.state import TransactionState
+from exactly.frozen import quick_init
 from exactly.protocol.primitives import Reader, append_tagged_fields, append_uvarint
 from exactly.topics import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC
 from exactly.types import NO_PRODUCER_EPOCH, ProducerEpoch, ProducerId, TopicPartition
@@ -98,6 +99,7 @@ def offsets_partition_for(group_id: str, num_partitions: int = DEFAULT_NUM_PARTI
 # -- wire model --------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TransactionLogValue:
     """One ``__transaction_state`` value exactly as on the wire (field names from the JSON spec).
@@ -120,6 +122,7 @@ class TransactionLogValue:
     unknown_tagged_fields: tuple[tuple[int, bytes], ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TxnLogRecord:
     """A decoded record: ``value`` None is a tombstone (the id expired)."""

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from exactly.coordinator.txn.state import TransactionState, check_transition
+from exactly.frozen import quick_init
 from exactly.types import (
     MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
@@ -65,6 +66,7 @@ def is_epoch_exhausted(epoch: int) -> bool:
     return epoch >= MAX_PRODUCER_EPOCH - 1
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TxnTransitMetadata:
     """The complete next state of one transactional.id, as it will be persisted.
