@@ -14,6 +14,7 @@ box.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import brokers, kafka
+from benchlib import brokers, kafka, procstat
 from benchlib.compaction_workloads import Wire, offset_commits, passes_of, ready_s, scrape, transactions
 
 GROUPS = 20
@@ -68,6 +69,11 @@ def main() -> int:
         "instead of building one",
     )
     args = ap.parse_args()
+    # Byte-code compiled up front for both trees: a tree from ``git archive`` has no
+    # __pycache__, and with PYTHONDONTWRITEBYTECODE set (or a read-only tree) every start would
+    # compile each module it imports again, a cost of the tree and not of the version.
+    for tree in (args.base, args.src):
+        compileall.compile_dir(tree, quiet=1)
     work = Path(tempfile.mkdtemp(prefix="restart-ab-"))
     pristine = args.data or work / "pristine" / "data"
     if args.data is None:
@@ -75,6 +81,7 @@ def main() -> int:
     last_group = f"group-{(args.commits // 100 - 1) % GROUPS}"
     expected = args.commits // 100 - 1
     times: dict[str, list[float]] = {"A": [], "B": [], "fresh": []}
+    cpus: dict[str, list[float]] = {"A": [], "B": [], "fresh": []}  # the broker process's, at ready
     loads: list[float] = []
     for r in range(args.rounds):
         for v in ("A", "B", "fresh") if r % 2 == 0 else ("B", "A", "fresh"):
@@ -88,16 +95,24 @@ def main() -> int:
             )
             try:
                 t = ready_s(b, None, None) if v == "fresh" else ready_s(b, last_group, expected)
+                cpu = procstat.cpu_seconds(b.pid, include_children=False)  # not the cleaner's worker
             finally:
                 b.stop()
             times[v].append(t)
+            cpus[v].append(cpu)
             loads.append(os.getloadavg()[0])
-            print(f"round {r} {v}: {t:.3f} s (load {loads[-1]:.2f})", flush=True)
+            print(f"round {r} {v}: {t:.3f} s, {cpu:.2f} CPU-s (load {loads[-1]:.2f})", flush=True)
     for v, xs in times.items():
-        print(f"{v}: median {statistics.median(xs):.3f} s, min {min(xs):.3f} s")
+        print(
+            f"{v}: median {statistics.median(xs):.3f} s, min {min(xs):.3f} s; "
+            f"CPU-s to ready median {statistics.median(cpus[v]):.3f}"
+        )
     fresh = statistics.median(times["fresh"])
+    fresh_cpu = statistics.median(cpus["fresh"])
     print(
         f"A / fresh {statistics.median(times['A']) / fresh:.2f}, B / fresh {statistics.median(times['B']) / fresh:.2f}; "
+        f"CPU-s A / fresh {statistics.median(cpus['A']) / fresh_cpu:.2f}, "
+        f"B / fresh {statistics.median(cpus['B']) / fresh_cpu:.2f}; "
         f"load avg mean {statistics.mean(loads):.2f}, max {max(loads):.2f}; data in {work}"
     )
     return 0

@@ -11,8 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exactly.protocol.primitives import WireFormatError
 from exactly.records.batch import BatchHeader, iter_batches
-from exactly.records.builder import COMPRESSION_GZIP, Record, build_batch, decode_batch, record_key_values
+from exactly.records.builder import (
+    COMPRESSION_GZIP,
+    Record,
+    build_batch,
+    decode_batch,
+    payload_key_values,
+    record_key_values,
+)
 from exactly.records.control import ControlType, build_control_batch, control_type, read_control_marker
 from exactly.records.rebuild import build_retained_batch
 
@@ -96,3 +104,43 @@ def test_control_type_of_an_unknown_type_raises_as_the_full_read_does() -> None:
         read_control_marker(data, header)
     with pytest.raises(ValueError):
         control_type(data, header)
+
+
+@given(
+    st.integers(1, 200),
+    st.integers(0, 70),
+    st.integers(0, 70),
+    st.integers(0, 2**40),
+)
+def test_payload_key_values_reads_multi_byte_varints(
+    count: int, key_size: int, value_size: int, timestamp: int
+) -> None:
+    """The load's walk reads an uncompressed batch's payload directly: one-byte varints inline,
+    longer ones (a record length or key/value length from 64 bytes, offset deltas from 64, a
+    timestamp delta) by the reader; same triples as ``decode_batch``."""
+    batch = [
+        Record(
+            key=bytes([i % 251]) * key_size,
+            value=bytes([i % 13]) * (value_size + i % 3),
+            timestamp=timestamp + i,
+        )
+        for i in range(count)
+    ]
+    data = build_batch(batch, base_offset=1000, base_timestamp=timestamp)
+    header = BatchHeader.parse(data)
+    _h, decoded = decode_batch(data)
+    expected = tuple((r.offset, r.key, r.value) for r in decoded)
+    assert payload_key_values(memoryview(data)[61 : header.size], 1000, count) == expected
+    assert record_key_values(data, header) == expected
+
+
+def test_payload_key_values_of_a_truncated_payload_raises_wire_format_errors_only() -> None:
+    """A payload cut anywhere gives either triples or WireFormatError (a ValueError, what the
+    runtime's bad-record handling expects), never an IndexError from the inline varint reads."""
+    data = build_batch([Record(key=b"k" * 70, value=b"v" * 5, timestamp=3_000), Record(key=None, value=b"w")])
+    payload = data[61:]
+    for cut in range(len(payload)):
+        try:
+            payload_key_values(memoryview(payload)[:cut], 0, 2)
+        except WireFormatError:
+            pass

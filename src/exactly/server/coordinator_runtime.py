@@ -190,14 +190,15 @@ class CoordinatorRuntime:
             return stats
 
     def _replay(self) -> LoadStats:
-        shard = self.shard
+        replay = self.shard.replay
+        end_transaction = self.shard.replay_end_transaction
+        commit = ControlType.COMMIT
         batches = records = 0
         for batch in self.internal.replay(self.topic, self.owned):
             batches += 1
-            if batch.control is not None:
-                shard.replay_end_transaction(
-                    batch.producer_id, batch.control is ControlType.COMMIT, batch.partition
-                )
+            control = batch.control
+            if control is not None:
+                end_transaction(batch.producer_id, control is commit, batch.partition)
                 continue
             # Only transactional batches (TxnOffsetCommit) are pending; idempotent ones are plain.
             producer_id = batch.producer_id if batch.is_transactional else -1
@@ -206,7 +207,7 @@ class CoordinatorRuntime:
                     continue
                 records += 1
                 try:
-                    shard.replay(key, value, offset=offset, producer_id=producer_id)
+                    replay(key, value, offset=offset, producer_id=producer_id)
                 except Exception:
                     if not self._skip_bad_records:
                         raise

@@ -84,10 +84,11 @@ class TransactionState(enum.Enum):
 
     @classmethod
     def from_id(cls, state_id: int) -> TransactionState:
-        try:
-            return cls(state_id)
-        except ValueError:
-            raise ValueError(f"unknown transaction state id {state_id}") from None
+        # a dict lookup, not ``cls(state_id)``: a load calls this for every value it replays
+        state = _BY_ID.get(state_id)
+        if state is None:
+            raise ValueError(f"unknown transaction state id {state_id}")
+        return state
 
     @classmethod
     def from_name(cls, name: str) -> TransactionState | None:
@@ -113,6 +114,7 @@ _NAMES: Mapping[TransactionState, str] = MappingProxyType(
     }
 )
 _BY_NAME: Mapping[str, TransactionState] = MappingProxyType({v: k for k, v in _NAMES.items()})
+_BY_ID: Mapping[int, TransactionState] = MappingProxyType({s.value: s for s in TransactionState})
 
 _EXPIRATION_ALLOWED = frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT})
 
