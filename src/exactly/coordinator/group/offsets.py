@@ -152,7 +152,14 @@ class OffsetStore:
     ) -> None:
         tp = (key.topic, key.partition)
         if value is not None:
-            entry = CommittedOffset.from_value(value, record_offset)
+            entry = CommittedOffset(  # from_value inlined: a load replays every offset record
+                offset=value.offset,
+                leader_epoch=value.leader_epoch,
+                metadata=value.metadata,
+                commit_timestamp=value.commit_timestamp,
+                expire_timestamp=value.expire_timestamp,
+                record_offset=record_offset,
+            )
             if producer_id < 0:
                 self._committed.setdefault(key.group, {})[tp] = entry
             else:
@@ -188,7 +195,8 @@ class OffsetStore:
         pending = self._pending.get(producer_id)
         if pending is None:
             return
-        for group_id in [g for g in pending if group_filter is None or group_filter(g)]:
+        groups = list(pending) if group_filter is None else [g for g in pending if group_filter(g)]
+        for group_id in groups:
             offsets = pending.pop(group_id)
             # What _close_if_settled does per partition, inlined (a load applies thousands of
             # markers): the producer's offsets of this group are neither pending (just popped)
