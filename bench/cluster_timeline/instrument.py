@@ -106,6 +106,11 @@ def main() -> None:
                 T("    ", '"f_resp", int(getattr(request, "replica_id", -1)), total')
                 + "    return encode_fetch_response(ctx.version, 0, 0, responses)\n",
             ),
+            (  # a parked follower fetch answered by the append's call
+                "            response = encode_fetch_response(version, 0, 0, responses)\n",
+                T("            ", '"f_resp", int(getattr(request, "replica_id", -1)), total')
+                + "            response = encode_fetch_response(version, 0, 0, responses)\n",
+            ),
         ],
     )
     patch(

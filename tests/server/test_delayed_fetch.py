@@ -94,3 +94,66 @@ def test_an_append_wakes_follower_fetches_and_a_high_watermark_move_consumer_fet
         assert w._waiters == {} and w._log_end == {}
 
     asyncio.run(main())
+
+
+def test_a_parked_fetch_answers_inside_the_append_that_completes_it() -> None:
+    """``park``: the leader's append fires the callback in the notify call itself (no task, no
+    loop turn), and the fired entry has left every set and its timer before the callback runs,
+    so the callback may park again."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        fired: list[str] = []
+
+        def fire() -> None:
+            fired.append("fired")
+            assert w._log_end == {}  # detached first
+            if len(fired) == 1:
+                w.park([A, B], 30.0, fire, up_to_log_end=True)  # too few bytes: park again
+
+        w.park([A, B], 30.0, fire, up_to_log_end=True)
+        w.notify_high_watermark(A)  # a consumer's event: not this fetch's
+        assert fired == []
+        w.notify_appended(B)
+        assert fired == ["fired"]  # inside the call
+        assert set(w._log_end) == {A, B}  # parked again
+        w.notify_appended(A)
+        assert fired == ["fired", "fired"]
+        assert w._log_end == {}
+        loop = asyncio.get_running_loop()
+        assert all(h.cancelled() for h in loop._scheduled)  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_a_role_change_fires_a_parked_fetch_on_the_next_loop_turn() -> None:
+    """``notify`` (role changes, epoch bumps) fires it as a woken task would run: after the
+    caller's whole change, never in the middle of it."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        fired: list[int] = []
+        w.park([A], 30.0, lambda: fired.append(1), up_to_log_end=True)
+        w.notify(A)
+        w.notify(A)  # twice before it runs: fired once
+        assert fired == []
+        await asyncio.sleep(0)
+        assert fired == [1]
+        assert w._log_end == {}
+
+    asyncio.run(main())
+
+
+def test_a_parked_fetch_fires_at_its_max_wait_and_a_cancelled_one_never() -> None:
+    async def main() -> None:
+        w = AppendWaiters()
+        done = asyncio.get_running_loop().create_future()
+        w.park([A], 0.02, lambda: done.set_result(None), up_to_log_end=True)
+        gone = w.park([A, C], 0.02, lambda: done.set_exception(AssertionError("fired")), up_to_log_end=False)
+        gone.cancel()
+        assert set(w._waiters) == set() and set(w._log_end) == {A}
+        await asyncio.wait_for(done, 5.0)
+        await asyncio.sleep(0.05)
+        assert w._log_end == {} and w._waiters == {}
+
+    asyncio.run(main())

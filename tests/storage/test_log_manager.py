@@ -157,6 +157,26 @@ def test_run_maintenance(tmp_path: Path) -> None:
     manager.close()
 
 
+def test_periodic_checkpoint_rewrites_only_changed_offsets(tmp_path: Path) -> None:
+    """The periodic recovery-point and log-start checkpoints run on the event loop (durable
+    writes): one that would write what is on disk already is skipped (the file keeps its inode:
+    every write is a rename of a new file); a moved offset is written."""
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW, checkpoint_interval_ms=10_000)
+    manager.create_topic("t", 1, {"flush.ms": "1000"}, now_ms=NOW)
+    log = manager.get_partition(TopicPartition("t", 0))
+    assert log is not None
+    recovery = tmp_path / RECOVERY_POINT_CHECKPOINT
+    manager.run_maintenance(NOW + 10_000)
+    inode = recovery.stat().st_ino
+    manager.run_maintenance(NOW + 20_000)  # due, nothing moved
+    assert recovery.stat().st_ino == inode
+    append(log, 3, timestamp=NOW, producer_id=100, epoch=0, seq=0)
+    manager.run_maintenance(NOW + 30_000)  # flush.ms moved the recovery point, then due
+    assert recovery.stat().st_ino != inode
+    assert read_offset_checkpoint(recovery) == {TopicPartition("t", 0): 3}
+    manager.close()
+
+
 def test_created_partitions_start_their_leader_epoch(tmp_path: Path) -> None:
     """The epoch is checkpointed at creation (Kafka: on becoming leader), so the first produce
     does not write and fsync the checkpoint inside the request."""

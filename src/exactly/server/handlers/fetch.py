@@ -16,6 +16,12 @@ the segment file that the connection sends with sendfile (``storage.file_slice``
 Replica fetches (cluster mode) read up to the log end and move the leader's HW and ISR; from v12
 they carry the follower's last fetched epoch, and a follower whose log diverged gets a
 DivergingEpoch and no records (truncation on fetch, ``fetch_checks.check_diverging_epoch``).
+A follower's fetch that has to wait is not awaited: the handler returns a ``Deferred`` answer and
+parks a callback (``delayed_fetch.ParkedFetch``) that the leader's next append calls; it re-reads
+and the answer goes out from inside that append (the connection writes a resolved answer at once,
+``deferred_response``). Its effects (the follower's offset moving the HW and ISR) all happen on
+arrival, so only the answer is deferred, as ``Deferred`` requires; the follower sends one fetch
+at a time, so nothing queues behind it.
 Consumers' last fetched epochs are not checked (Kafka checks them too).
 
 Fetch sessions (KIP-227): the broker never creates one (answers session id 0), which clients
@@ -25,6 +31,7 @@ FETCH_SESSION_ID_NOT_FOUND as in Kafka.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +42,7 @@ from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_request_reader import parse_fetch_request
 from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
 from exactly.server.authz import CLUSTER_ACTION, READ, TOPIC, authorize, authorize_cluster
+from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.storage.leader_epoch import EpochEndOffset
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
@@ -43,6 +51,8 @@ from exactly.types import TopicPartition
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
     from exactly.server.dispatch import RequestContext
+
+log = logging.getLogger(__name__)
 
 API_KEY = ApiKey.FETCH
 parse_request = parse_fetch_request  # by hand: the request every append wakes
@@ -84,11 +94,52 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             tps = [TopicPartition(t.topic, p.partition) for t in request.topics for p in t.partitions]
         if not tps:
             break
+        if from_follower and ctx.may_defer:
+            return Deferred(
+                _answer_when_appended(broker, ctx.version, request, tps, deadline, slice_from, denied)
+            )
         await broker.waiters.wait(tps, remaining, up_to_log_end=from_follower)
         if time.monotonic() >= deadline:
             responses, total, errors = _read_all(broker, request, slice_from, denied, False)
             break
     return encode_fetch_response(ctx.version, 0, 0, responses)
+
+
+def _answer_when_appended(
+    broker: Broker,
+    version: int,
+    request: Any,
+    tps: list[TopicPartition],
+    deadline: float,
+    slice_from: int | None,
+    denied: frozenset[str],
+) -> PendingAnswer[Any]:
+    """A parked follower fetch's answer, resolved by the call that completes it (an append, a
+    role change, its max_wait): the same re-read and the same completion rule as the awaited
+    path in ``handle``. Cancelling it (the connection is gone) unparks it."""
+    answer: PendingAnswer[Any] = PendingAnswer()
+
+    def park(remaining: float) -> None:
+        parked = broker.waiters.park(tps, remaining, fire, up_to_log_end=True)
+        answer.on_cancel(parked.cancel)
+
+    def fire() -> None:
+        # runs inside the leader's append: nothing may escape into it
+        try:
+            responses, total, errors = _read_all(broker, request, slice_from, denied, False)
+            remaining = deadline - time.monotonic()
+            if total < request.min_bytes and not errors and remaining > 0:
+                park(remaining)  # a wake-up that brought too few bytes
+                return
+            response = encode_fetch_response(version, 0, 0, responses)
+        except Exception:
+            log.exception("answering a parked follower fetch failed")
+            broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
+            response = encode_fetch_response(version, ErrorCode.unknown_server_error, 0, [])
+        answer.set_result(response)
+
+    park(max(deadline - time.monotonic(), 0.0))
+    return answer
 
 
 def _denied_topics(broker: Broker, ctx: RequestContext, request: Any) -> frozenset[str]:
