@@ -106,10 +106,13 @@ def main() -> None:
                 T("    ", '"f_resp", int(getattr(request, "replica_id", -1)), total')
                 + "    return encode_fetch_response(ctx.version, 0, 0, responses)\n",
             ),
-            (  # a parked follower fetch answered by the append's call
-                "            response = encode_fetch_response(version, 0, 0, responses)\n",
-                T("            ", '"f_resp", int(getattr(request, "replica_id", -1)), total')
-                + "            response = encode_fetch_response(version, 0, 0, responses)\n",
+            (  # a parked follower fetch: its answer is sent by what fire() returns
+                "        return partial(answer.set_result, response)\n",
+                "        _rid, _total = int(getattr(request, 'replica_id', -1)), locals().get('total', 0)\n\n"
+                "        def _send():\n"
+                + T("            ", '"f_resp", _rid, _total')
+                + "            answer.set_result(response)\n\n"
+                "        return _send\n",
             ),
         ],
     )

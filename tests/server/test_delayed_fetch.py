@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from exactly.server.delayed_fetch import AppendWaiters
 from exactly.types import TopicPartition
@@ -155,5 +156,30 @@ def test_a_parked_fetch_fires_at_its_max_wait_and_a_cancelled_one_never() -> Non
         await asyncio.wait_for(done, 5.0)
         await asyncio.sleep(0.05)
         assert w._log_end == {} and w._waiters == {}
+
+    asyncio.run(main())
+
+
+def test_an_append_prepares_every_parked_follower_fetch_before_sending_any() -> None:
+    """The first answer written wakes its follower, which may take the leader's core: both
+    followers' answers are read and encoded first, then sent back to back."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        steps: list[str] = []
+
+        def fetch(name: str) -> Callable[[], Callable[[], None] | None]:
+            def fire() -> Callable[[], None]:
+                steps.append(f"prepare {name}")
+                return lambda: steps.append(f"send {name}")
+
+            return fire
+
+        w.park([A], 30.0, fetch("f1"), up_to_log_end=True)
+        w.park([A], 30.0, fetch("f2"), up_to_log_end=True)
+        w.notify_appended(A)
+        assert sorted(steps[:2]) == ["prepare f1", "prepare f2"]
+        assert sorted(steps[2:]) == ["send f1", "send f2"]
+        assert w._log_end == {}
 
     asyncio.run(main())

@@ -19,9 +19,15 @@ later (on a loaded 2-core box that turn is where other processes' and connection
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 
 from exactly.types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+# A parked fetch's completion: prepares its answer, returns what sends it (None: nothing to send).
+Fire = Callable[[], Callable[[], None] | None]
 
 
 class ParkedFetch:
@@ -33,9 +39,14 @@ class ParkedFetch:
     parked -> cancelled (``cancel``: its connection is gone). Invariant: an entry is in the sets
     exactly while it is neither fired nor cancelled.
 
-    ``notify_appended`` (the leader's own append, the hot path) fires it inside the call;
-    ``notify`` (role changes, epoch bumps, a single broker's append) fires it on the next loop turn,
-    as a woken task would run, so it never reads a partition in the middle of a role change."""
+    ``fire`` works in two steps: it prepares the answer (reads, encodes) and returns what sends it
+    (None: nothing to send, e.g. it parked again). ``notify_appended`` (the leader's own append, the
+    hot path) fires inside the call, preparing every parked fetch of the partition before sending
+    any: the first answer written wakes its follower, which on a busy 2-core box takes the leader's
+    core at once, and the acks=all produce needs the other follower's answer too (traced: 0.4 ms at
+    the median between the two when each was written as soon as it was read). ``notify`` (role
+    changes, epoch bumps, a single broker's append) fires it on the next loop turn, as a woken task
+    would run, so it never reads a partition in the middle of a role change."""
 
     __slots__ = ("_done", "_fire", "_keys", "_sets", "_timer")
 
@@ -43,7 +54,7 @@ class ParkedFetch:
         self,
         sets: dict[TopicPartition, set[_Waiter]],
         keys: list[TopicPartition],
-        fire: Callable[[], None],
+        fire: Fire,
     ) -> None:
         self._done = False
         self._fire = fire
@@ -55,11 +66,17 @@ class ParkedFetch:
         return self._done
 
     def set_result(self, _value: None) -> None:
-        """Fire now (the name is the future's, for ``_wake_all``)."""
+        """Fire now, both steps (the name is the future's: the timer and ``fire_soon`` call it)."""
+        send = self.prepare()
+        if send is not None:
+            send()
+
+    def prepare(self) -> Callable[[], None] | None:
+        """Leave the sets and prepare the answer; the caller sends it with the result."""
         if self._done:
-            return
+            return None
         self._detach()
-        self._fire()
+        return self._fire()
 
     def fire_soon(self) -> None:
         if not self._done:
@@ -144,7 +161,7 @@ class AppendWaiters:
                         del waiters[tp]
 
     def park(
-        self, tps: list[TopicPartition], timeout_s: float, fire: Callable[[], None], *, up_to_log_end: bool
+        self, tps: list[TopicPartition], timeout_s: float, fire: Fire, *, up_to_log_end: bool
     ) -> ParkedFetch:
         """Park a fetch that ``fire()`` completes (no task; see ``ParkedFetch``), for the same
         events ``wait`` would wake it for, or until ``timeout_s``."""
@@ -184,13 +201,23 @@ def _wake_all(waiters: dict[TopicPartition, set[_Waiter]], tp: TopicPartition, *
     if not parked:
         return
     # a fired ParkedFetch leaves the set (and may park again) while this loop runs
+    sends: list[Callable[[], None]] = []
     for waiter in tuple(parked):
         if waiter.done():
             continue
-        if now or not isinstance(waiter, ParkedFetch):
+        if not isinstance(waiter, ParkedFetch):
             waiter.set_result(None)
+        elif now:
+            send = waiter.prepare()
+            if send is not None:
+                sends.append(send)
         else:
             waiter.fire_soon()
+    for send in sends:  # every answer ready: written back to back (see ParkedFetch)
+        try:
+            send()
+        except Exception:  # the waker is an append: a failed answer must not fail it
+            log.exception("sending a parked fetch's answer failed")
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

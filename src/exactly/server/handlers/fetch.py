@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -123,20 +125,21 @@ def _answer_when_appended(
         parked = broker.waiters.park(tps, remaining, fire, up_to_log_end=True)
         answer.on_cancel(parked.cancel)
 
-    def fire() -> None:
-        # runs inside the leader's append: nothing may escape into it
+    def fire() -> Callable[[], None] | None:
+        # runs inside the leader's append: nothing may escape into it. Returns the send (the
+        # waker writes every ready answer back to back, see ``delayed_fetch.ParkedFetch``).
         try:
             responses, total, errors = _read_all(broker, request, slice_from, denied, False)
             remaining = deadline - time.monotonic()
             if total < request.min_bytes and not errors and remaining > 0:
                 park(remaining)  # a wake-up that brought too few bytes
-                return
+                return None
             response = encode_fetch_response(version, 0, 0, responses)
         except Exception:
             log.exception("answering a parked follower fetch failed")
             broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
             response = encode_fetch_response(version, ErrorCode.unknown_server_error, 0, [])
-        answer.set_result(response)
+        return partial(answer.set_result, response)
 
     park(max(deadline - time.monotonic(), 0.0))
     return answer
