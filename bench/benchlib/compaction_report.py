@@ -103,6 +103,10 @@ def _internal(e: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _num(value: Any, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
 def _latency(e: dict[str, Any] | None) -> list[str]:
     if not e:
         return []
@@ -112,9 +116,10 @@ def _latency(e: dict[str, Any] | None) -> list[str]:
     out = [
         f"### `{e['workload']}`",
         "",
-        "| produce at 1,000 msg/s | windows | ack p50 ms | ack p99 ms | ack p99.9 ms | ack max ms | broker cores "
+        "| produce at 1,000 msg/s | windows | ack p50 ms | ack p99 ms (pooled) | ack p99 ms (mean of windows) "
+        "| ack p99.9 ms | ack max ms | broker cores "
         "| of which worker | event loop waiting for a CPU ms/s | load avg (1 min) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for v in phases:
         label = {
@@ -124,6 +129,7 @@ def _latency(e: dict[str, Any] | None) -> list[str]:
         }.get(v, f"cleaner {v}")
         out.append(
             f"| {label} | {first.get(f'{v}_windows', 0)} | {_cell(s, f'{v}_ack_p50_ms', 2)} "
+            f"| {_cell(s, f'{v}_pooled_ack_p99_ms', 2)} "
             f"| {_cell(s, f'{v}_ack_p99_ms', 2)} | {_cell(s, f'{v}_ack_p999_ms', 2)} "
             f"| {_cell(s, f'{v}_ack_max_ms', 1)} | {_cell(s, f'{v}_broker_cores', 2)} "
             f"| {_cell(s, f'{v}_worker_cores', 2)} | {_cell(s, f'{v}_loop_wait_ms_per_s', 1)} "
@@ -133,7 +139,26 @@ def _latency(e: dict[str, Any] | None) -> list[str]:
     busy = sum(1 for x in s if x.get("cleaner_busy_whole_window"))
     out += [
         "",
-        "p99 ratios per repetition (each phase's mean window p99 / idle's): "
+        "Per repetition and window, in measuring order within each phase (ms; *stalls*: runs of acks >= 10 ms):",
+        "",
+    ]
+    for i, x in enumerate(s):
+        cells = []
+        for v in phases:
+            if f"{v}_p99_per_window" not in x:
+                continue
+            p99s = ", ".join(_num(a, 2) for a in x[f"{v}_p99_per_window"])
+            maxes = ", ".join(_num(a, 1) for a in x.get(f"{v}_max_per_window", []))
+            st = ", ".join(str(a) for a in x.get(f"{v}_stalls_per_window", []))
+            cells.append(f"{v} p99 [{p99s}] max [{maxes}] stalls [{st}]")
+        rounds = ", ".join(_num(a, 2) for a in x.get("round_p99_ratios", []))
+        out.append(
+            f"- rep {i + 1}: busy/idle pooled p99 {_num(x.get('p99_ratio'), 2)}, mean-of-windows "
+            f"{_num(x.get('mean_window_p99_ratio'), 2)}, per round [{rounds}]; " + "; ".join(cells)
+        )
+    out += [
+        "",
+        "p99 ratios per repetition (each phase's acks pooled over its windows: p99 / idle's): "
         + "; ".join(
             f"{k.removeprefix('p99_ratio_') if k != 'p99_ratio' else 'busy'} {_cell(s, k, 2)}" for k in ratios
         )

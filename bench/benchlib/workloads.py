@@ -681,14 +681,20 @@ class LatencyFixedRate(Workload):
 
 
 def fixed_rate_latency(
-    ctx: Context, broker: Any, topic: str, window: AbstractContextManager[Any] | None = None
+    ctx: Context,
+    broker: Any,
+    topic: str,
+    window: AbstractContextManager[Any] | None = None,
+    *,
+    keep_acks: bool = False,
 ) -> dict[str, Any]:
     """``ctx.latency_rate`` records/s for ``ctx.latency_seconds`` to partition 0 of ``topic`` (linger.ms=0,
     acks=all, idempotent) with a consumer thread reading it: ack and end-to-end latency percentiles.
     ``broker``: a ``BrokerProcess`` or anything with ``bootstrap``, ``cpu_seconds()``, ``alive()`` and
     ``info`` (bench/benchlib/cluster.py's ``Cluster``: CPU summed over its brokers). ``window``, if
     given, is entered right before the first record is sent and left once the last is acked (the
-    clients are set up outside it): what the measured window runs under."""
+    clients are set up outside it): what the measured window runs under. ``keep_acks``: the sample
+    also holds every ack latency, in send order (``ack_ms``), to pool windows or find stalls."""
     rate, seconds = ctx.latency_rate, ctx.latency_seconds
     total = int(rate * seconds)
     ack: list[float] = []
@@ -752,6 +758,7 @@ def fixed_rate_latency(
     stop.set()
     reader.join(60)
     in_log = ctx.count_records(broker, topic, 1)
+    in_send_order = list(ack)
     if len(ack) != total:
         errors.append(f"{len(ack)}/{total} delivery reports")
     if len(e2e) != total:
@@ -773,6 +780,8 @@ def fixed_rate_latency(
         for q, key in ((50, "p50"), (99, "p99"), (99.9, "p999")):
             sample[f"{label}_{key}_ms"] = percentile(vals, q)
         sample[f"{label}_max_ms"] = vals[-1] if vals else None
+    if keep_acks:
+        sample["ack_ms"] = in_send_order
     return sample
 
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from exactly.storage.cleaner.swap import SwapHook, replace_segment_groups
+from exactly.storage.cleaner.swap import SwapHook, commit_segment_groups, replace_segment_groups
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import rebuild_producer_state
@@ -150,12 +150,18 @@ class LogMaintenance:
         self.replace_segment_groups([(cleaned, old)], hook)
 
     def replace_segment_groups(
-        self, groups: Sequence[tuple[LogSegment, Sequence[LogSegment]]], hook: SwapHook | None = None
+        self,
+        groups: Sequence[tuple[LogSegment, Sequence[LogSegment]]],
+        hook: SwapHook | None = None,
+        *,
+        finish: bool = True,
     ) -> None:
         """``replace_segments`` for several cleaned segments of one pass at once, one directory
         fsync per swap step for all of them (``cleaner.swap.replace_segment_groups``). The groups
         must be in offset order and consecutive: together they replace one contiguous run of
-        non-active segments."""
+        non-active segments. Without ``finish`` the last directory fsync and the removal of the
+        old files are left to the caller (``cleaner.swap.finish_segment_groups``, off the
+        owner's thread): the log is already whole without them."""
         if not groups:
             return
         first = self._segments.index(groups[0][1][0])
@@ -170,7 +176,10 @@ class LogMaintenance:
             position += len(old)
         if position >= len(self._segments):
             raise ValueError(f"{self.tp}: segments to replace are not consecutive non-active segments")
-        replace_segment_groups(self.directory, groups, hook)
+        if finish:
+            replace_segment_groups(self.directory, groups, hook)
+        else:
+            commit_segment_groups(self.directory, groups, hook)
         self._segments[first:position] = [cleaned for cleaned, _old in groups]
         self._bases[first:position] = [cleaned.base_offset for cleaned, _old in groups]
         # As Kafka: the snapshots taken at the bases of segments merged away go (recovery then

@@ -4,11 +4,15 @@ LogCleanerManagerTest)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
+
+from pytest import MonkeyPatch
 
 from exactly.records.batch import BatchHeader, compute_crc
 from exactly.records.builder import Record, build_batch
 from exactly.storage.checkpoint import read_offset_checkpoint
+from exactly.storage.cleaner import manager as manager_module
 from exactly.storage.cleaner.cleaner import Cleaner
 from exactly.storage.cleaner.manager import CLEANER_OFFSET_CHECKPOINT, LogCleanerManager, clean_filthiest
 from exactly.storage.cleaner.offset_map import OffsetMap
@@ -294,3 +298,42 @@ def test_a_log_with_only_its_active_segment_has_ratio_zero_and_keeps_its_truncat
     assert manager.dirty_ratios() == {tp: 0.0}
     assert manager.checkpoints()[tp] == 5
     log.close()
+
+
+def test_readers_do_not_wait_for_the_checkpoint_files_fsync(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
+    """The cleaner thread writes the checkpoint (two fsyncs); the event loop reads the manager's
+    state for /metrics meanwhile and must not wait for the disk. Two writers never put an older
+    checkpoint back: whoever writes last writes the newest state."""
+    manager = LogCleanerManager(tmp_path)
+    tp = TopicPartition("t", 0)
+    writing, release = threading.Event(), threading.Event()
+    real_write = manager_module.write_offset_checkpoint
+
+    def slow_write(path: Path, checkpoints: dict[TopicPartition, int]) -> None:
+        if checkpoints.get(tp) == 10:  # the first write stalls like an fsync on a busy disk
+            writing.set()
+            assert release.wait(10)
+        real_write(path, checkpoints)
+
+    monkeypatch.setattr(manager_module, "write_offset_checkpoint", slow_write)
+    first = threading.Thread(target=manager.done_cleaning, args=(tp, 10))
+    first.start()
+    assert writing.wait(10)
+    # the state is readable while the write is stuck, and already holds the new offset
+    seen: list[object] = []
+    reader = threading.Thread(
+        target=lambda: seen.extend([manager.checkpoints(), manager.dirty_ratios(), manager.uncleanable()])
+    )
+    reader.start()
+    reader.join(5)
+    stuck = reader.is_alive()
+    if stuck:
+        release.set()
+    assert not stuck, "a reader waited for the checkpoint file's write"
+    assert seen == [{tp: 10}, {}, {}]
+    second = threading.Thread(target=manager.done_cleaning, args=(tp, 20))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert read_offset_checkpoint(tmp_path / CLEANER_OFFSET_CHECKPOINT) == {tp: 20}

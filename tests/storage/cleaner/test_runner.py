@@ -61,15 +61,13 @@ def test_cleaner_thread_compacts_and_swaps_on_the_owner(tmp_path: Path) -> None:
     expected = key_values(log)
     manager = LogCleanerManager(tmp_path)
     owner = Owner()
-    swap_threads: list[str] = []
+    swap_threads: dict[SwapStep, str] = {}
     cleaner = LogCleaner(
         CONFIG,
         manager,
         lambda: [log],
         clock_ms=lambda: NOW,
-        hook=lambda step: (
-            swap_threads.append(threading.current_thread().name) if step is SwapStep.SWAP_DONE else None
-        ),
+        hook=lambda step: swap_threads.__setitem__(step, threading.current_thread().name),
     )
     cleaner.start(owner.run_on_owner)
     try:
@@ -81,7 +79,13 @@ def test_cleaner_thread_compacts_and_swaps_on_the_owner(tmp_path: Path) -> None:
         while stopper.is_alive():
             owner.pump(0.01)
     assert key_values(log) == expected and offsets_in(log) == [55, 56, 57, 58, 59]
-    assert set(swap_threads) == {threading.current_thread().name}  # the swap ran on the owner
+    # the commit (renames, step 1's fsync, the segment list) ran on the owner; the last fsync and
+    # the removal of the replaced files on the cleaner's thread
+    owner_name = threading.current_thread().name
+    assert swap_threads[SwapStep.SWAP_COMMITTED] == swap_threads[SwapStep.NEW_LOG_RENAMED] == owner_name
+    assert swap_threads[SwapStep.SWAP_DONE] == swap_threads[SwapStep.OLD_FILES_DELETED] == "log-cleaner-0"
+    assert not list(tmp_path.rglob("*.deleted")) and not list(tmp_path.rglob("*.swap"))
+    assert cleaner.metrics.owner_hops >= 2 and cleaner.metrics.owner_hop_max_s > 0
     assert manager.checkpoints()[log.tp] == log.segments[-1].base_offset
     assert cleaner.metrics.bytes_written < cleaner.metrics.bytes_read
     log.close()

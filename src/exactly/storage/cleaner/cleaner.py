@@ -308,30 +308,46 @@ def swap_in(
 
 
 def swap_in_groups(
-    plog: PartitionLog, job: CleaningJob, cleaned: Sequence[CleanedSegment], hook: SwapHook | None = None
-) -> None:
+    plog: PartitionLog,
+    job: CleaningJob,
+    cleaned: Sequence[CleanedSegment],
+    hook: SwapHook | None = None,
+    *,
+    opened: Sequence[LogSegment] | None = None,
+    finish: bool = True,
+) -> list[tuple[LogSegment, list[LogSegment]]]:
     """``swap_in`` for consecutive cleaned segments of one pass at once (one directory fsync per
-    swap step for all of them): all or none, each checked as ``swap_in`` checks it."""
+    swap step for all of them): all or none, each checked as ``swap_in`` checks it.
+
+    ``opened``: the cleaned segments already opened (``open_cleaned``, in ``cleaned``'s order) by
+    the caller off the owner's thread, so the owner does not read their indexes. Without
+    ``finish`` the swap's last directory fsync and the removal of the replaced files are left to
+    the caller (``swap.finish_segment_groups`` on the groups returned)."""
     bases = [c.base_offset for c in cleaned]
     if plog.closed:
+        for segment in opened or ():
+            segment.close()
         remove_cleaned_files(job.directory, bases)
         raise CleaningAbortedError(f"{plog.tp} was closed during cleaning")
-    opened: list[LogSegment] = []
+    segments: list[LogSegment] = list(opened or ())
     try:
         olds = [segments_replaced(plog, job, c) for c in cleaned]
-        for c in cleaned:
-            opened.append(open_cleaned(job, c))
+        if opened is None:
+            for c in cleaned:
+                segments.append(open_cleaned(job, c))
     except (ValueError, OSError) as exc:
-        for segment in opened:
+        for segment in segments:
             segment.close()
         remove_cleaned_files(job.directory, bases)
         raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
+    groups = list(zip(segments, olds, strict=True))
     try:
-        plog.replace_segment_groups(list(zip(opened, olds, strict=True)), hook)
+        plog.replace_segment_groups(groups, hook, finish=finish)
     except ValueError as exc:
-        for segment in opened:
+        for segment in segments:
             segment.delete()
         raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None
+    return groups
 
 
 class Cleaner:

@@ -19,7 +19,8 @@ Truncation and deletion: ``maybe_truncate_checkpoint`` lowers a checkpoint above
 (a follower's truncation), ``remove`` forgets a deleted partition.
 
 Thread safety: the manager's state is guarded by one lock, so a cleaner thread and the event loop
-(truncation, deletion, metrics) may call it concurrently. The logs themselves are not locked
+(truncation, deletion, metrics) may call it concurrently; the checkpoint file is written outside
+it (under a lock of its own), so no reader of the state waits for the file's fsyncs. The logs themselves are not locked
 here; ``runner`` says how a pass and the event loop share a log.
 """
 
@@ -67,6 +68,7 @@ class LogCleanerManager:
         self.data_dir = data_dir
         self._path = data_dir / CLEANER_OFFSET_CHECKPOINT
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._checkpoints: dict[TopicPartition, int] = read_offset_checkpoint(self._path) or {}
         self._in_progress: set[TopicPartition] = set()
         self._uncleanable: dict[TopicPartition, str] = {}
@@ -80,7 +82,13 @@ class LogCleanerManager:
             return dict(self._checkpoints)
 
     def _write(self) -> None:
-        write_offset_checkpoint(self._path, self._checkpoints)
+        """Rewrite the file (fsyncs) with the checkpoints as they are when its turn comes: outside
+        ``_lock``, so the event loop's readers (metrics, the dirty ratios) never wait for a disk,
+        and under ``_write_lock``, so a slower writer never puts older checkpoints back."""
+        with self._write_lock:
+            with self._lock:
+                snapshot = dict(self._checkpoints)
+            write_offset_checkpoint(self._path, snapshot)
 
     def update_checkpoint(self, tp: TopicPartition, offset: int | None) -> None:
         """Set (or, with None, remove) a partition's first dirty offset and rewrite the file."""
@@ -90,15 +98,16 @@ class LogCleanerManager:
                     return
             else:
                 self._checkpoints[tp] = offset
-            self._write()
+        self._write()
 
     def maybe_truncate_checkpoint(self, tp: TopicPartition, log_end_offset: int) -> None:
         """After a truncation: a checkpoint above the new log end comes down to it."""
         with self._lock:
             current = self._checkpoints.get(tp)
-            if current is not None and current > log_end_offset:
-                self._checkpoints[tp] = log_end_offset
-                self._write()
+            if current is None or current <= log_end_offset:
+                return
+            self._checkpoints[tp] = log_end_offset
+        self._write()
 
     def remove(self, tp: TopicPartition) -> None:
         with self._lock:

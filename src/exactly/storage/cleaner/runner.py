@@ -18,10 +18,16 @@ the thread itself only waits:
    rebuilding of batches, the ``.cleaned`` segments written and flushed
    (``cleaner.run_pass``), with the worker's share of ``log.cleaner.io.max.bytes.per.second``
    and ``log.cleaner.dedupe.buffer.size``.
-3. on the owner, for up to ``SWAP_GROUPS_PER_HOP`` cleaned segments at a time: the swap
+3. for up to ``SWAP_GROUPS_PER_HOP`` cleaned segments at a time: the thread opens them (their
+   indexes read: files only the cleaner knows yet), then on the owner the swap's commit
    (``cleaner.swap_in_groups``: the segments they replace must still be the log's, unchanged;
-   renames, two directory fsyncs for the whole hop, the segment list), then the cleaner
-   checkpoint (``done_cleaning``).
+   the renames, step 1's directory fsync, the segment list), then on the thread again the
+   swap's last directory fsync and the removal of the replaced files
+   (``swap.finish_segment_groups``, which touches no file a segment list still names). Then the
+   cleaner checkpoint (``done_cleaning``, written on the thread).
+
+Every owner hop is timed (``CleanerMetrics.owner_hop_max_s``, a log line past
+``SLOW_OWNER_HOP_S``): that is the time the cleaner takes from the event loop.
 
 The log's owner may delete or truncate segments (retention, DeleteRecords, a follower's
 truncation, topic deletion) during step 2; the swap then finds them changed and the pass is
@@ -41,13 +47,20 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from exactly.storage.cleaner.cleaner import CleaningAbortedError, swap_in_groups
-from exactly.storage.cleaner.job import CleaningJob, describe_pass, remove_cleaned_files
+from exactly.storage.cleaner.job import (
+    CleanedSegment,
+    CleaningJob,
+    describe_pass,
+    open_cleaned,
+    remove_cleaned_files,
+)
 from exactly.storage.cleaner.manager import Candidate, LogCleanerManager, PassResult
-from exactly.storage.cleaner.swap import SwapHook
+from exactly.storage.cleaner.swap import SwapHook, finish_segment_groups
 from exactly.storage.cleaner.worker import (
     CleaningStoppedError,
     WorkerDiedError,
@@ -56,11 +69,14 @@ from exactly.storage.cleaner.worker import (
     WorkResponse,
 )
 from exactly.storage.partition_log import PartitionLog
+from exactly.storage.segment import LogSegment
 from exactly.types import TopicPartition
 
 log = logging.getLogger(__name__)
 
 RunOnOwner = Callable[[Callable[[], None]], None]
+#: What a swap committed: each cleaned segment with the segments it replaced.
+Groups = list[tuple[LogSegment, list[LogSegment]]]
 
 MAX_MAP_MEMORY_PER_THREAD = 2**31 - 1  # as Kafka: a thread's map is at most 2 GiB
 #: A partition whose pass killed its worker this many times in a row is marked uncleanable.
@@ -73,6 +89,9 @@ SWAP_GROUPS_PER_HOP = 8
 #: broker's clients need (produce p99 while cleaning many times the idle one); a fifth of a core
 #: kept it near the idle p99 while the cleaner still progresses (README, compaction).
 DEFAULT_CPU_SHARE = 0.2
+#: An owner hop (choosing a log, swapping a chunk in) this long is logged: the event loop served
+#: nothing else meanwhile.
+SLOW_OWNER_HOP_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +129,14 @@ class CleanerMetrics:
     last_recopy_ratio: float = 0.0
     max_pass_s: float = 0.0
     worker_deaths: int = 0
+    owner_hops: int = 0
+    owner_hop_max_s: float = 0.0
+    owner_hop_total_s: float = 0.0
+
+    def record_hop(self, seconds: float) -> None:
+        self.owner_hops += 1
+        self.owner_hop_total_s += seconds
+        self.owner_hop_max_s = max(self.owner_hop_max_s, seconds)
 
     def record(self, result: PassResult) -> None:
         stats = result.stats
@@ -122,6 +149,32 @@ class CleanerMetrics:
         self.max_pass_s = max(self.max_pass_s, stats.elapsed_s)
         self.last_ratio = result.ratio
         self.last_recopy_ratio = stats.bytes_written / stats.bytes_read if stats.bytes_read else 0.0
+
+
+def _call_into(out: list[Groups], fn: Callable[[], Groups]) -> None:
+    out.append(fn())
+
+
+def _open_all(job: CleaningJob, chunk: Sequence[CleanedSegment]) -> list[LogSegment]:
+    """The chunk's cleaned segments opened with their indexes loaded (closed again on failure)."""
+    opened: list[LogSegment] = []
+    try:
+        for cleaned in chunk:
+            opened.append(open_cleaned(job, cleaned))
+    except (ValueError, OSError) as exc:
+        for segment in opened:
+            segment.close()
+        raise CleaningAbortedError(f"{job.tp}: a cleaned segment could not be opened: {exc}") from None
+    return opened
+
+
+def _finish(job: CleaningJob, groups: Groups, hook: SwapHook | None) -> None:
+    """Off the owner: the swap's last directory fsync and the replaced files' removal. A failure
+    here loses nothing (the log is whole; a restart's recovery removes ``.deleted`` files)."""
+    try:
+        finish_segment_groups(job.directory, groups, hook)
+    except OSError as exc:  # the partition was deleted meanwhile, say
+        log.info("finishing the swap of %s: %s", job.tp, exc)
 
 
 def load_segment_metadata(logs: Iterable[PartitionLog]) -> None:
@@ -216,7 +269,7 @@ class LogCleaner:
         def choose() -> None:
             chosen[0] = self._choose(now_ms)
 
-        run_on_owner(choose)
+        self._on_owner(run_on_owner, "choose", choose)
         if chosen[0] is None:
             return None
         candidate, job = chosen[0]
@@ -278,8 +331,13 @@ class LogCleaner:
         assert stats is not None
         for i in range(0, len(response.cleaned), SWAP_GROUPS_PER_HOP):
             chunk = response.cleaned[i : i + SWAP_GROUPS_PER_HOP]
+            committed: list[Groups] = []
             try:
-                run_on_owner(functools.partial(swap_in_groups, plog, job, chunk, hook))
+                # The cleaned files are this thread's until the swap renames them: open them and
+                # read their indexes here, not on the owner.
+                opened = _open_all(job, chunk)
+                swap = functools.partial(swap_in_groups, plog, job, chunk, hook, opened=opened, finish=False)
+                self._on_owner(run_on_owner, "swap", functools.partial(_call_into, committed, swap))
             except Exception as exc:
                 remove_cleaned_files(job.directory, [c.base_offset for c in response.cleaned[i:]])
                 if isinstance(exc, CleaningAbortedError | FileNotFoundError):
@@ -289,6 +347,7 @@ class LogCleaner:
                     log.exception("swapping in the cleaned segments of %s failed; marking it uncleanable", tp)
                     self.manager.mark_uncleanable(tp, f"{type(exc).__name__}: {exc}")
                 return None
+            _finish(job, committed[0], hook)
         self.manager.done_cleaning(tp, response.end_offset)
         log.info(
             "cleaned %s up to %d: %d -> %d bytes, %d -> %d records in %.3f s",
@@ -301,6 +360,24 @@ class LogCleaner:
             stats.elapsed_s,
         )
         return PassResult(tp, response.end_offset, stats, candidate.to_clean.cleanable_ratio)
+
+    def _on_owner(self, run_on_owner: RunOnOwner, what: str, fn: Callable[[], None]) -> None:
+        """``run_on_owner(fn)``, timing ``fn`` on the owner: the time the event loop is kept from
+        everything else (``/metrics``; a log line past ``SLOW_OWNER_HOP_S``)."""
+        took: list[float] = []
+
+        def timed() -> None:
+            t0 = time.perf_counter()
+            try:
+                fn()
+            finally:
+                took.append(time.perf_counter() - t0)
+
+        run_on_owner(timed)
+        if took:
+            self.metrics.record_hop(took[0])
+            if took[0] >= SLOW_OWNER_HOP_S:
+                log.info("log cleaner %s on the event loop took %.1f ms", what, took[0] * 1000)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self._stop.set()

@@ -115,7 +115,23 @@ def replace_segment_groups(
     consecutive and so cover one contiguous range: a crash inside step 1 leaves a prefix of the
     groups committed (recovery completes those and drops the rest, whose ``.cleaned`` files are
     still there); after step 1 every group is committed, and recovery's range [smallest swap base,
-    largest swap end) is exactly the union of their old segments."""
+    largest swap end) is exactly the union of their old segments.
+
+    ``commit_segment_groups`` then ``finish_segment_groups``: the broker runs the first on the
+    log's owner (it must see the segment list unchanged) and the second off it."""
+    commit_segment_groups(directory, groups, hook)
+    finish_segment_groups(directory, groups, hook)
+
+
+def commit_segment_groups(
+    directory: Path,
+    groups: Sequence[tuple[LogSegment, Sequence[LogSegment]]],
+    hook: SwapHook | None = None,
+) -> None:
+    """Steps 1-3 without step 3's directory fsync: the renames, with the one fsync the protocol
+    cannot do without (step 1's, the commit point: a ``.deleted`` old segment must never be on
+    disk without its committed ``.swap`` replacement). On return the old segments are closed and
+    the cleaned ones carry their final names; the caller updates its segment list."""
     step = hook or _no_hook
     for cleaned, _old in groups:
         if cleaned.file_suffix != CLEANED_SUFFIX:
@@ -132,6 +148,19 @@ def replace_segment_groups(
             step(SwapStep.OLD_SEGMENT_RENAMED)
     for cleaned, _old in groups:
         _rename_from_swap(cleaned, step)
+
+
+def finish_segment_groups(
+    directory: Path,
+    groups: Sequence[tuple[LogSegment, Sequence[LogSegment]]],
+    hook: SwapHook | None = None,
+) -> None:
+    """Step 3's directory fsync and step 4 (the ``.deleted`` old files removed), after
+    ``commit_segment_groups``. Touches only files no segment list refers to any more, so it may
+    run on any thread, later (Kafka too deletes replaced segments asynchronously). Until its
+    fsync a crash finds the directory somewhere inside steps 2-3, which recovery completes: the
+    same as a crash just before step 3's fsync when both ran in one go."""
+    step = hook or _no_hook
     fsync_directory(directory)
     step(SwapStep.SWAP_DONE)
     for _cleaned, old in groups:
