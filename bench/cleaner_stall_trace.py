@@ -18,6 +18,7 @@ Needs root (tracefs) and Linux; an ad-hoc tool, not part of ``run.py``::
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import json
 import os
@@ -182,6 +183,35 @@ def states(
     return out
 
 
+def occupancy(path: Path) -> dict[int, tuple[list[int], list[str]]]:
+    """Per CPU: the switch times and who ran from each (``comm:pid``), from ``sched_switch``."""
+    line_re = re.compile(
+        r"^\s*.+?-\d+\s+\[(\d+)\]\s+\S+\s+([\d.]+):\s+sched_switch:.* next_comm=(.*) next_pid=(\d+)"
+    )
+    out: dict[int, tuple[list[int], list[str]]] = {}
+    with path.open() as f:
+        for line in f:
+            m = line_re.match(line)
+            if m:
+                times, who = out.setdefault(int(m[1]), ([], []))
+                times.append(round(float(m[2]) * 1e9))
+                who.append(f"{m[3]}:{m[4]}")
+    return out
+
+
+def held_by(occ: dict[int, tuple[list[int], list[str]]], a: int, b: int) -> collections.Counter[str]:
+    """Milliseconds each task ran on any CPU within [a, b)."""
+    acc: collections.Counter[str] = collections.Counter()
+    for times, who in occ.values():
+        i = max(bisect.bisect_right(times, a) - 1, 0)
+        while i < len(times) - 1 and times[i] < b:
+            lo, hi = max(times[i], a), min(times[i + 1], b)
+            if hi > lo:
+                acc[who[i]] += (hi - lo) / 1e6
+            i += 1
+    return acc
+
+
 def summarize(intervals: list[tuple[int, int, str]], a: int, b: int) -> dict[str, float]:
     acc: dict[str, float] = collections.defaultdict(float)
     for s, e, st in intervals:
@@ -225,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "cleaner-stall")
     ap.add_argument("--broker-opt", action="append", default=[])
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--analyse", action="store_true", help="only analyse an earlier run's --out")
     args = ap.parse_args(argv)
+    if args.analyse:
+        analyse(args.out, args.slow_ms)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = Context(
         quick=False,
@@ -284,24 +318,45 @@ def main(argv: list[str] | None = None) -> int:
             tracer.remove()
         b.stop()
         shutil.rmtree(work, ignore_errors=True)
-    (args.out / "acks.json").write_text(json.dumps(result))
-    if args.no_trace:
-        return 0
-    events = parse(args.out / "trace.txt")
     watched = {b.pid: "broker-loop", pid: "worker"}
     for t, c in tids.items():
         watched.setdefault(t, f"broker:{c}")
     for t, c in self_tids.items():
         watched.setdefault(t, f"client:{c}")
+    result["watched"] = {str(k): v for k, v in watched.items()}
+    result["broker_pid"], result["worker_pid"] = b.pid, pid
+    (args.out / "acks.json").write_text(json.dumps(result))
+    if args.no_trace:
+        return 0
+    analyse(args.out, args.slow_ms)
+    return 0
+
+
+def analyse(out: Path, slow_ms: float) -> None:
+    """Print, per window, where the threads were during its slow acks (see the module docstring)."""
+    result = json.loads((out / "acks.json").read_text())
+    watched = {int(k): v for k, v in result["watched"].items()}
+    broker_pid, pid = result["broker_pid"], result["worker_pid"]
+    events = parse(out / "trace.txt")
     st = states(events, watched)
-    calls = syscalls(events, b.pid)
+    occ = occupancy(out / "trace.txt")
+    calls = syscalls(events, broker_pid)
     commits = [e for e in events if e[3].startswith("jbd2")]
     syncs = [e for e in events if e[3].startswith("ext4_sync")]
     for w in result["windows"]:
-        slow = [(s, a) for s, a in w["acks"] if (a - s) / 1e6 >= args.slow_ms]
-        print(f"\n== {w['name']} window: {len(slow)} acks >= {args.slow_ms} ms, p99 {w['p99']:.2f}")
+        slow = [(s, a) for s, a in w["acks"] if (a - s) / 1e6 >= slow_ms]
+        print(f"\n== {w['name']} window: {len(slow)} acks >= {slow_ms} ms, p99 {w['p99']:.2f}")
         wsum = summarize(st.get(pid, []), w["t0"], w["t1"])
         print(f"   worker over the window: {wsum}")
+        loop_acc: collections.Counter[str] = collections.Counter()
+        cpus: collections.Counter[str] = collections.Counter()
+        end = 0
+        for s, a in slow:
+            if s >= end:
+                loop_acc.update(summarize(st.get(broker_pid, []), s, a))
+                cpus.update(held_by(occ, s, a))
+                end = a
+        print(f"   over all its stalls: broker loop {dict(loop_acc)}; CPUs held by {cpus.most_common(6)}")
         shown = 0
         last_end = 0
         for s, a in slow:
@@ -318,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"    {label:<24} {summ}  longest runnable {longest(st.get(t, []), s, a, 'runnable')}"
                     )
+            top = ", ".join(f"{k} {v:.1f}" for k, v in held_by(occ, s, a).most_common(5))
+            print(f"    CPUs held by (ms): {top}")
             long_calls = sorted(
                 ((e - x) / 1e6, nr) for x, e, nr in calls if x < a and e > s and (e - x) > 1e6
             )
@@ -330,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if near:
                 print(f"    fs: {near[:8]}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -115,6 +115,7 @@ def test_compacted_topic_keeps_latest_value_of_every_key_and_no_aborted_record(
         > series[("exactly_log_cleaner_bytes_written_total", ())]
     )
     assert series[("exactly_log_cleaner_uncleanable_partitions_count", ())] == 0
+    assert series[("exactly_log_cleaner_max_owner_hop_seconds", ())] > 0  # its swaps were timed
     assert ("exactly_partition_dirty_ratio", (("partition", "0"), ("topic", topic))) in series
     for broker_state in ("compacted", "restarted"):
         seen = read_all(b, topic, isolation="read_uncommitted")

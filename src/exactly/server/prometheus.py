@@ -241,6 +241,12 @@ def _log_cleaner(broker: Broker) -> Iterator[Metric]:
         value=stats.max_pass_s if stats else 0.0,
     )
     yield GaugeMetricFamily(
+        "exactly_log_cleaner_max_owner_hop_seconds",
+        "The longest the cleaner held the event loop in one go (choosing a log, committing a swap): "
+        "exactly's own; Kafka's cleaner threads lock only the partition they swap.",
+        value=stats.owner_hop_max_s if stats else 0.0,
+    )
+    yield GaugeMetricFamily(
         "exactly_log_cleaner_max_dirty_percent",
         "Dirty ratio of the dirtiest compacted log at the last check, in percent.",
         value=100.0 * manager.dirtiest_ratio,
