@@ -145,7 +145,7 @@ def _latency(e: dict[str, Any] | None) -> list[str]:
     for i, x in enumerate(s):
         cells = []
         for v in phases:
-            if f"{v}_p99_per_window" not in x:
+            if not x.get(f"{v}_p99_per_window"):
                 continue
             p99s = ", ".join(_num(a, 2) for a in x[f"{v}_p99_per_window"])
             maxes = ", ".join(_num(a, 1) for a in x.get(f"{v}_max_per_window", []))
