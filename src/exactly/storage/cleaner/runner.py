@@ -18,8 +18,9 @@ the thread itself only waits:
    rebuilding of batches, the ``.cleaned`` segments written and flushed
    (``cleaner.run_pass``), with the worker's share of ``log.cleaner.io.max.bytes.per.second``
    and ``log.cleaner.dedupe.buffer.size``.
-3. for up to ``SWAP_GROUPS_PER_HOP`` cleaned segments at a time: the thread opens them (their
-   indexes read: files only the cleaner knows yet), then on the owner the swap's commit
+3. for up to ``SWAP_GROUPS_PER_HOP`` cleaned segments at a time: the thread fsyncs the log's
+   directory (so the owner's fsync below commits a small journal transaction) and opens them
+   (their indexes read: files only the cleaner knows yet), then on the owner the swap's commit
    (``cleaner.swap_in_groups``: the segments they replace must still be the log's, unchanged;
    the renames, step 1's directory fsync, the segment list), then on the thread again the
    swap's last directory fsync and the removal of the replaced files
@@ -68,6 +69,7 @@ from exactly.storage.cleaner.worker import (
     WorkRequest,
     WorkResponse,
 )
+from exactly.storage.durable import fsync_directory
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.segment import LogSegment
 from exactly.types import TopicPartition
@@ -333,6 +335,11 @@ class LogCleaner:
             chunk = response.cleaned[i : i + SWAP_GROUPS_PER_HOP]
             committed: list[Groups] = []
             try:
+                # Commit the file system's journal here first: the owner's directory fsync (the
+                # swap's commit point) then writes out little more than its own renames instead
+                # of every dirty page of the broker's appends since the last commit (measured at
+                # load ~10: 0.3-1.3 ms on the owner with it, 0.7-26.6 without).
+                fsync_directory(job.directory)
                 # The cleaned files are this thread's until the swap renames them: open them and
                 # read their indexes here, not on the owner.
                 opened = _open_all(job, chunk)
