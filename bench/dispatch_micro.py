@@ -75,6 +75,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--profile", choices=("produce", "fetch", "heartbeat"))
+    ap.add_argument(
+        "--calls",
+        action="store_true",
+        help="with --profile: Python calls per request of each function, with its callers (the call tree)",
+    )
     ap.add_argument("--records", type=int, default=1, help="100 B records per Produce batch")
     ap.add_argument("--sweep-mb", type=int, default=0, help="MB of memory copied between requests")
     ap.add_argument(
@@ -115,15 +120,28 @@ def main() -> int:
                 topics=[(TOPIC, [FetchPosition(0, -1, producer.sequence - 1, 0, 1_048_576)])],
             )
 
+        # --profile: the profiler runs around dispatch() only (not the frame building or sweep)
+        profiled: list[cProfile.Profile | None] = [None]
+
+        async def profiled_dispatch(payload: bytearray) -> Any:
+            prof = profiled[0]
+            if prof is None:
+                return await dispatch(broker, payload, "micro")
+            prof.enable()
+            try:
+                return await dispatch(broker, payload, "micro")
+            finally:
+                prof.disable()
+
         async def produce_one(payload: bytearray) -> None:
-            await dispatch(broker, payload, "micro")
+            await profiled_dispatch(payload)
 
         async def fetch_one(frame: bytes) -> None:
-            chunks = await run(broker, frame)
+            chunks = await profiled_dispatch(bytearray(frame[4:]))
             assert len(chunks) >= 2
 
         async def heartbeat_one() -> None:
-            chunks = await run(broker, beat)
+            chunks = await profiled_dispatch(bytearray(beat[4:]))
             assert struct.unpack_from(">h", bytes(chunks[1]), 5)[0] == 0
 
         async def bench(kind: str, n: int) -> float:
@@ -151,15 +169,38 @@ def main() -> int:
             print(f"{kind:10} {loop.run_until_complete(bench(kind, args.n)):6.1f} µs CPU / request")
         if args.profile:
             prof = cProfile.Profile()
-            prof.enable()
+            profiled[0] = prof
             loop.run_until_complete(bench(args.profile, args.n))
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+            profiled[0] = None
+            stats = pstats.Stats(prof)
+            if args.calls:
+                print_calls(stats, args.n)
+            else:
+                stats.sort_stats("tottime").print_stats(30)
         for t in tasks:
             t.cancel()
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         broker.logs.close()
     return 0
+
+
+def print_calls(stats: pstats.Stats, n: int) -> None:
+    """Calls per request of every function the profiled requests ran (most called first), each
+    with its callers and their calls per request: the request's call tree, flattened."""
+    rows = stats.stats  # type: ignore[attr-defined]
+    total = sum(ncalls for (_cc, ncalls, _tt, _ct, _callers) in rows.values())
+    print(f"{total / n:.1f} Python calls per request ({len(rows)} functions)")
+
+    def name(func: tuple[str, int, str]) -> str:
+        path, line, fn = func
+        short = path.split("/src/", 1)[-1] if "/src/" in path else Path(path).name
+        return f"{fn} ({short}:{line})" if line else fn
+
+    for func, (_cc, ncalls, tottime, _ct, callers) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        by = ", ".join(
+            f"{name(caller)} x{c[1] / n:g}" for caller, c in sorted(callers.items(), key=lambda kv: -kv[1][1])
+        )
+        print(f"{ncalls / n:6.2f}  {tottime / n * 1e6:6.1f} µs  {name(func)}  <- {by}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from exactly.server.group_runtime import GroupRuntime
 from exactly.server.inter_broker import InterBrokerClient
 from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
+from exactly.server.produce_fast import FastProduce
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.cleaner.cleaner import CleaningAbortedError
@@ -100,6 +101,7 @@ class Broker:
         self.default_log_config = config.log_config()
         self.metrics = Metrics()
         self.waiters = AppendWaiters()
+        self.fast_produce = FastProduce(self)  # the common single-broker Produce (produce_fast)
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
         self.replicas: ReplicaManager | None = None
         if config.cluster_mode:

@@ -279,6 +279,51 @@ class PartitionLog(LogMaintenance):
             duplicate=False,
         )
 
+    def append_plain(self, batch: bytearray | memoryview, fields: tuple[int, ...], now_ms: int) -> int | None:
+        """``append`` of the usual client batch, or None (nothing changed: call ``append``).
+
+        ``batch`` is exactly one validated, non-transactional, non-control batch and ``fields``
+        its header as ``BatchHeader.parse`` unpacks it. Taken only on a CreateTime topic, within
+        max.message.bytes, and when producer state accepts the batch as new
+        (``prepare_plain``): duplicates and every producer-state error go to ``append``, which
+        answers them. Does what ``append`` + ``_write`` do for that case, in the same order
+        (offsets patched, producer state staged, roll, write, producer state applied, epoch
+        cache, flush.messages), returning the base offset. Why a second path: the profile of a
+        100 B-record produce shows ~45 Python calls between the handler and the segment write
+        (header properties, the staged ``ProducerAppendInfo``, ``AppendResult``), a third of the
+        Produce request's Python work; this takes ~12."""
+        config = self.config
+        size = fields[1] + 12
+        if size > config.max_message_bytes or config.message_timestamp_type != "CreateTime":
+            return None
+        active = self._segments[-1]
+        base_offset = active.next_offset
+        offset_delta = fields[6]
+        pid = fields[9]
+        entry: ProducerStateEntry | None = None
+        if pid >= 0:
+            entry = self.producer_state.prepare_plain(
+                pid, fields[10], fields[11], offset_delta, base_offset, fields[8], now_ms
+            )
+            if entry is None:
+                return None
+        header = BatchHeader(base_offset, fields[1], 0, 2, *fields[4:], 0)  # type: ignore[call-arg]
+        patch_offset_and_epoch(batch, header, base_offset, 0)  # single broker: leader epoch 0
+        if rolls_before_append(active, header, config, now_ms):
+            self.roll(now_ms)
+            active = self._segments[-1]
+        active.append(batch, header)
+        next_offset = base_offset + offset_delta + 1
+        self.producer_state.apply_plain(entry, next_offset)
+        epochs = self.leader_epochs.entries
+        if not epochs or epochs[-1].epoch != 0 or epochs[-1].start_offset > base_offset:
+            self.leader_epochs.assign(0, base_offset)
+        self._unflushed_messages += fields[12]
+        if self._unflushed_messages >= config.flush_messages:
+            self.flush(now_ms=now_ms)
+        self._high_watermark = next_offset  # single broker: the HW is the log end
+        return base_offset
+
     def append_as_follower(self, batch: bytearray | memoryview, header: BatchHeader, *, now_ms: int) -> None:
         """Append one batch exactly as the leader wrote it (Kafka's appendAsFollower): no byte
         changes, so its offsets, partition leader epoch and timestamps (a LogAppendTime topic's

@@ -240,9 +240,12 @@ class LogSegment:
         """Write one batch whose offsets are final; ``header`` describes ``data``."""
         position = self.size
         if self._bytes_since_index > self.index_interval_bytes:
-            self.ensure_indexes()
+            self.ensure_indexes()  # (then ``_max_timestamp`` is known: the property, inlined)
             self.offset_index.append(header.base_offset, position)
-            self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
+            max_timestamp = self._max_timestamp
+            self.time_index.maybe_append(
+                -1 if max_timestamp is None else max_timestamp, self._offset_of_max_timestamp
+            )
             self._bytes_since_index = 0
         self._reserve.before_write(self._fd, position, len(data))
         write_whole(self._fd, data, position)  # or the file is cut back to ``position``
