@@ -117,6 +117,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         # the SASL exchange, until it is complete (None: no SASL on this listener, or done)
         self.sasl: SaslAuthenticator | None = None
         self.framer = Framer(broker.max_request_size)
+        # the transport asks for a buffer ~3 times per large frame: hand it the framer's method
+        # itself, one Python call fewer each time (the profile of a bulk produce shows it)
+        self.get_buffer = self.framer.get_buffer  # type: ignore[method-assign]
         # TLS: the protocol exists from the accept, but ``connection_made`` comes only after a
         # successful handshake; a failed one (bad or expired certificate, a plaintext client)
         # drops this object without another callback, so its finalizer counts the failure.
@@ -187,6 +190,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._task.cancel()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        """Replaced per instance by the framer's own ``get_buffer`` (see ``__init__``)."""
         return self.framer.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -242,6 +246,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         deferred = self._deferred
         release = self.framer.release
         write = self._write
+        file_slices = self.listener.ssl_context is None  # sendfile bypasses TLS
+        listener_name = self.listener.name
         pending: list[Any] = []  # responses held back for one combined write, in request order
         pending_bytes = 0
 
@@ -309,9 +315,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         self.peer,
                         flush_held,
                         True,
-                        self.listener.ssl_context is None,  # sendfile bypasses TLS
+                        file_slices,
                         principal=self.principal,
-                        listener=self.listener.name,
+                        listener=listener_name,
                     )
                 except CloseConnection as exc:
                     if pending and not self._closing:
