@@ -169,7 +169,11 @@ def main() -> int:
         create_topics(bootstrap, source, partitions=3)
         generate(bootstrap, source, args.orders, txn_size=500, abort_every=5, seed=42)
         spark = build_session(
-            args.master, "exactly-disagreement", {"spark.sql.shuffle.partitions": "4"}, log_level="ERROR"
+            args.master,
+            "exactly-disagreement",
+            {"spark.sql.shuffle.partitions": "4"},
+            log_level="ERROR",
+            quick_jvm=False,  # comparable with the earlier results (the JVM's full JIT)
         )
         warm = Topics.with_prefix("warm-")
         create_topics(bootstrap, warm, partitions=3)

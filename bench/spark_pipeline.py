@@ -300,6 +300,7 @@ def main() -> int:
             "exactly-bench",
             {"spark.sql.shuffle.partitions": str(args.shuffle_partitions)},
             log_level="ERROR",
+            quick_jvm=False,  # a throughput series: the JVM's full JIT, as in the earlier results
         )
         print(f"Spark up in {time.monotonic() - t0:.1f}s; warming up", flush=True)
         warm = Topics.with_prefix("warm-")
