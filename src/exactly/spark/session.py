@@ -29,6 +29,9 @@ FAST_LOCAL_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.memory": "1g",
     "spark.ui.showConsoleProgress": "false",
+    # local masters only: the Python workers' daemon with the connector's imports done before the
+    # fork (see exactly.spark.daemon); "pyspark.daemon" is Spark's own
+    "spark.python.daemon.module": "exactly.spark.daemon",
 }
 
 # JVM flags of a local driver (``quick_jvm``): such a driver lives for one run of a job - a
@@ -108,6 +111,7 @@ def build_session(
     if not master.startswith("local"):
         settings.pop("spark.driver.host")
         settings.pop("spark.driver.bindAddress")
+        settings.pop("spark.python.daemon.module")
     java_opts = f"-Dlog4j.configurationFile=file:{log4j_file(log_level)}"
     if master.startswith("local") if quick_jvm is None else quick_jvm:
         settings["spark.driver.extraJavaOptions"] = " ".join((java_opts, *QUICK_START_JVM_OPTIONS))
