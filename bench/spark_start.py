@@ -87,8 +87,11 @@ def one_run(bootstrap: str, topics: Topics, work: Path, n: int, extra: list[str]
             marks["session"] = now
         if line.startswith("batch ") and "batch_line" not in marks:
             marks["batch_line"] = now
-    code = proc.wait()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = code = os.waitstatus_to_exitcode(status)
     marks["exit"] = time.time() - t0
+    # the process's CPU and that of every descendant waited for (the JVM, its Python workers)
+    cpu_s = usage.ru_utime + usage.ru_stime
     if code != 0:
         raise SystemExit(f"pipeline exited {code}:\n{''.join(out)[-4000:]}")
     evs = event_log(events)
@@ -115,6 +118,7 @@ def one_run(bootstrap: str, topics: Topics, work: Path, n: int, extra: list[str]
     starts = [x["worker_start_s"] for x in lines if "worker_start_s" in x]
     return {
         "t0": t0,
+        "cpu_s": cpu_s,
         "marks": marks,
         "phases": phases,
         "worker_start_s": starts,
@@ -162,7 +166,7 @@ def main() -> None:
             runs.append(r)
             m = r["marks"]
             print(
-                f"run {n}: load {load:.2f} "
+                f"run {n}: load {load:.2f} cpu {r['cpu_s']:.1f}s "
                 + " ".join(f"{k}={v:.1f}" for k, v in sorted(m.items(), key=lambda kv: kv[1]))
                 + f" worker_start={[round(s, 1) for s in r['worker_start_s']]} phases={r['phases']}",
                 flush=True,
@@ -177,17 +181,18 @@ def main() -> None:
         f"### spark start {args.label} ({time.strftime('%Y-%m-%d %H:%M')} UTC, {args.runs} runs, "
         f"--jvm {args.jvm or 'default'}, conf {args.spark_conf or 'default'})",
         "",
-        "| run | load | session | query start | 1st job | batch 0 committed | exit | batch 0 phases (ms) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | load | CPU-s | session | query start | 1st job | batch 0 committed | exit | batch 0 phases (ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, r in enumerate(runs):
         m = r["marks"]
         report.append(
-            f"| {n} | {r['load']:.2f} | "
+            f"| {n} | {r['load']:.2f} | {r['cpu_s']:.1f} | "
             + " | ".join(f"{m.get(k, float('nan')):.1f}" for k in keys)
             + f" | {json.dumps(r['phases'])} |"
         )
-    report.append("| median | | " + " | ".join(f"{med[k]:.1f}" for k in keys) + " | |")
+    cpu = statistics.median(r["cpu_s"] for r in runs)
+    report.append(f"| median | | {cpu:.1f} | " + " | ".join(f"{med[k]:.1f}" for k in keys) + " | |")
     text = "\n".join(report) + "\n"
     print(text)
     if args.out:
