@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,46 @@ from exactly.spark.orders import Topics, create_topics, generate  # noqa: E402
 from exactly.spark.timings import ENV as TIMINGS_ENV  # noqa: E402
 from exactly.spark.timings import load as load_timings  # noqa: E402
 from exactly.testing.broker import Broker, child_env  # noqa: E402
+
+
+class TreeCpu(threading.Thread):
+    """Samples the CPU time of a process and all its descendants (the JVM, its Python daemons and
+    workers) every 0.2 s from /proc; a process's last sample counts (one that lives less than
+    0.2 s may be missed). The JVM is not waited for by the pipeline process, so ``wait4``'s
+    rusage would miss it."""
+
+    def __init__(self, root: int) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.stop = threading.Event()
+        self.ticks: dict[tuple[int, int], int] = {}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(0.2)
+
+    def sample(self) -> None:
+        parents: dict[int, int] = {}
+        stats: dict[int, list[str]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+            stats[int(entry.name)] = fields
+        for pid, fields in stats.items():
+            p = pid
+            while p in parents and p != self.root:
+                p = parents[p]
+            if p == self.root:
+                self.ticks[(pid, int(fields[19]))] = int(fields[11]) + int(fields[12])
+
+    def cpu_s(self) -> float:
+        return sum(self.ticks.values()) / os.sysconf("SC_CLK_TCK")
 
 
 def event_log(directory: Path) -> list[dict[str, Any]]:
@@ -77,6 +118,8 @@ def one_run(bootstrap: str, topics: Topics, work: Path, n: int, extra: list[str]
     env = child_env(extra={TIMINGS_ENV: str(timings)})
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    sampler = TreeCpu(proc.pid)
+    sampler.start()
     marks: dict[str, float] = {}
     out: list[str] = []
     assert proc.stdout is not None
@@ -87,11 +130,11 @@ def one_run(bootstrap: str, topics: Topics, work: Path, n: int, extra: list[str]
             marks["session"] = now
         if line.startswith("batch ") and "batch_line" not in marks:
             marks["batch_line"] = now
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = code = os.waitstatus_to_exitcode(status)
+    code = proc.wait()
     marks["exit"] = time.time() - t0
-    # the process's CPU and that of every descendant waited for (the JVM, its Python workers)
-    cpu_s = usage.ru_utime + usage.ru_stime
+    sampler.stop.set()
+    sampler.join()
+    cpu_s = sampler.cpu_s()
     if code != 0:
         raise SystemExit(f"pipeline exited {code}:\n{''.join(out)[-4000:]}")
     evs = event_log(events)
