@@ -142,12 +142,7 @@ class AppendWaiters:
         fut: asyncio.Future[None] = loop.create_future()
         keys = list(tps)
         waiters = self._log_end if up_to_log_end else self._waiters
-        for tp in keys:
-            parked = waiters.get(tp)
-            if parked is None:
-                waiters[tp] = {fut}
-            else:
-                parked.add(fut)
+        _register(waiters, keys, fut)
         timer = loop.call_at(loop.time() + timeout_s, _wake, fut)
         try:
             await fut
@@ -167,12 +162,7 @@ class AppendWaiters:
         events ``wait`` would wake it for, or until ``timeout_s``."""
         waiters = self._log_end if up_to_log_end else self._waiters
         parked = ParkedFetch(waiters, tps, fire)
-        for tp in tps:
-            entries = waiters.get(tp)
-            if entries is None:
-                waiters[tp] = {parked}
-            else:
-                entries.add(parked)
+        _register(waiters, tps, parked)
         loop = asyncio.get_running_loop()
         parked._timer = loop.call_at(loop.time() + timeout_s, parked.set_result, None)
         return parked
@@ -192,6 +182,19 @@ class AppendWaiters:
     def notify_high_watermark(self, tp: TopicPartition) -> None:
         """The high watermark moved, the log end did not (a follower's fetch advanced it)."""
         _wake_all(self._waiters, tp, now=True)
+
+
+def _register(
+    waiters: dict[TopicPartition, set[_Waiter]], tps: list[TopicPartition], waiter: _Waiter
+) -> None:
+    """Add ``waiter`` to the set of each of ``tps`` (a set is created on first use and deleted
+    when its last waiter leaves, so an idle partition costs no entry)."""
+    for tp in tps:
+        entries = waiters.get(tp)
+        if entries is None:
+            waiters[tp] = {waiter}
+        else:
+            entries.add(waiter)
 
 
 def _wake_all(waiters: dict[TopicPartition, set[_Waiter]], tp: TopicPartition, *, now: bool) -> None:
