@@ -90,13 +90,7 @@ class ParkedFetch:
         self._done = True
         if self._timer is not None:
             self._timer.cancel()
-        sets = self._sets
-        for tp in self._keys:
-            parked = sets.get(tp)
-            if parked is not None:
-                parked.discard(self)
-                if not parked:
-                    del sets[tp]
+        _unregister(self._sets, self._keys, self)
 
 
 _Waiter = asyncio.Future[None] | ParkedFetch
@@ -148,12 +142,7 @@ class AppendWaiters:
             await fut
         finally:
             timer.cancel()
-            for tp in keys:
-                parked = waiters.get(tp)
-                if parked is not None:
-                    parked.discard(fut)
-                    if not parked:
-                        del waiters[tp]
+            _unregister(waiters, keys, fut)
 
     def park(
         self, tps: list[TopicPartition], timeout_s: float, fire: Fire, *, up_to_log_end: bool
@@ -195,6 +184,18 @@ def _register(
             waiters[tp] = {waiter}
         else:
             entries.add(waiter)
+
+
+def _unregister(
+    waiters: dict[TopicPartition, set[_Waiter]], tps: list[TopicPartition], waiter: _Waiter
+) -> None:
+    """Take ``waiter`` out of the set of each of ``tps``, deleting a set it leaves empty."""
+    for tp in tps:
+        entries = waiters.get(tp)
+        if entries is not None:
+            entries.discard(waiter)
+            if not entries:
+                del waiters[tp]
 
 
 def _wake_all(waiters: dict[TopicPartition, set[_Waiter]], tp: TopicPartition, *, now: bool) -> None:
