@@ -41,6 +41,7 @@ sys.path.insert(0, str(BENCH))
 from benchlib import batch_producer, drivers  # noqa: E402
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
 from benchlib.cluster_workloads import _place  # noqa: E402
+from benchlib.workloads import Context, fixed_rate_latency  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -76,6 +77,31 @@ def perf_summary(data: Path) -> str:
     return "  " + "; ".join(report("dso", 3)) + "\n    " + "\n    ".join(report("symbol", 8))
 
 
+def stop_tracers(trace: str | None, pids: list[int], tracers: list[subprocess.Popen[bytes]]) -> None:
+    if trace == "cprofile":
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR2)
+    for t in tracers:
+        t.send_signal(signal.SIGINT)
+    for t in tracers:
+        t.wait(120)
+
+
+def latency_ctx(out: Path, pool: list[bytes], seconds: float) -> Context:
+    return Context(
+        quick=False,
+        records=0,
+        repeat=1,
+        scratch=out,
+        kcat_env={},
+        latency_seconds=seconds,
+        latency_rate=1000,
+        recovery_bytes=0,
+        broker_options=[],
+        pool=pool,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000)
@@ -91,13 +117,20 @@ def main() -> None:
         default="confluent",
         help="load generator: confluent-kafka (default) or the blocking idempotent wire producer",
     )
+    ap.add_argument(
+        "--latency",
+        type=float,
+        metavar="S",
+        help="instead of the produce loop: cluster-latency-1k's 1,000 msg/s loop for S seconds per round"
+        " (per-broker CPU in µs per record)",
+    )
     ap.add_argument("--sched-batch", action="store_true", help="odd rounds under SCHED_BATCH (see above)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="cluster-cost-"))
     out.mkdir(parents=True, exist_ok=True)
     if args.trace == "cprofile":  # the brokers inherit both
-        os.environ["EXACTLY_CPROFILE"] = str(out / "cprofile")
+        os.environ["EXACTLY_CPROFILE"] = str(out / "cprofile-{pid}")
         os.environ["PYTHONPATH"] = str(BENCH / "benchlib" / "cprofile_site")
     src = BENCH.parent / "src"
     cluster = Cluster(out / "cluster", 3, DEFAULT_SESSION_TIMEOUT_MS, {}, src=src).start()
@@ -133,6 +166,25 @@ def main() -> None:
                 else None
             )
             cs0, cpu0 = [switches(p) for p in pids], [cpu(p) for p in pids]
+            if args.latency:
+                lat = fixed_rate_latency(latency_ctx(out, pool, args.latency), cluster, topic)
+                cpu1, cs1 = [cpu(p) for p in pids], [switches(p) for p in pids]
+                stop_tracers(args.trace if last else None, pids, tracers)
+                n = lat["records"]
+                parts = "  ".join(
+                    f"b{i} user {(b[0] - a[0]) / n * 1e6:.0f} sys {(b[1] - a[1]) / n * 1e6:.0f}"
+                    f" ctx/rec {(d[0] - c[0]) / n:.1f}+{(d[1] - c[1]) / n:.1f}"
+                    for i, (a, b, c, d) in enumerate(zip(cpu0, cpu1, cs0, cs1, strict=True))
+                )
+                total_us = sum(b[0] - a[0] + b[1] - a[1] for a, b in zip(cpu0, cpu1, strict=True)) / n * 1e6
+                print(
+                    f"round {rnd} latency rf {args.rf}: ack p50 {lat['ack_p50_ms']:.2f} p99 {lat['ack_p99_ms']:.2f} ms,"
+                    f" {total_us:.0f} µs CPU/record;  {parts};  load {os.getloadavg()[0]:.1f}"
+                    f"{'  errors ' + lat['error'] if not lat['ok'] else ''}",
+                    flush=True,
+                )
+                cluster.delete_topic(topic)
+                continue
             if ready is not None:
                 run = ready.go()
             else:
@@ -140,13 +192,7 @@ def main() -> None:
                     cluster.bootstrap, topic, args.records, pool, 600, warmup_topic=warm
                 )
             cpu1, cs1 = [cpu(p) for p in pids], [switches(p) for p in pids]
-            if last and args.trace == "cprofile":
-                for pid in pids:
-                    os.kill(pid, signal.SIGUSR2)
-            for t in tracers:
-                t.send_signal(signal.SIGINT)
-            for t in tracers:
-                t.wait(120)
+            stop_tracers(args.trace if last else None, pids, tracers)
             gb, mb = run.bytes / 1e9, run.bytes / 1e6
             total = sum(b[0] - a[0] + b[1] - a[1] for a, b in zip(cpu0, cpu1, strict=True)) / gb
             parts = "  ".join(

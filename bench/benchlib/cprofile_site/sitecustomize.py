@@ -24,7 +24,7 @@ if os.environ.get("EXACTLY_CPROFILE"):
     import signal
     import time
 
-    _stem = os.environ["EXACTLY_CPROFILE"]
+    _stem = os.environ["EXACTLY_CPROFILE"].replace("{pid}", str(os.getpid()))  # one file per process
     _state = {"prof": None, "n": 0}
     _gc = {"on": False, "t0": 0.0, "runs": [0, 0, 0], "cpu": [0.0, 0.0, 0.0]}
 

@@ -26,6 +26,15 @@ that does not come within ``replica.socket.timeout.ms`` (Kafka's fetcher
 request timeout): a request or response lost on the way would otherwise stall every partition
 of this leader for good, and the follower would never return to the ISR.
 
+Steady state without the task (``_on_frame``): while every partition of a response is a plain
+one (no error, no DivergingEpoch, followed in the epoch it was asked in, not truncating or
+stopped), the response is handled inside the channel's receive callback and the next Fetch is
+written from there: no task wake-up, future or timer per round trip, and no event-loop turn
+between the leader's answer and the follower's next Fetch, which is what moves the leader's HW
+for an acks=all produce. Anything else is declined *before* any partition is touched and takes
+the task's path below; the appends, HW updates and the next request are the same functions
+either way (``tests/server/test_replica_fetcher_fast.py`` compares the two).
+
 Truncation (KIP-101/279), as Kafka does since IBP 2.7 (``replication.truncation``): a partition
 whose log has epochs starts every new leader epoch FETCHING, and the leader's answer carries a
 ``DivergingEpoch`` (no records) when the follower's last fetched epoch ends earlier there; the
@@ -111,6 +120,7 @@ class LeaderFetcher:
         self._sent_epochs: dict[TopicPartition, int] = {}
         self._client_id = f"replica-{manager.broker_id}"
         self._connect_failures = 0  # consecutive refused authentications/handshakes (back-off)
+        self._backoff_after_frame = False  # ``_on_frame`` took a response that asks for a back-off
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -215,8 +225,13 @@ class LeaderFetcher:
             if request is None:
                 await asyncio.sleep(BACKOFF_S)
                 continue
-            frame = await channel.call(request, self.manager.fetch_timeout_s)
+            frame = await channel.call(request, self.manager.fetch_timeout_s, self._on_frame)
             self._connect_failures = 0
+            if frame is None:  # ``_on_frame`` handled the responses and gave control back
+                if self._backoff_after_frame:
+                    self._backoff_after_frame = False
+                    await asyncio.sleep(BACKOFF_S)
+                continue
             response = parse_fetch_response(frame, FETCH_VERSION)
             self._check_correlation(response.correlation_id)
             if response.error_code != 0:
@@ -233,6 +248,44 @@ class LeaderFetcher:
             if backoff:
                 await asyncio.sleep(BACKOFF_S)
 
+    def _on_frame(self, frame: bytearray) -> bytes | bool:
+        """A Fetch response, in the channel's receive callback (module docstring): False (the
+        task handles it; nothing was changed) unless every partition is plain, then handled as
+        the task would and, when the task would go straight on fetching, the next request."""
+        response = parse_fetch_response(frame, FETCH_VERSION)
+        if response.correlation_id != self._correlation or response.error_code != 0:
+            return False
+        partitions = self.partitions
+        sent = self._sent_epochs
+        get_partition = self.manager.broker.logs.get_partition
+        for part in response.partitions:
+            if part.error_code != 0 or part.diverging_epoch is not None:
+                return False
+            tp = TopicPartition(part.topic, part.partition)
+            followed = partitions.get(tp)
+            if (
+                followed is None
+                or followed.failed
+                or followed.truncating
+                or sent.get(tp) != followed.leader_epoch
+                or get_partition(tp) is None
+            ):
+                return False
+        self._connect_failures = 0
+        backoff = False
+        for part in response.partitions:
+            if not self._handle_partition(frame, part):
+                backoff = True  # a batch the log refused: that partition stopped
+        del response
+        if backoff:
+            self._backoff_after_frame = True
+            return True
+        active = [p for p in partitions.values() if not p.failed]
+        if not active or any(p.truncating for p in active):
+            return True
+        request = self._build(active)
+        return True if request is None else request
+
     def _check_correlation(self, corr: int) -> None:
         if corr != self._correlation:
             raise ValueError(f"correlation id {corr}, expected {self._correlation}")
@@ -243,6 +296,7 @@ class LeaderFetcher:
         frame = await channel.call(
             encode_request(request, self._correlation, self._client_id), self.manager.fetch_timeout_s
         )
+        assert frame is not None  # no frame handler: the call returns the frame
         corr, response = decode_response(api_key, version, bytes(frame))
         self._check_correlation(corr)
         return response
