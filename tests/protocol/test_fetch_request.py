@@ -12,7 +12,7 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from exactly.client.wire import encode_request
-from exactly.protocol.fetch_request import FetchPosition, encode_replica_fetch
+from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate, encode_replica_fetch
 
 TOPICS = [
     ("orders", [FetchPosition(0, 3, 1234, 10, 1_048_576, 2), FetchPosition(5, 3, 0, 0, 65_536, -1)]),
@@ -72,3 +72,27 @@ def test_same_bytes_as_kio(version: int, topics: list[tuple[str, list[FetchPosit
 def test_other_versions_are_refused() -> None:
     with pytest.raises(ValueError, match="v13"):
         encode_replica_fetch(13, 1, "x", replica_id=1, max_wait_ms=1, min_bytes=1, max_bytes=1, topics=[])
+
+
+@pytest.mark.parametrize("version", [11, 12])
+def test_template_fill_writes_what_the_encoder_writes(version: int) -> None:
+    options: dict[str, Any] = {"replica_id": 2, "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 10_485_760}
+    template = ReplicaFetchTemplate.build(version, "replica-2", topics=TOPICS, **options)
+    moves = [(0, -1, 0), (2**40 + 1, 9, 2**33 - 1), (77, 3, 5)]
+    for correlation in (1, 2**31 - 1):
+        for shift in range(3):
+            moved = [
+                (
+                    name,
+                    [
+                        FetchPosition(
+                            p.partition, p.current_leader_epoch, m[0], m[2], p.partition_max_bytes, m[1]
+                        )
+                        for p, m in zip(parts, moves[shift:] + moves[:shift], strict=False)
+                    ],
+                )
+                for name, parts in TOPICS
+            ]
+            flat = [(p.fetch_offset, p.last_fetched_epoch, p.log_start_offset) for _, ps in moved for p in ps]
+            expected = encode_replica_fetch(version, correlation, "replica-2", topics=moved, **options)
+            assert template.fill(correlation, flat) == expected

@@ -118,7 +118,7 @@ def test_plain_responses_in_the_callback_match_the_task_path(tmp_path: Path) -> 
         outcome = fast._on_frame(bytearray(frame))
         for part in parse_fetch_response(frame, FETCH_VERSION).partitions:  # the task's loop
             assert slow._handle_partition(frame, part)
-        assert isinstance(outcome, bytes)  # the next request, as the task builds it
+        assert isinstance(outcome, bytearray)  # the next request, as the task builds it
         assert outcome == slow._build(_active(slow))
         assert _state(fast) == _state(slow)
     assert [s[0] for s in _state(fast)] == offsets
@@ -161,7 +161,7 @@ def test_a_stopped_partition_hands_control_back(tmp_path: Path) -> None:
     fetcher._build(_active(fetcher))
     fetcher.partitions[TPS[1]].failed = True
     outcome = fetcher._on_frame(_frame(fetcher._correlation, [_part(0, _batch(0, 1), hw=0)]))
-    assert isinstance(outcome, bytes)
+    assert isinstance(outcome, bytearray)
     fetcher.follow(TPS[1], EPOCH + 1)  # back, truncating in the new epoch
     outcome = fetcher._on_frame(_frame(fetcher._correlation, [_part(0, _batch(1, 1), hw=1)]))
     assert outcome is True
@@ -215,7 +215,7 @@ async def _with_channel(silent_after: int, run: Any) -> list[bytes]:
 def test_channel_frame_handler_sends_the_next_request_in_the_callback() -> None:
     seen: list[bytes] = []
 
-    def on_frame(frame: bytearray) -> bytes | bool:
+    def on_frame(frame: bytearray) -> bytes | bytearray | bool:
         seen.append(bytes(frame))
         if len(seen) < 5:
             return _request(len(seen))
@@ -233,12 +233,12 @@ def test_channel_frame_handler_sends_the_next_request_in_the_callback() -> None:
 
 
 def test_channel_raises_what_the_handler_raised_and_times_out_after_its_requests() -> None:
-    def failing(frame: bytearray) -> bytes | bool:
+    def failing(frame: bytearray) -> bytes | bytearray | bool:
         raise ValueError("bad frame")
 
     answered: list[bytes] = []
 
-    def chain(frame: bytearray) -> bytes | bool:
+    def chain(frame: bytearray) -> bytes | bytearray | bool:
         answered.append(bytes(frame))
         return _request(len(answered))
 

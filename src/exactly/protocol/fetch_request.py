@@ -56,6 +56,24 @@ def encode_replica_fetch(
     topics: Sequence[tuple[str, Sequence[FetchPosition]]],
 ) -> bytes:
     """The whole request frame, size prefix included (read_uncommitted, no session)."""
+    return _encode(
+        version, correlation_id, client_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics, None
+    )
+
+
+def _encode(
+    version: int,
+    correlation_id: int,
+    client_id: str,
+    replica_id: int,
+    max_wait_ms: int,
+    min_bytes: int,
+    max_bytes: int,
+    topics: Sequence[tuple[str, Sequence[FetchPosition]]],
+    starts: list[int] | None,
+) -> bytes:
+    """``encode_replica_fetch``; ``starts`` (if given) receives where each partition's fields
+    begin in the frame, in the order written."""
     if version not in (11, 12):
         raise ValueError(f"replica fetch v{version} is not written here (v11, v12)")
     flexible = version == 12
@@ -72,6 +90,8 @@ def encode_replica_fetch(
         out += raw
         out += _count(len(positions), flexible)
         for p in positions:
+            if starts is not None:
+                starts.append(len(out) + _SIZE.size)
             if flexible:
                 out += _PART_V12.pack(
                     p.partition,
@@ -97,6 +117,57 @@ def encode_replica_fetch(
     if flexible:
         out += _NO_TAGS
     return _SIZE.pack(len(out)) + out
+
+
+# Within a partition's fields (from its start): what changes from one request to the next.
+_MOVING_V12 = struct.Struct(">qiq")  # at +8: fetch offset, last fetched epoch, log start offset
+_MOVING_V11 = struct.Struct(">qq")  # at +8: fetch offset, log start offset
+_CORRELATION_AT = _SIZE.size + 4  # after the size prefix, api key and version
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchTemplate:
+    """A replica Fetch for a fixed list of (topic, partition, current leader epoch), written once;
+    ``fill`` copies it and writes the correlation id and each partition's fetch offset, last
+    fetched epoch and log start offset in place. Why: the follower sends the same partitions
+    about a thousand times a second at 1,000 acks=all produces/s, and only those numbers move.
+    Invariant: ``fill`` returns exactly ``encode_replica_fetch``'s bytes for the same values
+    (tests/protocol/test_fetch_request.py)."""
+
+    frame: bytes
+    starts: tuple[int, ...]  # each partition's fields, in the order of ``build``'s ``topics``
+    version: int
+
+    @classmethod
+    def build(
+        cls,
+        version: int,
+        client_id: str,
+        *,
+        replica_id: int,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+        topics: Sequence[tuple[str, Sequence[FetchPosition]]],
+    ) -> ReplicaFetchTemplate:
+        starts: list[int] = []
+        frame = _encode(version, 0, client_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics, starts)
+        return cls(frame, tuple(starts), version)
+
+    def fill(self, correlation_id: int, moving: Sequence[tuple[int, int, int]]) -> bytearray:
+        """The frame with ``correlation_id`` and, per partition in ``build``'s order, (fetch
+        offset, last fetched epoch, log start offset); v11 has no last fetched epoch."""
+        out = bytearray(self.frame)
+        _I32.pack_into(out, _CORRELATION_AT, correlation_id)
+        if self.version >= 12:
+            pack = _MOVING_V12.pack_into
+            for start, (fetch_offset, last_epoch, log_start) in zip(self.starts, moving, strict=True):
+                pack(out, start + 8, fetch_offset, last_epoch, log_start)
+        else:
+            pack = _MOVING_V11.pack_into
+            for start, (fetch_offset, _epoch, log_start) in zip(self.starts, moving, strict=True):
+                pack(out, start + 8, fetch_offset, log_start)
+        return out
 
 
 def _count(n: int, flexible: bool) -> bytes:

@@ -39,7 +39,7 @@ MAX_RESPONSE = 128 * 1024 * 1024  # far above replica.fetch.response.max.bytes p
 
 # A frame handler: False = declined (untouched), True = taken (``call`` returns None), bytes = taken
 # and this is the next request (``call`` sends it and goes on waiting).
-OnFrame = Callable[[bytearray], bytes | bool]
+OnFrame = Callable[[bytearray], bytes | bytearray | bool]
 
 
 class ReplicaChannel(asyncio.BufferedProtocol):
@@ -125,7 +125,7 @@ class ReplicaChannel(asyncio.BufferedProtocol):
 
     # ---- the caller's side -----------------------------------------------------------------
     async def call(
-        self, request: bytes, timeout_s: float, on_frame: OnFrame | None = None
+        self, request: bytes | bytearray, timeout_s: float, on_frame: OnFrame | None = None
     ) -> bytearray | None:
         """Send one size-prefixed request and return the next response frame (without its size
         prefix). Give a large frame back with ``release`` once nothing references it. With

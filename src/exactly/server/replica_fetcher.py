@@ -58,7 +58,7 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i32
 
 from exactly.client.wire import decode_response, encode_request
-from exactly.protocol.fetch_request import FetchPosition, encode_replica_fetch
+from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate
 from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_response
 from exactly.records.batch import InvalidRecordError, iter_batches
 from exactly.replication.truncation import (
@@ -121,6 +121,8 @@ class LeaderFetcher:
         self._client_id = f"replica-{manager.broker_id}"
         self._connect_failures = 0  # consecutive refused authentications/handshakes (back-off)
         self._backoff_after_frame = False  # ``_on_frame`` took a response that asks for a back-off
+        self._template: ReplicaFetchTemplate | None = None  # the Fetch for ``_template_key``
+        self._template_key: tuple[tuple[TopicPartition, int], ...] = ()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -248,7 +250,7 @@ class LeaderFetcher:
             if backoff:
                 await asyncio.sleep(BACKOFF_S)
 
-    def _on_frame(self, frame: bytearray) -> bytes | bool:
+    def _on_frame(self, frame: bytearray) -> bytearray | bool:
         """A Fetch response, in the channel's receive callback (module docstring): False (the
         task handles it; nothing was changed) unless every partition is plain, then handled as
         the task would and, when the task would go straight on fetching, the next request."""
@@ -393,39 +395,58 @@ class LeaderFetcher:
         )
         followed.state.on_diverging_epoch(decision, followed.leader_epoch)
 
-    def _build(self, active: list[FollowedPartition]) -> bytes | None:
-        """The Fetch request frame for every active partition (written by hand: see
-        ``exactly.protocol.fetch_request``), or None when none has a log."""
-        by_topic: dict[str, list[FetchPosition]] = {}
-        self._sent_epochs = {}
+    def _build(self, active: list[FollowedPartition]) -> bytearray | None:
+        """The Fetch request frame for every active partition, or None when none has a log:
+        written from a template kept while the partitions and their leader epochs stay the same
+        (``exactly.protocol.fetch_request``), with each log's current positions."""
+        get_partition = self.manager.broker.logs.get_partition
+        logs: list[PartitionLog] = []
+        key: list[tuple[TopicPartition, int]] = []
         for followed in active:
-            plog = self.manager.broker.logs.get_partition(followed.tp)
+            plog = get_partition(followed.tp)
             if plog is None:
                 continue
-            self._sent_epochs[followed.tp] = followed.leader_epoch
-            by_topic.setdefault(followed.tp.topic, []).append(
-                FetchPosition(
-                    followed.tp.partition,
-                    followed.leader_epoch,
-                    plog.log_end_offset,
-                    plog.log_start_offset,
-                    PARTITION_MAX_BYTES,
-                    latest_epoch(plog.leader_epochs.entries),
-                )
-            )
-        if not by_topic:
+            logs.append(plog)
+            key.append((followed.tp, followed.leader_epoch))
+        if not logs:
             return None
+        sent = tuple(key)
+        template = self._template
+        if template is None or sent != self._template_key:
+            template = self._template = self._new_template(sent)
+            self._template_key = sent
+        self._sent_epochs = dict(sent)
         self._correlation += 1
-        return encode_replica_fetch(
-            FETCH_VERSION,
+        return template.fill(
             self._correlation,
+            [
+                (plog.log_end_offset, latest_epoch(plog.leader_epochs.entries), plog.log_start_offset)
+                for plog in logs
+            ],
+        )
+
+    def _new_template(self, sent: tuple[tuple[TopicPartition, int], ...]) -> ReplicaFetchTemplate:
+        """The request's fixed part for these partitions; the template's partition order is that
+        of ``sent`` (topics grouped in first-seen order, as the encoder writes them)."""
+        by_topic: dict[str, list[tuple[int, FetchPosition]]] = {}
+        for i, (tp, epoch) in enumerate(sent):
+            by_topic.setdefault(tp.topic, []).append(
+                (i, FetchPosition(tp.partition, epoch, 0, 0, PARTITION_MAX_BYTES))
+            )
+        written = [i for parts in by_topic.values() for i, _ in parts]
+        template = ReplicaFetchTemplate.build(
+            FETCH_VERSION,
             self._client_id,
             replica_id=self.manager.broker_id,
             max_wait_ms=MAX_WAIT_MS,
             min_bytes=1,
             max_bytes=MAX_BYTES,
-            topics=list(by_topic.items()),
+            topics=[(topic, [p for _, p in parts]) for topic, parts in by_topic.items()],
         )
+        starts = [0] * len(sent)
+        for start, i in zip(template.starts, written, strict=True):
+            starts[i] = start
+        return ReplicaFetchTemplate(template.frame, tuple(starts), template.version)
 
     def _handle_partition(self, frame: bytearray, part: FetchedPartition) -> bool:
         """Append what came back (``frame[part.records_start:part.records_end]``, read in place);
