@@ -411,11 +411,22 @@ class ReplicaManager:
     def check_follower_read(
         self, tp: TopicPartition, replica_id: int, current_leader_epoch: int
     ) -> ErrorCode:
-        """A replica's Fetch at this broker: the epoch, leadership, then membership."""
-        code = self.check_read(tp, current_leader_epoch)
+        """A replica's Fetch at this broker: the epoch, leadership, then membership. The same
+        checks as ``check_read`` then ``check_follower_fetch`` on ``cache.replicas``, with the
+        topic looked up once (every follower fetch asks this for each of its partitions, twice)."""
+        cached = self.cache.topic(tp.topic)
+        replicas = None if cached is None else cached.assignment.partitions.get(tp.partition)
+        if replicas is None:
+            return ErrorCode.unknown_topic_or_partition
+        local = self.roles.local(tp)
+        if local is None:
+            return ErrorCode.not_leader_or_follower
+        code = check_partition_read(
+            current_leader_epoch, local.leader_epoch, is_leader=tp in self.leaders, require_leader=True
+        )
         if code != ErrorCode.none:
             return code
-        return check_follower_fetch(replica_id, current_leader_epoch, self.cache.replicas(tp))
+        return check_follower_fetch(replica_id, current_leader_epoch, replicas)
 
     # --- serving ---------------------------------------------------------------------------------
 
