@@ -139,20 +139,26 @@ def main() -> None:
         "from exactly.protocol.framing import FrameError, Framer\n",
         [
             (
-                "        if self.framer.frames or self._lost is not None:\n            self._wake()",
-                "        if self.framer.frames or self._lost is not None:\n"
+                "        frames = self.framer.frames\n        if frames and self._on_frame is not None",
+                "        frames = self.framer.frames\n"
+                + "        if frames:\n"
                 + T("            ", '"r_frame", nbytes')
-                + "            self._wake()",
+                + "        if frames and self._on_frame is not None",
             ),
             (
-                "        assert self.transport is not None\n        self.transport.write(request)",
-                "        assert self.transport is not None\n"
-                + T("        ", '"r_send"')
-                + "        self.transport.write(request)",
+                "        self.transport.write(request)\n        self._sent_at = loop.time()",
+                T("        ", '"r_send"')
+                + "        self.transport.write(request)\n        self._sent_at = loop.time()",
+            ),
+            (  # the next Fetch written by the frame handler, in the receive callback
+                "            transport.write(outcome)\n",
+                T("            ", '"r_send"') + "            transport.write(outcome)\n",
             ),
             (
-                "        return frames.popleft()\n",
-                T("        ", '"r_resume"') + "        return frames.popleft()\n",
+                "                if frames:\n                    return frames.popleft()\n",
+                "                if frames:\n"
+                + T("                    ", '"r_resume"')
+                + "                    return frames.popleft()\n",
             ),
         ],
     )
