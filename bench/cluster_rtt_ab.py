@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -97,6 +98,7 @@ def main() -> int:
     finally:
         for c in clusters.values():
             c.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"\n| figure | A ({args.base}) | B (this checkout) | B/A per pair (median, min-max) | B better |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for fig in rows["A"][0]:
