@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -157,28 +158,62 @@ def test_cache_truncation_from_both_ends_is_persisted(tmp_path: Path) -> None:
     assert LeaderEpochCache(tmp_path).entries == [E(2, 7), E(3, 8)]
 
 
-def test_a_truncation_without_fsyncs_replaces_the_file_and_owes_its_flush(tmp_path: Path) -> None:
+def test_a_deferred_truncation_leaves_the_file_to_its_flush(tmp_path: Path) -> None:
     cache = LeaderEpochCache(tmp_path)
     for entry in CACHE:
         cache.assign(entry.epoch, entry.start_offset)
     assert not cache.unflushed
     cache.truncate_from_end(10, durable=False)
-    assert cache.unflushed
-    assert LeaderEpochCache(tmp_path).entries == cache.entries  # the file is already the new one
+    assert cache.unflushed and cache.entries == [E(2, 6), E(3, 8)]
+    # the file still holds the previous history: a crash now makes the next load truncate again
+    assert LeaderEpochCache(tmp_path).entries == list(CACHE)
     cache.flush()
     assert not cache.unflushed
+    assert LeaderEpochCache(tmp_path).entries == cache.entries
+    assert not (tmp_path / (LEADER_EPOCH_CHECKPOINT + ".tmp")).exists()
     cache.truncate_from_start(7, durable=False)
     cache.assign(4, 12)  # a durable write settles what was owed
     assert not cache.unflushed
     assert LeaderEpochCache(tmp_path).entries == [E(2, 7), E(3, 8), E(4, 12)]
+    cache.flush()  # nothing owed: no write
+    assert LeaderEpochCache(tmp_path).entries == [E(2, 7), E(3, 8), E(4, 12)]
 
 
-def test_flush_of_a_deleted_checkpoint_is_a_no_op(tmp_path: Path) -> None:
+def test_a_flush_after_discard_writes_nothing(tmp_path: Path) -> None:
+    """A deleted partition's owed rewrite must not recreate a file in its directory."""
     cache = LeaderEpochCache(tmp_path)
     cache.assign(0, 0)
     cache.truncate_from_end(0, durable=False)
     (tmp_path / LEADER_EPOCH_CHECKPOINT).unlink()
-    cache.flush()  # the partition went away meanwhile: nothing to sync, no error
+    cache.discard()
+    cache.flush()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flush_on_another_thread_never_writes_older_content_than_the_owner(tmp_path: Path) -> None:
+    """The owner's durable changes and a flush thread's owed rewrite serialise on the cache's
+    lock: whatever the interleaving, the file ends as the newest history."""
+    for round_ in range(20):
+        directory = tmp_path / str(round_)
+        directory.mkdir()
+        cache = LeaderEpochCache(directory)
+        cache.assign(0, 0)
+        cache.assign(1, 5)
+        cache.truncate_from_end(5, durable=False)  # owed: [(0, 0)]
+        flusher = threading.Thread(target=cache.flush)
+        flusher.start()
+        for epoch in range(2, 12):
+            cache.assign(epoch, epoch * 10)
+        flusher.join()
+        assert not cache.unflushed
+        assert (
+            LeaderEpochCache(directory).entries
+            == cache.entries
+            == [
+                E(0, 0),
+                *(E(e, e * 10) for e in range(2, 12)),
+            ]
+        )
 
 
 @pytest.mark.parametrize(

@@ -216,3 +216,38 @@ def test_replay_refills_a_lost_epoch_checkpoint_from_the_batches(tmp_path: Path)
     reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
     assert [(e.epoch, e.start_offset) for e in reopened.leader_epochs.entries] == [(0, 0), (3, 2)]
     reopened.close()
+
+
+@pytest.mark.parametrize("recovery_point", [0, None])
+def test_an_empty_segment_with_empty_indexes_is_left_as_opened(
+    tmp_path: Path, recovery_point: int | None
+) -> None:
+    """A partition that never got a record: nothing to validate, and its empty index files are
+    not rewritten (same inodes, same modification times); the log behaves as after a recovery."""
+    open_log(tmp_path, SMALL_SEGMENTS).close()
+    segment_files = sorted(p for p in tmp_path.iterdir() if p.suffix in (".index", ".timeindex"))
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in segment_files}
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=recovery_point)
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in segment_files} == before
+    assert log.log_end_offset == 0 and log.load_result.truncated_bytes == 0
+    for _ in range(4):  # rolls: the reopened empty segment indexes and rolls as a recovered one
+        append(log, 2, value_size=100)
+    assert [h.base_offset for h in read_all(log)] == [0, 2, 4, 6]
+    assert log.segments[0].offset_index.lookup(4)[0] >= 0
+    log.close()
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=8)
+    assert [h.base_offset for h in read_all(reopened)] == [0, 2, 4, 6]
+    reopened.close()
+
+
+def test_an_empty_segment_with_a_nonempty_index_is_recovered(tmp_path: Path) -> None:
+    """Index entries for a log without batches are wrong: recovery empties the files."""
+    open_log(tmp_path, SMALL_SEGMENTS).close()
+    index = next(p for p in tmp_path.iterdir() if p.suffix == ".index")
+    index.write_bytes(bytes(8))  # one entry (0, 0), a sane size
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=0)
+    assert index.stat().st_size == 0
+    assert log.log_end_offset == 0
+    append(log, 2)
+    assert [h.base_offset for h in read_all(log)] == [0]
+    log.close()

@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactly.storage.durable import fsync_directory, write_durably
+from exactly.storage.durable import write_durably
 
 log = logging.getLogger("exactly.storage")
 
@@ -145,18 +145,29 @@ class LeaderEpochCache:
     """The leader-epoch history of one partition, mirrored by ``leader-epoch-checkpoint``.
 
     Owns: ``entries`` and the checkpoint file, which every change rewrites durably (so the file is
-    always the whole history). Lifecycle: read at construction (a missing or malformed file is an
-    empty history, refilled by recovery), then ``assign`` on new epochs and truncation from either
-    end as the log is truncated. No open descriptor, so nothing to close.
+    always the whole history), except the truncations recovery makes at load (``durable=False``),
+    whose rewrite ``flush`` owes. Lifecycle: read at construction (a missing or malformed file is
+    an empty history, refilled by recovery), then ``assign`` on new epochs and truncation from
+    either end as the log is truncated; ``discard`` when the partition is deleted. No open
+    descriptor, so nothing to close.
+
+    Threads: the owner (the event loop) changes ``entries``; ``flush`` may run on another thread
+    (the log manager's, after a load). Every change of ``entries`` and every file write happens
+    under ``_lock``, so the file never goes back to older content than the newest written, and a
+    rewrite owed by a deferred truncation is either done by ``flush`` or by the next durable
+    change, whichever comes first. Readers of ``entries`` take no lock (a list replaced whole).
     """
 
-    __slots__ = ("entries", "path", "unflushed")
+    __slots__ = ("_discarded", "_lock", "entries", "path", "unflushed")
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / LEADER_EPOCH_CHECKPOINT
         self.entries: list[EpochEntry] = self._read()
-        #: The file was last rewritten without its fsyncs (``durable=False``): ``flush`` owes them.
+        #: ``entries`` changed by a deferred truncation (``durable=False``) and the file still holds
+        #: the previous history: ``flush`` owes its rewrite (with the fsyncs).
         self.unflushed = False
+        self._discarded = False
+        self._lock = threading.Lock()
 
     def _read(self) -> list[EpochEntry]:
         """A missing or malformed file yields an empty cache: recovery re-assigns epochs from the
@@ -178,32 +189,37 @@ class LeaderEpochCache:
             folded = assign(folded, entry.epoch, entry.start_offset)
         return list(folded)
 
-    def _write(self, durable: bool) -> None:
+    def _write_locked(self) -> None:
+        """Rewrite the file as ``entries``, durably; the caller holds ``_lock``."""
         lines = [str(_VERSION), str(len(self.entries))]
         lines.extend(f"{e.epoch} {e.start_offset}" for e in self.entries)
-        write_durably(self.path, ("\n".join(lines) + "\n").encode(), durable=durable)
-        self.unflushed = not durable
+        write_durably(self.path, ("\n".join(lines) + "\n").encode())
+        self.unflushed = False
 
     def _replace(self, entries: tuple[EpochEntry, ...], durable: bool = True) -> None:
-        if list(entries) != self.entries:
+        if list(entries) == self.entries:
+            return
+        with self._lock:
             self.entries = list(entries)
-            self._write(durable)
+            if durable:
+                self._write_locked()
+            else:
+                self.unflushed = True
 
     def flush(self) -> None:
-        """The fsyncs a ``durable=False`` truncation skipped (file, then directory); may run on
-        another thread than the cache's owner: it only syncs whatever file is at ``path`` then."""
-        if not self.unflushed:
-            return
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:  # the partition was deleted meanwhile
-            return
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_directory(self.path.parent)
-        self.unflushed = False
+        """What deferred truncations owe: the rewrite of the file as ``entries`` with its fsyncs
+        (file, then directory). May run on another thread than the cache's owner (see the class
+        docstring); a no-op once the partition was deleted (``discard``) or nothing is owed."""
+        with self._lock:
+            if self.unflushed and not self._discarded:
+                self._write_locked()
+
+    def discard(self) -> None:
+        """The partition is being deleted: from now on ``flush`` writes nothing (a rewrite owed
+        to a deleted directory would recreate a file in it while it is removed). Waits for a
+        ``flush`` in progress on another thread."""
+        with self._lock:
+            self._discarded = True
 
     @property
     def latest_epoch(self) -> int:
@@ -234,11 +250,14 @@ class LeaderEpochCache:
     def truncate_from_end(self, end_offset: int, *, durable: bool = True) -> None:
         """The log was cut at ``end_offset``: forget epochs that started at or after it.
 
-        ``durable=False`` (recovery at load, as Kafka's ``truncateFromEndAsyncFlush``): the file is
-        replaced atomically but its fsyncs are left to ``flush``, which the log manager runs off the
-        event loop once every log is open. Safe because what such a truncation removes lies past
-        the recovered log end: if a crash loses the new file, the old one is back and the next load
-        removes the same entries again before anything reads them."""
+        ``durable=False`` (recovery at load, like Kafka's ``truncateFromEndAsyncFlush``): only
+        ``entries`` change now; the file's rewrite and its fsyncs are left to ``flush``, which the
+        log manager runs off the event loop once every log is open. Kafka writes the file at once
+        and defers only the fsync; deferring the write too keeps a file creation and a rename per
+        partition off the load (each waits for the filesystem journal: up to tens of ms on a busy
+        disk). Safe for the same reason as Kafka's: what such a truncation removes lies past the
+        recovered log end, the file is read only by the next load, and if a crash comes before
+        ``flush`` the old file is still there and that load removes the same entries again."""
         self._replace(truncate_from_end(self.entries, end_offset), durable)
 
     def truncate_from_start(self, start_offset: int, *, durable: bool = True) -> None:
@@ -248,9 +267,9 @@ class LeaderEpochCache:
 
 
 def flush_caches(caches: Sequence[LeaderEpochCache]) -> None:
-    """The fsyncs ``durable=False`` truncations at load left owing (the log manager runs this on a
-    thread of its own once every log is open). A failure is logged: the next load truncates the
-    same entries again."""
+    """The rewrites and fsyncs ``durable=False`` truncations at load left owing (the log manager
+    runs this on a thread of its own once every log is open). A failure is logged: the next load
+    truncates the same entries again."""
     for cache in caches:
         try:
             cache.flush()

@@ -15,7 +15,8 @@ caller has it from the recovery-point checkpoint. Loading does, in order:
    segment entirely, batch by batch (lengths, magic, CRC32C). The first invalid or incomplete
    batch is where the log ends: that segment is cut there and any later segment is deleted (it
    follows bytes that never fully reached the disk). Index entries of the validated part are
-   rebuilt on the way.
+   rebuilt on the way. An empty segment with empty index files has nothing to validate and is
+   left as opened (recovery would rewrite the empty files).
 4. Producer state: load the newest valid snapshot at or below the recovery point (newer ones are
    dropped: they may describe log that was just cut), and replay batch headers from its offset to the log end. Replay also
    rebuilds the transaction-index entries (aborted transactions) from that offset on, since the
@@ -101,6 +102,22 @@ def _segment_bases(directory: Path) -> list[int]:
     return sorted(bases)
 
 
+def _empty_with_empty_indexes(segment: LogSegment) -> bool:
+    """An empty segment whose index files are empty too (a partition that never got a record, a
+    segment just rolled): there is nothing to validate, and ``recover`` would only rewrite the
+    two empty index files as empty (two ``open(O_TRUNC)``, each an inode change that waits for
+    the filesystem journal: tens of ms on a busy disk, for every such partition of a restart).
+    Left as opened, the segment is what ``recover`` would leave (no batch, next offset its base,
+    indexes empty and loaded on first use). Index files that are not empty go through
+    ``recover``, which empties them."""
+    if segment.size:
+        return False
+    try:
+        return segment.offset_index.path.stat().st_size == 0 and segment.time_index.path.stat().st_size == 0
+    except FileNotFoundError:
+        return False
+
+
 def load_log(
     directory: Path,
     config: LogConfig,
@@ -146,6 +163,8 @@ def load_log(
     for i in range(first_unflushed, len(segments)):
         segment = segments[i]
         sane = segment.indexes_look_sane()
+        if sane and _empty_with_empty_indexes(segment):
+            continue
         from_offset = rp if i == first_unflushed and sane else None
         cut = segment.recover(from_offset)
         if cut:

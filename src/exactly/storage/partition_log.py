@@ -486,6 +486,7 @@ class PartitionLog(LogMaintenance):
         self._closed = True
 
     def delete(self) -> None:
+        self.leader_epochs.discard()  # no owed rewrite may recreate a file in the directory
         for segment in self._segments:
             segment.close()
         self._closed = True
