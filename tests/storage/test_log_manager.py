@@ -190,10 +190,13 @@ def test_created_partitions_start_their_leader_epoch(tmp_path: Path) -> None:
     manager.close()
 
 
-def test_reopen_truncates_an_empty_partitions_epoch_and_rewrites_it_off_the_open(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [True, False])
+def test_reopen_truncates_an_empty_partitions_epoch_and_rewrites_it_off_the_open(
+    tmp_path: Path, background: bool
+) -> None:
     """Recovery drops the ``0 0`` entry of a partition that never got a record (its log end is 0,
-    as Kafka's truncateFromEnd does) at once; the checkpoint's rewrite and fsyncs run on a thread
-    of the log manager's, done by ``close``."""
+    as Kafka's truncateFromEnd does) at once; the checkpoint's rewrite and fsyncs are left to a
+    thread the broker starts once it serves (``start_epoch_flush``), or to ``close``."""
     manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
     manager.create_topic("t", 3, {}, now_ms=NOW)
     manager.close()
@@ -202,6 +205,10 @@ def test_reopen_truncates_an_empty_partitions_epoch_and_rewrites_it_off_the_open
     for log in logs:
         assert log is not None
         assert log.leader_epochs.entries == []
+        assert (log.directory / "leader-epoch-checkpoint").read_text().split() == ["0", "1", "0", "0"]
+    if background:
+        manager.start_epoch_flush()
+        manager.start_epoch_flush()  # idempotent
     manager.close()
     for log in logs:
         assert log is not None and not log.leader_epochs.unflushed
@@ -215,6 +222,7 @@ def test_a_topic_deleted_while_its_epoch_rewrites_are_owed_leaves_no_directory(t
     manager.create_topic("t", 20, {}, now_ms=NOW)
     manager.close()
     manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.start_epoch_flush()
     manager.delete_topic("t")
     manager.close()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("t-")]

@@ -287,6 +287,7 @@ class Broker:
             for server in self._servers:
                 await server.start_serving()
         (self.data_dir / "bound-address").write_text(f"{host}:{port}\n")
+        self.logs.start_epoch_flush()  # the checkpoint rewrites recovery owes, off the start
         if self.cleaner is not None:
             self.cleaner.start(run_on_loop(loop))
         self._tasks.append(asyncio.create_task(self._maintenance_loop(), name="maintenance"))

@@ -126,9 +126,9 @@ class LogManager:
     ``run_maintenance`` runs periodically (rolls, retention, flushes, producer expiry,
     checkpoints); ``close`` flushes and closes every partition, writes the checkpoints and the
     marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
-    broker's event loop is the only caller (the one thread of its own, started by the
-    constructor, only rewrites the leader-epoch checkpoints recovery truncated; ``close`` waits for
-    it).
+    broker's event loop is the only caller (the one thread of its own, started by
+    ``start_epoch_flush``, only rewrites the leader-epoch checkpoints recovery truncated; ``close``
+    waits for it).
     """
 
     def __init__(
@@ -177,21 +177,30 @@ class LogManager:
                 )
         # Recovery truncated some leader-epoch caches without rewriting their checkpoints (as
         # Kafka's truncateFromEndAsyncFlush defers the fsync): a thread of its own owes the
-        # rewrites and their fsyncs, so a start does not wait on a file creation, a rename and
-        # two fsyncs per partition (a topic of 100 empty partitions: 400 of them, each waiting
-        # for the filesystem journal on a busy disk).
-        unflushed = [plog.leader_epochs for plog in self._logs.values() if plog.leader_epochs.unflushed]
+        # rewrites and their fsyncs (``start_epoch_flush``, once the broker serves), so a start
+        # does not wait on a file creation, a rename and two fsyncs per partition (a topic of 100
+        # empty partitions: 400 of them, each waiting for the filesystem journal on a busy disk).
+        self._owed_epochs = [
+            plog.leader_epochs for plog in self._logs.values() if plog.leader_epochs.unflushed
+        ]
         self._epoch_flush: threading.Thread | None = None
-        if unflushed:
-            self._epoch_flush = threading.Thread(
-                target=flush_caches, args=(unflushed,), name="leader-epoch-flush", daemon=True
-            )
-            self._epoch_flush.start()
         # The log cleaner's checkpoint; the cleaner threads themselves are the server's.
         self.cleaner_manager = LogCleanerManager(data_dir)
         # From here on a crash is an unclean shutdown.
         marker.unlink(missing_ok=True)
         self._closed = False
+
+    def start_epoch_flush(self) -> None:
+        """Start the thread that rewrites the leader-epoch checkpoints recovery truncated (see
+        the constructor); the broker calls it once it serves, so that work (file creations,
+        renames, fsyncs: kernel time and journal waits) competes with nothing of the start.
+        Idempotent; ``close`` does the rewrites itself if this was never called."""
+        if self._epoch_flush is not None or not self._owed_epochs:
+            return
+        self._epoch_flush = threading.Thread(
+            target=flush_caches, args=(self._owed_epochs,), name="leader-epoch-flush", daemon=True
+        )
+        self._epoch_flush.start()
 
     # --- metadata files ------------------------------------------------------------------
     def _load_or_create_meta(self) -> str:
@@ -466,6 +475,8 @@ class LogManager:
             return
         if self._epoch_flush is not None:
             self._epoch_flush.join()
+        else:
+            flush_caches(self._owed_epochs)
         for partition_log in self._logs.values():
             partition_log.close()
         self.checkpoint_recovery_points()
