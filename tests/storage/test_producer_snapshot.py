@@ -256,3 +256,20 @@ def test_delete_snapshots_before(tmp_path: Path) -> None:
     assert psm.latest_snapshot_offset() == 3
     psm.delete_snapshots_before(4)
     assert psm.latest_snapshot_offset() is None
+
+
+def test_remove_temp_files_removes_only_snapshot_temp_files(tmp_path: Path) -> None:
+    from exactly.storage.producer_snapshot import remove_temp_files
+
+    for name in (
+        "00000000000000000009.snapshot.tmp",
+        "leader-epoch-checkpoint.tmp",
+        "00000000000000000009.snapshot",
+    ):
+        (tmp_path / name).write_bytes(b"x")
+    remove_temp_files(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "00000000000000000009.snapshot",
+        "leader-epoch-checkpoint.tmp",
+    ]
+    remove_temp_files(tmp_path / "missing")  # a partition directory not created yet

