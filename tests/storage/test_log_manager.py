@@ -215,6 +215,20 @@ def test_reopen_truncates_an_empty_partitions_epoch_and_rewrites_it_off_the_open
         assert (log.directory / "leader-epoch-checkpoint").read_text().split() == ["0", "0"]
 
 
+def test_close_settles_a_rewrite_owed_after_the_flush_thread_ran(tmp_path: Path) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 1, {}, now_ms=NOW)
+    manager.start_epoch_flush()  # nothing owed: no thread
+    log = manager.get_partition(TopicPartition("t", 0))
+    assert log is not None
+    log.leader_epochs.assign(3, 0)
+    log.leader_epochs.truncate_from_end(0, durable=False)
+    assert log.leader_epochs.unflushed
+    manager.close()
+    assert not log.leader_epochs.unflushed
+    assert (log.directory / "leader-epoch-checkpoint").read_text().split() == ["0", "0"]
+
+
 def test_a_topic_deleted_while_its_epoch_rewrites_are_owed_leaves_no_directory(tmp_path: Path) -> None:
     """delete_topic right after a restart: the flush thread may not have reached the deleted
     partitions; it must not recreate their checkpoints in directories being removed."""

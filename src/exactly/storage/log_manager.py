@@ -194,7 +194,7 @@ class LogManager:
         """Start the thread that rewrites the leader-epoch checkpoints recovery truncated (see
         the constructor); the broker calls it once it serves, so that work (file creations,
         renames, fsyncs: kernel time and journal waits) competes with nothing of the start.
-        Idempotent; ``close`` does the rewrites itself if this was never called."""
+        Idempotent; ``close`` does whatever is still owed (everything if this was never called)."""
         if self._epoch_flush is not None or not self._owed_epochs:
             return
         self._epoch_flush = threading.Thread(
@@ -475,8 +475,9 @@ class LogManager:
             return
         if self._epoch_flush is not None:
             self._epoch_flush.join()
-        else:
-            flush_caches(self._owed_epochs)
+        # whatever is still owed: everything when start_epoch_flush never ran, else nothing
+        # unless a partition opened later owed a rewrite the thread had no list entry for
+        flush_caches([plog.leader_epochs for plog in self._logs.values() if plog.leader_epochs.unflushed])
         for partition_log in self._logs.values():
             partition_log.close()
         self.checkpoint_recovery_points()
