@@ -42,6 +42,7 @@ from exactly.server.clock import now_ms
 from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.connection import KafkaConnection
 from exactly.server.delayed_fetch import AppendWaiters
+from exactly.server.fetch_fast import FastFetch
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.inter_broker import InterBrokerClient
 from exactly.server.internal_topics import InternalTopics
@@ -102,6 +103,7 @@ class Broker:
         self.metrics = Metrics()
         self.waiters = AppendWaiters()
         self.fast_produce = FastProduce(self)  # the common single-broker Produce (produce_fast)
+        self.fast_fetch = FastFetch(self)  # the common single-broker consumer Fetch (fetch_fast)
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
         self.replicas: ReplicaManager | None = None
         if config.cluster_mode:

@@ -62,6 +62,7 @@ _BYTES = (bytes, bytearray)
 # per-request constants: an enum member lookup costs a dict walk in Python 3.11
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 _PRODUCE = int(ApiKey.PRODUCE)
+_FETCH = int(ApiKey.FETCH)
 
 
 class CloseConnection(Exception):
@@ -151,6 +152,11 @@ async def dispatch(
         fast = broker.fast_produce.answer(payload, now_ms())
         if fast is not None:
             return fast
+    # the common consumer Fetch, parked without a task when it waits (server.fetch_fast)
+    elif may_defer and len(payload) > 32 and payload[1] == _FETCH and not payload[0]:
+        fetched = broker.fast_fetch.answer(payload, file_slices)
+        if fetched is not None:
+            return fetched
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:

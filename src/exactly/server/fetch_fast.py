@@ -1,0 +1,380 @@
+"""The common consumer Fetch answered in one pass over the frame: a fast path beside the generic one.
+
+Why: at ``latency-1k`` (1,000 acks=all produces/s and a consumer whose long-poll Fetch each append
+wakes) a consumer Fetch is every other request the broker handles, and the CPU-time profile of
+the broker there (bench/results/fetch-fast-s17.md) charged the generic path about 85 Python calls
+per Fetch between the frame and its answer: the header parser's objects, the body parser's
+nested functions, slotted dataclasses and timedelta (``fetch_request_reader``), the handler's
+per-partition loop and ``FetchPartitionResult``, the response writer's per-field appends and the
+dispatcher's framing; and a parked Fetch held the connection's task in an ``await`` that each
+append woke through a future and a task step. This path reads the request in place with a few
+``unpack_from`` calls, answers from a per-(topic, partition, version) struct and the log's
+record bytes (or a file slice, sent with sendfile), and parks as a ``delayed_fetch.ParkedFetch``
+whose answer the connection writes from the wake-up call (``deferred_response.PendingAnswer``):
+no task step per wake-up.
+
+Contract: ``FastFetch.answer`` either takes the request completely (the same bytes the generic
+path writes, the same metrics) or returns None having changed nothing (a read is not a change),
+and the dispatcher then runs the generic path, which re-reads the frame from the start. It takes
+only a consumer's (replica id -1) session-less Fetch v4-v12 of one topic and one partition,
+without forgotten topics or request tagged fields, read_uncommitted or read_committed, on a
+single broker without an authorizer, from a connection that takes deferred answers, of a
+partition that exists (not an internal topic) at an offset inside the log. Anything else --
+errors, sessions, several partitions, replica fetches, a cluster (epochs, leadership, follower
+bookkeeping), an authorizer -- goes the generic way. A parked fetch whose partition is gone or
+whose offset left the log when it wakes (a topic deleted, DeleteRecords) is answered by the
+generic handler's own read of the same request (``handlers.fetch._read_all``), which answers
+those errors. Equivalence: tests/server/test_fetch_fast.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Callable, Sized
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey
+from exactly.protocol.fast import encode_fetch_response
+from exactly.protocol.fetch_request_reader import parse_fetch_request
+from exactly.protocol.primitives import write_uvarint
+from exactly.server.deferred_response import Deferred, PendingAnswer
+from exactly.server.handlers.fetch import READ_COMMITTED, SLICE_FROM, _read_all
+from exactly.storage.log_read import OffsetOutOfRangeError
+from exactly.topics import INTERNAL_TOPICS
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.storage.partition_log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+_FETCH = int(ApiKey.FETCH)
+# api key, api version, correlation id, client id length (request header v1/v2 up to the client id)
+_HEADER = struct.Struct(">hhih")
+# replica id, max wait ms, min bytes, max bytes, isolation level (+ session id and epoch, v7+)
+_TOP_V4 = struct.Struct(">iiiib")
+_TOP_V7 = struct.Struct(">iiiibii")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_ABORTED = struct.Struct(">qq")
+# one partition of the request, as fetch_request_reader reads it per version
+_PARTITION = {
+    v: struct.Struct(">iiqiqi" if v >= 12 else ">iiqqi" if v >= 9 else ">iqqi" if v >= 5 else ">iqi")
+    for v in range(4, 13)
+}
+_NULL_ARRAY = b"\xff\xff\xff\xff"
+_NO_PREFERRED = _I32.pack(-1)  # preferred_read_replica (v11+)
+# a v12 answer ends with the partition's, the topic's and the response's empty tag sections
+_TAIL_V12 = b"\x00\x00\x00"
+
+
+class _Entry:
+    """A partition's log and the answer layout of one Fetch version for it: ``head`` packs the
+    frame size, the response header and the body up to the partition's log start offset (the
+    topic's name in ``prefix``, from the topic count to the partition count)."""
+
+    __slots__ = ("head", "plog", "prefix", "version")
+
+    def __init__(self, plog: PartitionLog, name: str, version: int) -> None:
+        raw = name.encode("utf-8")
+        if version >= 12:
+            self.prefix = b"\x02" + write_uvarint(len(raw) + 1) + raw + b"\x02"
+            fmt = f">iiBihi{len(self.prefix)}sihqqq"
+        else:
+            self.prefix = _I32.pack(1) + _I16.pack(len(raw)) + raw + _I32.pack(1)
+            top = "ihi" if version >= 7 else "i"  # throttle (+ error, session id from v7)
+            part = "ihqqq" if version >= 5 else "ihqq"  # log start offset from v5
+            fmt = f">ii{top}{len(self.prefix)}s{part}"
+        self.head = struct.Struct(fmt)
+        self.plog = plog
+        self.version = version
+
+
+class FastFetch:
+    """One broker's fast-path state: answer layouts by (topic, partition, version), so a request
+    costs no ``TopicPartition`` and no parsed request objects. A cached log is used only while it
+    is open; a deleted topic's log is closed, so a topic created again is looked up afresh."""
+
+    __slots__ = ("_broker", "_entries")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._entries: dict[tuple[str, int, int], _Entry] = {}
+
+    def _lookup(self, name: str, index: int, version: int) -> _Entry | None:
+        if name in INTERNAL_TOPICS:
+            return None
+        plog = self._broker.logs.get_partition(TopicPartition(name, index))
+        if plog is None or plog.closed:
+            return None
+        if len(self._entries) > 4096:  # topics come and go: keep the cache bounded
+            self._entries.clear()
+        entry = _Entry(plog, name, version)
+        self._entries[(name, index, version)] = entry
+        return entry
+
+    def answer(self, payload: bytearray, file_slices: bool) -> list[Any] | Deferred[list[Any] | None] | None:
+        """The framed answer of a common consumer Fetch (or a Deferred one, parked); None: not
+        one (nothing changed, the generic path answers)."""
+        broker = self._broker
+        if broker.replicas is not None or broker.authorizer is not None:
+            return None
+        try:
+            return self._answer(broker, payload, file_slices)
+        except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
+            return None
+
+    def _answer(
+        self, broker: Broker, payload: bytearray, file_slices: bool
+    ) -> list[Any] | Deferred[list[Any] | None] | None:
+        end = len(payload)
+        api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
+        if api_key != _FETCH or not 4 <= version <= 12:
+            return None
+        pos = 10 + client_len if client_len > 0 else 10
+        flexible = version >= 12
+        if flexible:
+            if payload[pos]:  # request header tags
+                return None
+            pos += 1
+        if version >= 7:
+            replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, session_epoch = (
+                _TOP_V7.unpack_from(payload, pos)
+            )
+            # the generic path's full fetch without a session (it never creates one)
+            if session_id or session_epoch > 0:
+                return None
+            pos += 25
+        else:
+            replica_id, max_wait_ms, min_bytes, max_bytes, isolation = _TOP_V4.unpack_from(payload, pos)
+            pos += 17
+        if replica_id != -1 or (isolation != 0 and isolation != READ_COMMITTED):
+            return None
+        # one topic of one partition; its name
+        if flexible:
+            n = payload[pos + 1] - 1
+            if payload[pos] != 2 or n < 1 or n >= 0x7F:
+                return None
+            pos += 2
+        else:
+            if _I32.unpack_from(payload, pos)[0] != 1:
+                return None
+            n = _I16.unpack_from(payload, pos + 4)[0]
+            if n < 1:
+                return None
+            pos += 6
+        name_at = pos
+        pos += n
+        if flexible:
+            if payload[pos] != 2:
+                return None
+            pos += 1
+        else:
+            if _I32.unpack_from(payload, pos)[0] != 1:
+                return None
+            pos += 4
+        layout = _PARTITION[version]
+        fields = layout.unpack_from(payload, pos)
+        pos += layout.size
+        index = fields[0]
+        if flexible:
+            fetch_offset, partition_max_bytes = fields[2], fields[5]
+            # partition tags, topic tags, no forgotten topics, then the rack id (compact string)
+            if payload[pos] or payload[pos + 1] or payload[pos + 2] != 1:
+                return None
+            rack = payload[pos + 3] - 1
+            if rack < 0 or rack >= 0x7F:
+                return None
+            pos += 4 + rack
+            if payload[pos]:  # request tags (cluster id ...)
+                return None
+            pos += 1
+        else:
+            fetch_offset, partition_max_bytes = fields[-3] if version >= 5 else fields[1], fields[-1]
+            if version >= 7:
+                if _I32.unpack_from(payload, pos)[0] != 0:  # forgotten topics
+                    return None
+                pos += 4
+            if version >= 11:
+                rack = _I16.unpack_from(payload, pos)[0]
+                if rack < 0:
+                    return None
+                pos += 2 + rack
+        if pos != end:
+            return None
+        name = payload[name_at : name_at + n].decode("utf-8")
+        entry = self._entries.get((name, index, version))
+        if entry is None or entry.plog.closed:
+            entry = self._lookup(name, index, version)
+            if entry is None:
+                return None
+        plog = entry.plog
+        if not plog.log_start_offset <= fetch_offset <= plog.log_end_offset:
+            return None  # OFFSET_OUT_OF_RANGE: the generic path answers it
+        read_committed = isolation == READ_COMMITTED
+        limit = max(min(partition_max_bytes, max_bytes), 0)
+        slice_from = SLICE_FROM if file_slices else None
+        deadline = time.monotonic() + max(max_wait_ms, 0) / 1000.0
+        result = plog.read(
+            fetch_offset, limit, read_committed=read_committed, min_one_batch=True, slice_from=slice_from
+        )
+        broker.metrics.requests[_FETCH] += 1
+        if len(result.records) >= min_bytes or deadline - time.monotonic() <= 0:
+            return _encode(broker, entry, correlation_id, index, result, read_committed)
+        fetch = _Parked(
+            self, broker, payload, correlation_id, name, index, version, fetch_offset, limit,
+            read_committed, min_bytes, slice_from, deadline,
+        )  # fmt: skip
+        fetch.park(entry)
+        return Deferred(fetch.answer)
+
+
+class _Parked:
+    """A fast-path Fetch waiting for data: parked on its partition (``delayed_fetch.park``), the
+    same events and max_wait as the generic path's awaited wait, re-read on every wake-up with the
+    same completion rule (min_bytes reached or max_wait over). Cancelling ``answer`` (the
+    connection is gone) unparks it."""
+
+    __slots__ = (
+        "answer", "broker", "correlation_id", "deadline", "fast", "fetch_offset", "index", "limit",
+        "min_bytes", "name", "payload", "read_committed", "slice_from", "version",
+    )  # fmt: skip
+
+    def __init__(
+        self, fast: FastFetch, broker: Broker, payload: bytearray, correlation_id: int, name: str,
+        index: int, version: int, fetch_offset: int, limit: int, read_committed: bool,
+        min_bytes: int, slice_from: int | None, deadline: float,
+    ) -> None:  # fmt: skip
+        self.answer: PendingAnswer[list[Any] | None] = PendingAnswer()
+        self.fast = fast
+        self.broker = broker
+        self.payload = payload
+        self.correlation_id = correlation_id
+        self.name = name
+        self.index = index
+        self.version = version
+        self.fetch_offset = fetch_offset
+        self.limit = limit
+        self.read_committed = read_committed
+        self.min_bytes = min_bytes
+        self.slice_from = slice_from
+        self.deadline = deadline
+
+    def park(self, entry: _Entry) -> None:
+        remaining = max(self.deadline - time.monotonic(), 0.0)
+        parked = self.broker.waiters.park([entry.plog.tp], remaining, self.fire, up_to_log_end=False)
+        self.answer.on_cancel(parked.cancel)
+
+    def fire(self) -> Callable[[], None] | None:
+        """Woken (an append, its max_wait): read again; returns what sends the answer (None:
+        parked again). Runs from the event loop's callback, so nothing may escape it."""
+        try:
+            chunks = self._read()
+        except Exception:
+            log.exception("answering a parked fetch failed")
+            self.broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
+            body = encode_fetch_response(self.version, ErrorCode.unknown_server_error, 0, [])
+            chunks = _frame(self.broker, self.version, self.correlation_id, body)
+        if chunks is None:
+            return None
+        return partial(self.answer.set_result, chunks)
+
+    def _read(self) -> list[Any] | None:
+        fast = self.fast
+        entry = fast._entries.get((self.name, self.index, self.version))
+        if entry is None or entry.plog.closed:
+            entry = fast._lookup(self.name, self.index, self.version)
+        if entry is None:
+            return self._generic()  # the partition is gone: the generic read answers the error
+        try:
+            result = entry.plog.read(
+                self.fetch_offset,
+                self.limit,
+                read_committed=self.read_committed,
+                min_one_batch=True,
+                slice_from=self.slice_from,
+            )
+        except OffsetOutOfRangeError:
+            return self._generic()
+        if len(result.records) < self.min_bytes and self.deadline - time.monotonic() > 0:
+            self.park(entry)  # a wake-up that brought too few bytes
+            return None
+        return _encode(self.broker, entry, self.correlation_id, self.index, result, self.read_committed)
+
+    def _generic(self) -> list[Any]:
+        """The generic handler's read of this request: answers the errors this path declines."""
+        version = self.version
+        payload = self.payload
+        pos = 10 + max(_I16.unpack_from(payload, 8)[0], 0) + (1 if version >= 12 else 0)
+        request = parse_fetch_request(payload, pos, version)
+        responses, _total, _errors = _read_all(self.broker, request, self.slice_from, frozenset(), False)
+        body = encode_fetch_response(version, 0, 0, responses)
+        return _frame(self.broker, version, self.correlation_id, body)
+
+
+def _frame(broker: Broker, version: int, correlation_id: int, body: list[Any]) -> list[Any]:
+    """Frame a generic answer body as dispatch does (size, correlation id, v12: header tags)."""
+    size = sum(len(c) for c in body) + (5 if version >= 12 else 4)
+    broker.metrics.bytes_out += size + 4
+    head = (
+        struct.pack(">iiB", size, correlation_id, 0)
+        if version >= 12
+        else struct.pack(">ii", size, correlation_id)
+    )
+    return [head, *body]
+
+
+def _encode(
+    broker: Broker, entry: _Entry, correlation_id: int, index: int, result: Any, read_committed: bool
+) -> list[Any]:
+    """The framed answer: one partition without error, its offsets, the aborted transactions
+    (read_committed: an array, maybe empty; else null) and the records."""
+    version = entry.version
+    flexible = version >= 12
+    records: Sized = result.records
+    size = len(records)
+    if read_committed:
+        aborted = result.aborted_transactions or ()
+        if flexible:
+            mid = write_uvarint(len(aborted) + 1) + b"".join(
+                _ABORTED.pack(a.producer_id, a.first_offset) + b"\x00" for a in aborted
+            )
+        else:
+            mid = _I32.pack(len(aborted)) + b"".join(
+                _ABORTED.pack(a.producer_id, a.first_offset) for a in aborted
+            )
+    else:
+        mid = b"\x00" if flexible else _NULL_ARRAY
+    if version >= 11:
+        mid += _NO_PREFERRED
+    if flexible:
+        mid += write_uvarint(size + 1)
+        tail = _TAIL_V12
+    else:
+        mid += _I32.pack(size)
+        tail = b""
+    head = entry.head
+    total = head.size + len(mid) + size + len(tail)
+    hw, lso, start = result.high_watermark, result.last_stable_offset, result.log_start_offset
+    prefix = entry.prefix
+    if flexible:
+        first = head.pack(total - 4, correlation_id, 0, 0, 0, 0, prefix, index, 0, hw, lso, start)
+    elif version >= 7:
+        first = head.pack(total - 4, correlation_id, 0, 0, 0, prefix, index, 0, hw, lso, start)
+    elif version >= 5:
+        first = head.pack(total - 4, correlation_id, 0, prefix, index, 0, hw, lso, start)
+    else:
+        first = head.pack(total - 4, correlation_id, 0, prefix, index, 0, hw, lso)
+    broker.metrics.bytes_out += total
+    if size:
+        return [first + mid, records, tail] if tail else [first + mid, records]
+    return [first + mid + tail]
+
+
+__all__ = ["FastFetch"]
