@@ -67,8 +67,8 @@ from exactly.security.listeners import ListenerSpec, SecurityProtocol
 from exactly.security.principal import ANONYMOUS, PrincipalMappingError
 from exactly.security.sasl import Action, SaslAuthenticator, SaslState, Step
 from exactly.security.tls import certificate_principal
-from exactly.server.deferred_response import Deferred, PendingAnswer
-from exactly.server.dispatch import CloseConnection, dispatch
+from exactly.server.deferred_response import Deferred, ExclusiveAnswer, PendingAnswer
+from exactly.server.dispatch import CloseConnection, dispatch, fast_answer
 from exactly.server.plain_write import write_plain
 from exactly.server.tls_write import write_tls
 
@@ -204,10 +204,49 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if len(frames) == queued:
             return
+        if queued == 0 and len(frames) == 1 and self._idle and self._answer_inline(frames[0]):
+            return
         if len(frames) >= MAX_QUEUED_FRAMES and not self._paused_reading and self.transport is not None:
             self.transport.pause_reading()
             self._paused_reading = True
         self._wake()
+
+    def _answer_inline(self, payload: bytearray) -> bool:
+        """Answer a lone frame from this read callback when a fast path takes it whole
+        (``dispatch.fast_answer``: the common Produce, the common consumer Fetch), without
+        waking ``_process``: a future, its result and a task step per request, which the
+        latency-1k profile shows (bench/results/fetch-fast-s17.md). Only while ``_process`` sits
+        idle with nothing held back, nothing deferred, nothing else queued and the socket
+        writable, so the order of answers is the one ``_process`` would give. False: not taken,
+        nothing changed, ``_process`` handles the frame as usual."""
+        transport = self.transport
+        if (
+            self._deferred
+            or self.sasl is not None
+            or self._closing
+            or self._draining
+            or transport is None
+            or len(payload) >= LARGE_FRAME
+            or (self._writable is not None and not self._writable.done())
+        ):
+            return False
+        try:
+            result = fast_answer(self.broker, payload, True, self.listener.ssl_context is None)
+            if result is None:
+                return False
+            self._frames.popleft()
+            self.broker.metrics.bytes_in += len(payload) + 4
+            if isinstance(result, Deferred):  # a parked Fetch: ``_answered`` writes it
+                answer = result.answer
+                assert isinstance(answer, PendingAnswer)
+                self._deferred.append(answer)
+                answer.listen(self._answered)
+            else:
+                self._write(transport, result)
+        except Exception:
+            log.exception("unexpected error on connection from %s; closing it", self.peer)
+            self._close("internal error")
+        return True
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
@@ -231,11 +270,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def _blocked(self) -> bool:
         """Whether the next frame must wait for the deferred answers: only a Produce may be
-        handled while earlier Produces wait for the ISR, and at most MAX_DEFERRED of them."""
+        handled while earlier Produces wait for the ISR, and at most MAX_DEFERRED of them; nothing
+        while a parked Fetch waits (``ExclusiveAnswer``)."""
         deferred = self._deferred
         if not deferred:
             return False
-        return _api_key(self._frames[0]) != ApiKey.PRODUCE or len(deferred) >= MAX_DEFERRED
+        if _api_key(self._frames[0]) != ApiKey.PRODUCE or len(deferred) >= MAX_DEFERRED:
+            return True
+        return any(type(answer) is ExclusiveAnswer for answer in deferred)  # a parked Fetch
 
     async def _process(self) -> None:
         loop = asyncio.get_running_loop()

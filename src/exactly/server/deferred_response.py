@@ -112,6 +112,15 @@ class PendingAnswer(Generic[T]):
         return self.result()
 
 
+class ExclusiveAnswer(PendingAnswer[T]):
+    """A pending answer no later request of its connection may overtake: the connection handles
+    nothing after it until it is written (a parked consumer Fetch of ``server.fetch_fast``,
+    which the generic path awaits in place, so a Produce behind it on the same connection is
+    not handled before it is answered, as in Kafka)."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Deferred(Generic[T]):
     """``answer`` finishes with the response (a handler's body, or dispatch's framed chunks)."""

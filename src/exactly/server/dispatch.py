@@ -133,6 +133,23 @@ def _read_kio(api: Any, payload: bytearray, pos: int) -> Any:
     return request
 
 
+def fast_answer(
+    broker: Broker, payload: bytearray, may_defer: bool, file_slices: bool
+) -> list[Any] | Deferred[list[Any] | None] | None:
+    """The answer of a request the fast paths take whole, without a coroutine (the connection
+    calls it from its read callback too); None: not one of theirs, nothing changed, the generic
+    path of ``dispatch`` answers it. The common single-broker Produce (server.produce_fast) and
+    the common consumer Fetch, parked without a task when it waits (server.fetch_fast, only for
+    a caller that takes a deferred answer)."""
+    if len(payload) > 32 and not payload[0]:
+        key = payload[1]
+        if key == _PRODUCE:
+            return broker.fast_produce.answer(payload, now_ms())
+        if key == _FETCH and may_defer:
+            return broker.fast_fetch.answer(payload, file_slices)
+    return None
+
+
 async def dispatch(
     broker: Broker,
     payload: bytearray,
@@ -147,16 +164,9 @@ async def dispatch(
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
     closes the connection. ``principal`` is the connection's authenticated principal; nothing
     in the request itself can change it."""
-    # the common single-broker Produce in one pass (server.produce_fast; the profile shows it pays)
-    if len(payload) > 32 and payload[1] == _PRODUCE and not payload[0]:
-        fast = broker.fast_produce.answer(payload, now_ms())
-        if fast is not None:
-            return fast
-    # the common consumer Fetch, parked without a task when it waits (server.fetch_fast)
-    elif may_defer and len(payload) > 32 and payload[1] == _FETCH and not payload[0]:
-        fetched = broker.fast_fetch.answer(payload, file_slices)
-        if fetched is not None:
-            return fetched
+    fast = fast_answer(broker, payload, may_defer, file_slices)
+    if fast is not None:
+        return fast
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:

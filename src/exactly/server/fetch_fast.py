@@ -42,7 +42,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.protocol.fast import encode_fetch_response
 from exactly.protocol.fetch_request_reader import parse_fetch_request
 from exactly.protocol.primitives import write_uvarint
-from exactly.server.deferred_response import Deferred, PendingAnswer
+from exactly.server.deferred_response import Deferred, ExclusiveAnswer
 from exactly.server.handlers.fetch import READ_COMMITTED, SLICE_FROM, _read_all
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.topics import INTERNAL_TOPICS
@@ -251,7 +251,7 @@ class _Parked:
         index: int, version: int, fetch_offset: int, limit: int, read_committed: bool,
         min_bytes: int, slice_from: int | None, deadline: float,
     ) -> None:  # fmt: skip
-        self.answer: PendingAnswer[list[Any] | None] = PendingAnswer()
+        self.answer: ExclusiveAnswer[list[Any] | None] = ExclusiveAnswer()
         self.fast = fast
         self.broker = broker
         self.payload = payload
