@@ -63,6 +63,7 @@ _BYTES = (bytes, bytearray)
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
+_FAST_KEYS = (bytes([_PRODUCE]), bytes([_FETCH]))  # the low byte of the API keys fast_answer takes
 
 
 class CloseConnection(Exception):
@@ -164,9 +165,10 @@ async def dispatch(
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
     closes the connection. ``principal`` is the connection's authenticated principal; nothing
     in the request itself can change it."""
-    fast = fast_answer(broker, payload, may_defer, file_slices)
-    if fast is not None:
-        return fast
+    if payload[1:2] in _FAST_KEYS and not payload[0]:  # Produce or Fetch: no call for the others
+        fast = fast_answer(broker, payload, may_defer, file_slices)
+        if fast is not None:
+            return fast
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:
