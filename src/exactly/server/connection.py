@@ -13,6 +13,11 @@ sent, which at 1,000 acks=all produces/s queued each behind the previous one's r
 trip (about 1 ms here, so p50 4.5 ms with librdkafka's 5 in flight); the appends still happen one
 request at a time in arrival order, see ``handlers.produce``.
 
+A lone frame that a fast path takes whole (the common single-broker Produce and consumer Fetch,
+``dispatch.fast_answer``) is answered from the read callback itself when the request task sits
+idle with nothing held back or deferred: no future, no task step per request. A parked consumer
+Fetch of the fast path (``ExclusiveAnswer``) holds back every later request, as an awaited one.
+
 Receiving goes through the sans-IO framer (exactly.protocol.framing): this class is an
 ``asyncio.BufferedProtocol`` whose ``get_buffer``/``buffer_updated`` hand the socket's bytes to
 it, so the kernel writes a large frame's body straight into the bytearray that becomes the
@@ -220,14 +225,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         writable, so the order of answers is the one ``_process`` would give. False: not taken,
         nothing changed, ``_process`` handles the frame as usual."""
         transport = self.transport
+        if self._deferred or self.sasl is not None or self._closing or self._draining:
+            return False
         if (
-            self._deferred
-            or self.sasl is not None
-            or self._closing
-            or self._draining
-            or transport is None
+            transport is None
             or len(payload) >= LARGE_FRAME
-            or (self._writable is not None and not self._writable.done())
+            or not (self._writable is None or self._writable.done())
         ):
             return False
         try:
