@@ -17,6 +17,7 @@ import pytest
 
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner
+from exactly.storage.cleaner.sched_slice import MIN_SLICE_NS, slice_ns
 from exactly.storage.cleaner.swap import SwapStep
 from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, WORKER_NICENESS, Throttler
 from exactly.storage.partition_log import PartitionLog
@@ -206,12 +207,17 @@ def test_the_worker_runs_in_its_own_session_at_background_priority(tmp_path: Pat
         nice = os.getpriority(os.PRIO_PROCESS, pid)
         autogroup = Path(f"/proc/{pid}/autogroup")
         group = autogroup.read_text() if autogroup.exists() else None
+        worker_slice, own_slice = slice_ns(pid), slice_ns()
     finally:
         _stop(cleaner, owner)
     assert session == pid != os.getsid(0)
     assert policy == os.SCHED_BATCH and nice == WORKER_NICENESS
     if group is not None:
         assert group.split()[-1] == str(WORKER_NICENESS)
+    # the shortest EEVDF slice, where the kernel reports slices (6.12+: this process's default
+    # one reads as nonzero)
+    if own_slice:
+        assert own_slice != MIN_SLICE_NS and worker_slice == MIN_SLICE_NS
     log.close()
 
 
@@ -292,3 +298,43 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _open_cleaned_files() -> list[str]:
+    """This process's descriptors on ``.cleaned`` segment files (their names, once deleted too)."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if ".cleaned" in target:
+            names.append(target)
+    return names
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd")
+def test_a_swap_that_never_reached_the_owner_closes_the_segments_it_opened(tmp_path: Path) -> None:
+    """The cleaner thread opens the cleaned segments before its hop to the owner; when
+    ``run_on_owner`` fails before the swap ran (the loop closing, say), their descriptors are
+    closed again and the cleaned files removed, the log untouched."""
+    log = _compactable_log(tmp_path)
+    expected = key_values(log)
+    manager = LogCleanerManager(tmp_path)
+    owner = Owner()
+    cleaner = LogCleaner(CONFIG, manager, lambda: [log], clock_ms=lambda: NOW)
+    cleaner.start(owner.run_on_owner)
+    try:
+        _run_job(owner)  # choose
+        _fn, reply = owner.jobs.get(timeout=30)  # the swap: never run, the owner refuses it
+        assert _open_cleaned_files()  # held open by the cleaner thread for the swap
+        reply.put(RuntimeError("the event loop is closed"))
+        # the thread comes back for its next pass once it has handled the failure
+        _fn, reply = owner.jobs.get(timeout=30)
+        reply.put(RuntimeError("the event loop is closed"))
+        assert _open_cleaned_files() == []
+    finally:
+        _stop(cleaner, owner)
+    assert not list(tmp_path.glob("*.cleaned")) and not list(tmp_path.glob("*.swap"))
+    assert key_values(log) == expected
+    log.close()

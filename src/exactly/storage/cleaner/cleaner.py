@@ -41,11 +41,14 @@ from typing import Protocol
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, iter_batches
 from exactly.storage.cleaner.batch_filter import (
+    TICK_RECORDS,
     FilterContext,
+    Tick,
     UncleanableBatchError,
     control_type_of,
     filter_batch,
     map_keys,
+    no_tick,
 )
 from exactly.storage.cleaner.cleanable import LogToClean, group_segments_by_size
 from exactly.storage.cleaner.job import (
@@ -173,16 +176,20 @@ def run_pass(
     *,
     io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
     throttle: Throttle = _no_throttle,
+    tick: Tick = no_tick,
 ) -> tuple[int, CleanerStats]:
     """One pass over the job's segments, touching no ``PartitionLog``: build the offset map,
     group, write each group as a flushed ``.cleaned`` segment and hand it to ``on_cleaned``
     (which swaps it in, at once or later) before the next group. Returns the new first dirty
-    offset and the statistics. Runs in a worker process (``worker``) or in the caller's."""
+    offset and the statistics. Runs in a worker process (``worker``) or in the caller's.
+
+    ``throttle(nbytes)`` is called for each batch read, ``tick()`` every ``TICK_RECORDS``
+    records decoded or mapped (``batch_filter.Tick``: where the worker's CPU duty cycle sleeps)."""
     stats = CleanerStats()
     upper = job.first_uncleanable_offset
-    build_offset_map(job, offset_map, stats, io_buffer_size=io_buffer_size, throttle=throttle)
+    build_offset_map(job, offset_map, stats, io_buffer_size=io_buffer_size, throttle=throttle, tick=tick)
     end_offset = offset_map.latest_offset + 1
-    ctx = FilterContext(offset_map, job.active_producers, upper, job.now_ms, job.delete_retention_ms)
+    ctx = FilterContext(offset_map, job.active_producers, upper, job.now_ms, job.delete_retention_ms, tick)
     txn = CleanedTransactionMetadata()
     to_rewrite = [s for s in job.segments if s.base_offset < end_offset]
     for group in group_segments_by_size(to_rewrite, job.segment_bytes, job.segment_index_bytes, upper):
@@ -203,6 +210,7 @@ def build_offset_map(
     *,
     io_buffer_size: int = DEFAULT_IO_BUFFER_SIZE,
     throttle: Throttle = _no_throttle,
+    tick: Tick = no_tick,
 ) -> None:
     offset_map.clear()
     start, end = job.first_dirty_offset, job.first_uncleanable_offset
@@ -211,7 +219,7 @@ def build_offset_map(
     txn.add_aborted_transactions(collect_aborted(job.aborted, start, end))
     for i, segment in enumerate(dirty):
         next_start = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
-        if _map_segment(offset_map, segment, start, next_start, txn, stats, io_buffer_size, throttle):
+        if _map_segment(offset_map, segment, start, next_start, txn, stats, io_buffer_size, throttle, tick):
             log.debug("%s: offset map full in the segment at %d", job.tp, segment.base_offset)
             return
 
@@ -225,6 +233,7 @@ def _map_segment(
     stats: CleanerStats,
     io_buffer_size: int,
     throttle: Throttle,
+    tick: Tick = no_tick,
 ) -> bool:
     """Add one segment's keys at or after ``start``; True when the map filled up."""
     position = segment.dirty_position if start > segment.base_offset else 0
@@ -236,12 +245,14 @@ def _map_segment(
         if header.is_control:
             txn.on_control_batch_read(header, control_type_of(buf, header))
         elif not txn.on_batch_read(header):
-            for offset, key in map_keys(buf, header):
+            for i, (offset, key) in enumerate(map_keys(buf, header, tick), 1):
                 if key is not None and offset >= start:
                     if offset_map.is_full:
                         return True  # as Kafka: even a key already mapped ends the pass here
                     offset_map.put(key, offset)
                 stats.map_records_read += 1
+                if i % TICK_RECORDS == 0:
+                    tick()
         if header.last_offset >= start:
             offset_map.update_latest_offset(header.last_offset)
     offset_map.update_latest_offset(next_start - 1)
@@ -299,6 +310,23 @@ def clean_segments(
     return CleanedSegment(group[0].base_offset, tuple(s.base_offset for s in group))
 
 
+def open_cleaned_segments(job: CleaningJob, cleaned: Sequence[CleanedSegment]) -> list[LogSegment]:
+    """The cleaned segments opened (``open_cleaned``: their indexes loaded), in ``cleaned``'s
+    order. All or none: on a failure those already opened are closed again (no descriptor is
+    left behind) and CleaningAbortedError is raised; the files are the caller's to remove. The
+    one opening path of a swap, whether the owner opens them (``swap_in_groups``) or the broker's
+    cleaner thread does beforehand (``runner``)."""
+    segments: list[LogSegment] = []
+    try:
+        for c in cleaned:
+            segments.append(open_cleaned(job, c))
+    except (ValueError, OSError) as exc:
+        for segment in segments:
+            segment.close()
+        raise CleaningAbortedError(f"{job.tp}: a cleaned segment could not be opened: {exc}") from None
+    return segments
+
+
 def swap_in(
     plog: PartitionLog, job: CleaningJob, cleaned: CleanedSegment, hook: SwapHook | None = None
 ) -> None:
@@ -329,14 +357,11 @@ def swap_in_groups(
             segment.close()
         remove_cleaned_files(job.directory, bases)
         raise CleaningAbortedError(f"{plog.tp} was closed during cleaning")
-    segments: list[LogSegment] = list(opened or ())
     try:
         olds = [segments_replaced(plog, job, c) for c in cleaned]
-        if opened is None:
-            for c in cleaned:
-                segments.append(open_cleaned(job, c))
-    except (ValueError, OSError) as exc:
-        for segment in segments:
+        segments = list(opened) if opened is not None else open_cleaned_segments(job, cleaned)
+    except (ValueError, OSError, CleaningAbortedError) as exc:
+        for segment in opened or ():  # those opened here are closed by open_cleaned_segments
             segment.close()
         remove_cleaned_files(job.directory, bases)
         raise CleaningAbortedError(f"{plog.tp} changed during cleaning: {exc}") from None

@@ -10,7 +10,13 @@ far less CPU per byte than 100 B ones.
 Sans-IO: ``DutyCycle.observe(cpu_s, now_s)`` takes the process's CPU clock and a monotonic wall
 clock and returns the seconds to sleep (0.0 for none); the caller sleeps. The worker calls it at
 the same points as the byte throttle (each batch read while filling the key map, each batch
-filtered and written), so the work between two calls is one batch: bounded and short.
+filtered and written) and every ``batch_filter.TICK_RECORDS`` records decoded within a batch, so
+the work between two calls is well under a millisecond (a 1 MB batch of 100 B records is ~40 ms
+of CPU: per batch alone, the bursts were that long).
+
+Why short bursts: while the worker runs it holds a core, and a task woken there (the broker's
+loop, its clients) waits until the worker sleeps or the scheduler's tick preempts it (4 ms at
+HZ=250): the length of a burst, not only the share, is what shows in a produce p99.
 
 Accounting (a leaky bucket over CPU): ``credit`` is CPU the worker may still use; it grows by
 ``share * wall`` and shrinks by the CPU used. Invariants:
@@ -21,8 +27,8 @@ Accounting (a leaky bucket over CPU): ``credit`` is CPU the worker may still use
 - a sleep is asked for only once the debt is worth ``min_sleep_s`` of wall time; it repays the
   debt exactly (``-credit / share``), so the worker never sleeps in sub-millisecond slices nor
   spins on the clock. Work runs in bursts of about ``share / (1 - share) * min_sleep_s`` of CPU
-  (2.5 ms at 0.2 and the 10 ms default), so over any window of ``window_s`` (100 ms) the CPU used
-  is the share of it plus at most one burst and one batch;
+  (1 ms at 0.2 and the 4 ms default), so over any window of ``window_s`` (100 ms) the CPU used
+  is the share of it plus at most one burst and the work between two calls;
 - a sleep that overslept is credit up to ``burst_s`` only (lost, not banked); one that woke early
   leaves the rest of the debt, repaid at the next call.
 
@@ -33,8 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Shortest sleep asked for: a timer sleep shorter than this is mostly syscall and wake-up cost.
-MIN_SLEEP_S = 0.010
+#: Shortest sleep asked for: a timer sleep shorter than this is mostly syscall and wake-up cost
+#: (250 sleeps a second at most: negligible). It sets the burst length (see the docstring); 10 ms
+#: (2.5 ms bursts) before 2026-11-25.
+MIN_SLEEP_S = 0.004
 
 
 @dataclass(slots=True)

@@ -52,14 +52,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from exactly.storage.cleaner.cleaner import CleaningAbortedError, swap_in_groups
-from exactly.storage.cleaner.job import (
-    CleanedSegment,
-    CleaningJob,
-    describe_pass,
-    open_cleaned,
-    remove_cleaned_files,
-)
+from exactly.storage.cleaner.cleaner import CleaningAbortedError, open_cleaned_segments, swap_in_groups
+from exactly.storage.cleaner.job import CleanedSegment, CleaningJob, describe_pass, remove_cleaned_files
 from exactly.storage.cleaner.manager import Candidate, LogCleanerManager, PassResult
 from exactly.storage.cleaner.swap import SwapHook, finish_segment_groups
 from exactly.storage.cleaner.worker import (
@@ -153,21 +147,20 @@ class CleanerMetrics:
         self.last_recopy_ratio = stats.bytes_written / stats.bytes_read if stats.bytes_read else 0.0
 
 
-def _call_into(out: list[Groups], fn: Callable[[], Groups]) -> None:
-    out.append(fn())
-
-
-def _open_all(job: CleaningJob, chunk: Sequence[CleanedSegment]) -> list[LogSegment]:
-    """The chunk's cleaned segments opened with their indexes loaded (closed again on failure)."""
-    opened: list[LogSegment] = []
-    try:
-        for cleaned in chunk:
-            opened.append(open_cleaned(job, cleaned))
-    except (ValueError, OSError) as exc:
-        for segment in opened:
-            segment.close()
-        raise CleaningAbortedError(f"{job.tp}: a cleaned segment could not be opened: {exc}") from None
-    return opened
+def _swap_on_owner(
+    entered: list[bool],
+    committed: list[Groups],
+    plog: PartitionLog,
+    job: CleaningJob,
+    chunk: Sequence[CleanedSegment],
+    hook: SwapHook | None,
+    opened: list[LogSegment],
+) -> None:
+    """The owner's part of a chunk's swap; ``entered`` tells the thread that the swap took
+    ``opened`` over (it closes or deletes them itself on a failure; on success the log owns
+    them)."""
+    entered.append(True)
+    committed.append(swap_in_groups(plog, job, chunk, hook, opened=opened, finish=False))
 
 
 def _finish(job: CleaningJob, groups: Groups, hook: SwapHook | None) -> None:
@@ -334,6 +327,8 @@ class LogCleaner:
         for i in range(0, len(response.cleaned), SWAP_GROUPS_PER_HOP):
             chunk = response.cleaned[i : i + SWAP_GROUPS_PER_HOP]
             committed: list[Groups] = []
+            entered: list[bool] = []
+            opened: list[LogSegment] = []
             try:
                 # Commit the file system's journal here first: the owner's directory fsync (the
                 # swap's commit point) then writes out little more than its own renames instead
@@ -342,10 +337,13 @@ class LogCleaner:
                 fsync_directory(job.directory)
                 # The cleaned files are this thread's until the swap renames them: open them and
                 # read their indexes here, not on the owner.
-                opened = _open_all(job, chunk)
-                swap = functools.partial(swap_in_groups, plog, job, chunk, hook, opened=opened, finish=False)
-                self._on_owner(run_on_owner, "swap", functools.partial(_call_into, committed, swap))
+                opened = open_cleaned_segments(job, chunk)
+                swap = functools.partial(_swap_on_owner, entered, committed, plog, job, chunk, hook, opened)
+                self._on_owner(run_on_owner, "swap", swap)
             except Exception as exc:
+                if not entered:  # run_on_owner failed before the swap took the segments over
+                    for segment in opened:
+                        segment.close()
                 remove_cleaned_files(job.directory, [c.base_offset for c in response.cleaned[i:]])
                 if isinstance(exc, CleaningAbortedError | FileNotFoundError):
                     log.info("cleaning %s aborted: %s", tp, exc)

@@ -33,7 +33,10 @@ a session of its own and lowers three things (``_lower_priority``, best effort, 
   worse. SCHED_BATCH stays, since a worker starved at the lowest weight would also hold whatever
   it holds (a file, a file system journal handle while it writes) longer;
 - its own nice value to 19 (what counts when autogroups are off, and what the I/O scheduler
-  derives a best-effort level from).
+  derives a best-effort level from);
+- its EEVDF slice to the shortest, 0.1 ms (``sched_slice``, Linux 6.12+): weight decides how
+  often the worker runs, the slice how long it keeps a core once picked; with the default one a
+  task woken on its core waited for the next tick (3-4.4 ms traced on this box, HZ=250).
 
 Nice 19 leaves the worker a small share of a saturated CPU (weight 15 against a nice-0 group's
 1024) and all of an idle one, so cleaning slows under load but never stops. A worker in its own
@@ -47,8 +50,13 @@ CPU share: the lowered priority yields to *runnable* tasks, not to idle cores, s
 broker's clients run: their run-queue wait, not the broker, then made the produce p99 while
 cleaning 3.7-46x the idle one (``bench/results/compaction-worker-session.md``). Each worker
 therefore holds its CPU to ``log.cleaner.cpu.max.share`` of one core (``duty_cycle.DutyCycle``:
-it reads its own CPU clock at each batch it reads or writes and sleeps in >= 10 ms slices when
-over its share). This is a deliberate difference from Kafka, whose cleaner threads run at
+it reads its own CPU clock at each batch it reads or writes and every ``TICK_RECORDS`` records
+it decodes, and sleeps in >= 4 ms slices when over its share, so it runs in bursts of about a
+millisecond). The bursts' length matters as much as the share: a client woken on the core the
+worker holds waits for the worker to sleep or for the scheduler's tick (4 ms at HZ=250; the
+worker's autogroup is not an idle entity, so the wake-up does not preempt it at once). With one
+check per batch a burst was a whole 1 MB batch of 100 B records, ~40 ms of CPU, and the busy
+windows' produce p99 sat at 3-4.5 ms (``bench/results/cleaner-tail-s17.md``). This is a deliberate difference from Kafka, whose cleaner threads run at
 normal priority and are unthrottled by default; ``log.cleaner.cpu.max.share=1.0`` restores that.
 The share is per worker (each of ``log.cleaner.threads`` workers may use that much of a core).
 
@@ -79,6 +87,7 @@ from exactly.storage.cleaner.cleaner import CleanerStats, run_pass
 from exactly.storage.cleaner.duty_cycle import DutyCycle
 from exactly.storage.cleaner.job import CleanedSegment, CleaningJob, remove_cleaned_files
 from exactly.storage.cleaner.offset_map import OffsetMap
+from exactly.storage.cleaner.sched_slice import MIN_SLICE_NS, set_own_slice
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +232,7 @@ class _Work:
                 on_cleaned,
                 io_buffer_size=request.io_buffer_size,
                 throttle=throttle,
+                tick=cpu,
             )
         except FileNotFoundError as exc:
             remove_cleaned_files(job.directory, [c.base_offset for c in written])
@@ -283,6 +293,9 @@ def _lower_priority() -> None:
             AUTOGROUP.write_text(f"{WORKER_NICENESS}\n")
         except OSError:  # no autogroups in this kernel: the task's own priority is what counts
             pass
+    # the shortest EEVDF slice: a task woken on the worker's core preempts it at once instead of
+    # at the next tick (``sched_slice``); an older kernel ignores it
+    set_own_slice(MIN_SLICE_NS)
 
 
 def main(argv: list[str]) -> int:
