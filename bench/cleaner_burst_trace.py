@@ -56,12 +56,13 @@ def find_worker(broker_pid: int, niceness: int = 19, timeout: float = 600) -> in
     raise RuntimeError(f"no worker at nice {niceness} under {broker_pid}")
 
 
-def record(seconds: float, out: Path) -> None:
+def record(seconds: float, out: Path, tgids_out: Path) -> None:
     inst = TRACEFS / "instances" / f"burst-{os.getpid()}"
     inst.mkdir(exist_ok=True)
     try:
         (inst / "tracing_on").write_text("0")
         (inst / "trace_clock").write_text("mono")
+        (inst / "options" / "record-tgid").write_text("1")
         (inst / "buffer_size_kb").write_text("65536")
         for ev in EVENTS:
             (inst / "events" / ev / "enable").write_text("1")
@@ -71,6 +72,7 @@ def record(seconds: float, out: Path) -> None:
         (inst / "tracing_on").write_text("0")
         with (inst / "trace").open() as src, out.open("w") as dst:
             shutil.copyfileobj(src, dst)
+        shutil.copyfile(TRACEFS / "saved_tgids", tgids_out)
     finally:
         for ev in EVENTS:
             (inst / "events" / ev / "enable").write_text("0")
@@ -84,12 +86,25 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
 
 
-def analyse(path: Path, worker: int, seconds: float) -> dict[str, float]:
-    running: dict[int, int] = {}  # cpu -> pid on it
-    since: dict[int, int] = {}  # cpu -> when the worker got it
+def read_tgids(path: Path) -> dict[int, int]:
+    out = {}
+    for line in path.read_text().splitlines():
+        tid, _, tgid = line.partition(" ")
+        if tid.isdigit() and tgid.strip().isdigit():
+            out[int(tid)] = int(tgid)
+    return out
+
+
+def analyse(path: Path, worker: int, seconds: float, only: set[int] | None = None) -> dict[str, float]:
+    """The worker's stints, and per wake-up of a nice-0 task on the worker's CPU while it ran:
+    the whole wait until the task ran, and the part of it the worker itself held that CPU.
+    ``only``: count the wake-ups of these threads only (the broker's, the bench client's)."""
+    on_cpu: dict[int, tuple[int, int]] = {}  # cpu -> (pid, since)
     stints: list[float] = []
-    pending: dict[int, int] = {}  # pid woken on the worker's CPU while it ran -> wake time
+    preempted = 0
+    pending: dict[int, tuple[int, int, int]] = {}  # pid -> (woken at, cpu, worker ns on it since)
     waits: list[float] = []
+    held: list[float] = []
     with path.open() as f:
         for line in f:
             m = LINE.match(line)
@@ -101,32 +116,46 @@ def analyse(path: Path, worker: int, seconds: float) -> dict[str, float]:
                 if not s:
                     continue
                 prev, nxt = int(s["prev"]), int(s["next"])
-                if prev == worker and cpu in since:
-                    stints.append((ts - since.pop(cpu)) / 1e6)
-                if nxt == worker:
-                    since[cpu] = ts
-                running[cpu] = nxt
+                pid0, t0 = on_cpu.get(cpu, (-1, ts))
+                if prev == worker and pid0 == worker:
+                    stints.append((ts - t0) / 1e6)
+                    preempted += " prev_state=R" in m["rest"]
+                    for pid, (woken, target, ns) in pending.items():
+                        if target == cpu:
+                            pending[pid] = (woken, target, ns + ts - max(t0, woken))
+                on_cpu[cpu] = (nxt, ts)
                 if nxt in pending:
-                    waits.append((ts - pending.pop(nxt)) / 1e6)
+                    woken, _target, ns = pending.pop(nxt)
+                    waits.append((ts - woken) / 1e6)
+                    held.append(ns / 1e6)
             elif ev == "sched_wakeup":
                 w = WAKEUP.search(m["rest"])
                 if not w:
                     continue
                 pid, target = int(w["pid"]), int(w["cpu"])
-                if pid != worker and int(w["prio"]) <= MAX_PRIO and running.get(target) == worker:
-                    pending[pid] = ts
+                if (
+                    pid != worker
+                    and (only is None or pid in only)
+                    and int(w["prio"]) <= MAX_PRIO
+                    and on_cpu.get(target, (-1, 0))[0] == worker
+                ):
+                    pending[pid] = (ts, target, 0)
+    cpu_s = sum(stints) / 1000
     return {
         "worker_stints": len(stints),
+        "stints_preempted": preempted,
         "stint_ms_p50": pct(stints, 50),
         "stint_ms_p99": pct(stints, 99),
         "stint_ms_max": max(stints, default=0.0),
         "worker_cpu_ms_per_s": sum(stints) / seconds,
         "waits_behind_worker": len(waits),
-        "wait_ms_p50": pct(waits, 50),
         "wait_ms_p99": pct(waits, 99),
         "wait_ms_max": max(waits, default=0.0),
-        "waits_over_1ms": sum(w >= 1.0 for w in waits),
-        "wait_ms_per_s": sum(waits) / seconds,
+        "held_ms_p99": pct(held, 99),
+        "held_ms_max": max(held, default=0.0),
+        "held_over_1ms": sum(h >= 1.0 for h in held),
+        "held_over_1ms_per_worker_cpu_s": sum(h >= 1.0 for h in held) / cpu_s if cpu_s else 0.0,
+        "held_ms_per_worker_cpu_s": sum(held) / cpu_s if cpu_s else 0.0,
     }
 
 
@@ -137,14 +166,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--label", default="")
     ap.add_argument("--keep", type=Path, help="keep the raw trace in this file")
+    ap.add_argument("--analyse", type=Path, help="only analyse this kept trace (with --worker-pid)")
+    ap.add_argument(
+        "--tgids", type=int, nargs="*", default=[], help="count wake-ups of these processes' threads only"
+    )
     args = ap.parse_args(argv)
+    if args.analyse:
+        tgids = Path(f"{args.analyse}.tgids")
+        only = None
+        if args.tgids and tgids.exists():
+            only = {tid for tid, tgid in read_tgids(tgids).items() if tgid in args.tgids}
+        result = analyse(args.analyse, args.worker_pid, args.seconds, only)
+        print(json.dumps({"label": args.label, **result}))
+        return 0
     worker = args.worker_pid or find_worker(args.broker_pid)
     with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.txt"
-        record(args.seconds, trace)
-        result = analyse(trace, worker, args.seconds)
+        trace, tgids = Path(tmp) / "trace.txt", Path(tmp) / "trace.txt.tgids"
+        record(args.seconds, trace, tgids)
+        wanted = set(args.tgids) | ({args.broker_pid} if args.broker_pid else set())
+        only = {tid for tid, tgid in read_tgids(tgids).items() if tgid in wanted} if wanted else None
+        result = analyse(trace, worker, args.seconds, only)
         if args.keep:
             shutil.copyfile(trace, args.keep)
+            shutil.copyfile(tgids, f"{args.keep}.tgids")
     print(json.dumps({"label": args.label, "worker": worker, **result}))
     return 0
 

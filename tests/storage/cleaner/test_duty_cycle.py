@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from exactly.storage.cleaner.duty_cycle import MIN_SLEEP_S, DutyCycle
+from exactly.storage.cleaner.duty_cycle import MAX_BURST_S, MIN_SLEEP_S, YIELD_S, DutyCycle
 from exactly.storage.cleaner.worker import CpuLimiter
 
 
@@ -98,8 +98,43 @@ def test_never_sleeps_in_tiny_slices() -> None:
         limit()
         calls += 1
     assert proc.sleeps
-    assert min(proc.sleeps) >= MIN_SLEEP_S
+    # duty-cycle sleeps are never shorter than MIN_SLEEP_S; the burst cap's short ones are rare
+    assert all(s >= MIN_SLEEP_S or s == YIELD_S for s in proc.sleeps)
+    assert sum(s >= MIN_SLEEP_S for s in proc.sleeps) > sum(s == YIELD_S for s in proc.sleeps)
     assert len(proc.sleeps) < calls / 10
+
+
+def test_a_starved_worker_still_breaks_its_bursts() -> None:
+    """On a loaded box the worker gets less CPU than its share, so it is always in credit; still,
+    each time it runs without a break it sleeps briefly after MAX_BURST_S of CPU, so a task woken
+    on its core does not wait for the scheduler's tick."""
+    proc = FakeProcess()
+    limit = proc.limiter(0.2)
+    limit.start()
+    longest, run = 0.0, 0.0
+    for _ in range(50):
+        for _ in range(40):  # picked by the scheduler: up to 4 ms on the CPU ...
+            proc.work(0.0001)
+            run += 0.0001
+            slept = len(proc.sleeps)
+            limit()
+            if len(proc.sleeps) > slept:
+                longest, run = max(longest, run), 0.0
+        longest, run = max(longest, run), 0.0
+        proc.wait(0.05)  # ... then preempted for 50 ms: 0.07 of a core, far under its share
+    assert proc.cpu < 0.2 * proc.now
+    assert YIELD_S in proc.sleeps  # the burst cap, where the duty cycle alone would not sleep yet
+    assert longest <= MAX_BURST_S + 0.0001 + 1e-9
+
+
+def test_unlimited_never_breaks_its_bursts() -> None:
+    proc = FakeProcess()
+    limit = proc.limiter(1.0)
+    limit.start()
+    for _ in range(1000):
+        proc.work(0.0005)
+        limit()
+    assert proc.sleeps == []
 
 
 def test_idle_time_earns_only_one_burst() -> None:

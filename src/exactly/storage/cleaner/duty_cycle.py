@@ -32,6 +32,14 @@ Accounting (a leaky bucket over CPU): ``credit`` is CPU the worker may still use
 - a sleep that overslept is credit up to ``burst_s`` only (lost, not banked); one that woke early
   leaves the rest of the debt, repaid at the next call.
 
+A cap on bursts, whatever the credit: a worker held back by a loaded box (it gets less CPU than
+its share) is always in credit and so never sleeps, and each time the scheduler picks it, it ran
+until the next tick (3-4.4 ms traced, ``bench/cleaner_burst_trace.py``) while tasks woken on its
+core waited. So after ``max_burst_s`` (1 ms) of CPU run without a break (no gap between the wall
+and CPU clocks since the previous call) it sleeps ``yield_s`` (0.2 ms): off the run queue, it
+lets whatever waits on its core run. A gap of ``off_cpu_gap_s`` or more (the worker was
+preempted, or waited on the disk) starts a new burst.
+
 ``share >= 1.0`` disables it (Kafka's behaviour: its cleaner threads are not CPU-limited).
 """
 
@@ -43,6 +51,12 @@ from dataclasses import dataclass
 #: (250 sleeps a second at most: negligible). It sets the burst length (see the docstring); 10 ms
 #: (2.5 ms bursts) before 2026-11-25.
 MIN_SLEEP_S = 0.004
+#: Most CPU run without a break before a short sleep, whatever the credit (see the docstring).
+MAX_BURST_S = 0.001
+#: That short sleep: long enough to leave the run queue, short against the bursts.
+YIELD_S = 0.0002
+#: Wall time beyond the CPU used between two calls that counts as a break (off the CPU).
+OFF_CPU_GAP_S = 0.0002
 
 
 @dataclass(slots=True)
@@ -51,9 +65,12 @@ class DutyCycle:
 
     share: float
     min_sleep_s: float = MIN_SLEEP_S
+    max_burst_s: float = MAX_BURST_S
+    yield_s: float = YIELD_S
     credit: float = 0.0
     _cpu: float | None = None
     _now: float = 0.0
+    _burst: float = 0.0  # CPU run since the last break
 
     def __post_init__(self) -> None:
         if not self.share > 0:  # NaN too
@@ -72,7 +89,7 @@ class DutyCycle:
 
     def start(self, cpu_s: float, now_s: float) -> None:
         """Begin accounting (a pass starts): no credit from the time before."""
-        self._cpu, self._now, self.credit = cpu_s, now_s, 0.0
+        self._cpu, self._now, self.credit, self._burst = cpu_s, now_s, 0.0, 0.0
 
     def observe(self, cpu_s: float, now_s: float) -> float:
         """The CPU clock and the wall clock now; returns the seconds to sleep before going on."""
@@ -84,8 +101,13 @@ class DutyCycle:
         used = max(cpu_s - self._cpu, 0.0)
         wall = max(now_s - self._now, 0.0)
         self._cpu, self._now = cpu_s, now_s
+        self._burst = used if wall - used >= OFF_CPU_GAP_S else self._burst + used
         self.credit = min(self.credit + self.share * wall - used, self.burst_s)
-        if self.credit >= 0:
-            return 0.0
-        pause = -self.credit / self.share
-        return pause if pause >= self.min_sleep_s else 0.0
+        pause = -self.credit / self.share if self.credit < 0 else 0.0
+        if pause >= self.min_sleep_s:
+            self._burst = 0.0
+            return pause
+        if self._burst >= self.max_burst_s:
+            self._burst = 0.0
+            return self.yield_s
+        return 0.0
