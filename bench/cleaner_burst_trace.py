@@ -29,7 +29,7 @@ from pathlib import Path
 TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = ("sched/sched_switch", "sched/sched_wakeup")
 LINE = re.compile(
-    r"^\s*.+?-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+(?P<ev>\w+):\s+(?P<rest>.*)$"
+    r"^\s*.+?-(?P<pid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+(?P<ev>\w+):\s+(?P<rest>.*)$"
 )
 SWITCH = re.compile(r"prev_pid=(?P<prev>\d+) .*==> next_comm=.* next_pid=(?P<next>\d+)")
 WAKEUP = re.compile(r"pid=(?P<pid>\d+) prio=(?P<prio>\d+) .*target_cpu=(?P<cpu>\d+)")
