@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from exactly.records.rebuild import delete_horizon_of
+from exactly.storage.cleaner.batch_filter import TICK_RECORDS
 from exactly.storage.cleaner.cleanable import cleanable_offsets, group_segments_by_size, log_to_clean
-from exactly.storage.cleaner.job import describe_pass, read_next_offset, source_of
+from exactly.storage.cleaner.cleaner import run_pass
+from exactly.storage.cleaner.job import (
+    CleanedSegment,
+    describe_pass,
+    read_next_offset,
+    remove_cleaned_files,
+    source_of,
+)
+from exactly.storage.cleaner.offset_map import OffsetMap
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import (
@@ -270,4 +280,40 @@ def test_a_described_segment_is_bounded_by_the_next_segments_base(tmp_path: Path
     for source, segment, following in zip(job.segments, log.segments, log.segments[1:], strict=False):
         assert source.next_offset == following.base_offset
         assert read_next_offset(segment) <= source.next_offset
+    log.close()
+
+
+def test_the_pass_ticks_within_big_batches_and_writes_the_same(tmp_path: Path) -> None:
+    """``tick`` (where the worker's CPU duty cycle sleeps) is called every TICK_RECORDS records
+    while a batch is mapped and filtered, not once per batch, and changes nothing written."""
+    log = open_compacted(tmp_path)
+    for b in range(3):
+        append_keyed(log, [(i % 50, b * 1000 + i) for i in range(1000)])
+        log.roll(NOW)
+    append_keyed(log, [1])
+    offsets = cleanable_offsets(
+        log.segments,
+        log_start_offset=log.log_start_offset,
+        log_end_offset=log.log_end_offset,
+        last_stable_offset=log.last_stable_offset,
+        checkpoint=None,
+        config=log.config,
+        now_ms=NOW,
+    )
+    job = describe_pass(log, log_to_clean(log.segments, offsets, log.config, NOW), NOW)
+
+    def cleaned_bytes(tick: Callable[[], None] | None) -> list[bytes]:
+        written: list[CleanedSegment] = []
+        kwargs = {} if tick is None else {"tick": tick}
+        run_pass(job, OffsetMap(1 << 20), written.append, **kwargs)
+        out = [
+            p.read_bytes() for c in written for p in sorted(tmp_path.glob(f"{c.base_offset:020d}.*.cleaned"))
+        ]
+        remove_cleaned_files(job.directory, [c.base_offset for c in written])
+        return out
+
+    ticks: list[int] = []
+    with_ticks = cleaned_bytes(lambda: ticks.append(1))
+    assert len(ticks) >= 2 * 3000 // TICK_RECORDS  # the map, then the filter, of 3 batches of 1,000
+    assert with_ticks == cleaned_bytes(None) and with_ticks
     log.close()
