@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import time
@@ -40,14 +41,34 @@ from benchlib.compaction_workloads import (
     warm_coordinator,
 )
 from benchlib.workloads import Context, Target, Workload, fixed_rate_latency, percentile, register
+from exactly.storage.cleaner.priority import WORKER_NICENESS
 from exactly.storage.cleaner.runner import DEFAULT_CPU_SHARE
-from exactly.storage.cleaner.worker import WORKER_NICENESS
+
+SEGMENT_LOG = re.compile(r"/\d{20}\.log$")
+
+
+def in_pass(pid: int) -> bool:
+    """The worker has a segment file open: it is reading the log (its pass has begun)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if SEGMENT_LOG.search(os.readlink(f"/proc/{pid}/fd/{fd}")):  # not its stderr's broker log
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def worker_pid(broker: BrokerProcess, timeout: float = 60) -> int:
     """The broker's cleaner worker process (its only child process), once it has lowered its own
     priority (nice 19, the first thing it does): a worker stopped before that would keep the
-    broker's priority, and ``worker_running`` would restore that priority after every window."""
+    broker's priority, and ``worker_running`` would restore that priority after every window.
+    And once it has begun its pass (a segment open): since 2026-11-25 the worker lowers its
+    priority before its imports (~0.7 s of CPU), which would otherwise fall into the first busy
+    window (before, they ran before the priority was lowered, so before the bench stopped it)."""
     deadline = time.monotonic() + timeout
     while True:
         for task in Path(f"/proc/{broker.pid}/task").iterdir():
@@ -55,11 +76,17 @@ def worker_pid(broker: BrokerProcess, timeout: float = 60) -> int:
                 kids = (task / "children").read_text().split()
             except OSError:
                 continue
-            if kids and os.getpriority(os.PRIO_PROCESS, int(kids[0])) == WORKER_NICENESS:
+            if (
+                kids
+                and os.getpriority(os.PRIO_PROCESS, int(kids[0])) == WORKER_NICENESS
+                and in_pass(int(kids[0]))
+            ):
                 return int(kids[0])
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no cleaner worker at nice {WORKER_NICENESS} under broker pid {broker.pid}")
-        time.sleep(0.05)
+            raise RuntimeError(
+                f"no cleaner worker at nice {WORKER_NICENESS} in its pass under broker pid {broker.pid}"
+            )
+        time.sleep(0.01)
 
 
 def autogroup_nice(pid: int, value: int | None = None) -> int | None:

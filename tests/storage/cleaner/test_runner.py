@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from exactly.storage.cleaner.manager import LogCleanerManager
+from exactly.storage.cleaner.priority import WORKER_NICENESS
 from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner
 from exactly.storage.cleaner.sched_slice import MIN_SLICE_NS, slice_ns
 from exactly.storage.cleaner.swap import SwapStep
-from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, WORKER_NICENESS, Throttler
+from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, Throttler
 from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import NOW, append_keyed, key_values, offsets_in, open_compacted
 

@@ -19,7 +19,8 @@ the next request. The worker exits when its pipe closes, so it never outlives th
 Priority: cleaning is background work, and on a box with fewer free cores than runnable
 processes a worker at the broker's priority takes the event loop's time slices, which shows up
 directly as produce latency (bench's ``cleaner-produce-latency``). The worker therefore starts in
-a session of its own and lowers three things (``_lower_priority``, best effort, Linux):
+a session of its own and lowers four things (``priority.lower_priority``, best effort, Linux;
+``worker_main`` does it before it imports the rest, ~0.7 s of CPU):
 
 - its *autogroup's* nice value to ``WORKER_NICENESS`` (19). With ``CONFIG_SCHED_AUTOGROUP`` (on
   in most distributions' kernels; ``/proc/sys/kernel/sched_autogroup_enabled``) a process's nice
@@ -89,7 +90,7 @@ from exactly.storage.cleaner.cleaner import CleanerStats, run_pass
 from exactly.storage.cleaner.duty_cycle import DutyCycle
 from exactly.storage.cleaner.job import CleanedSegment, CleaningJob, remove_cleaned_files
 from exactly.storage.cleaner.offset_map import OffsetMap
-from exactly.storage.cleaner.sched_slice import MIN_SLICE_NS, set_own_slice
+from exactly.storage.cleaner.priority import lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,6 @@ log = logging.getLogger(__name__)
 FAULT_EXIT_AFTER_FIRST_GROUP = "exit_after_first_group"
 POLL_S = 0.1
 PR_SET_PDEATHSIG = 1
-#: The worker's nice value and its session's (autogroup's): the lowest priority a fair task has.
-WORKER_NICENESS = 19
-AUTOGROUP = Path("/proc/self/autogroup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,34 +277,13 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def _lower_priority() -> None:
-    """Background priority (see the module docstring); best effort, each step on its own."""
-    if sys.platform.startswith("linux"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-        except (OSError, AttributeError) as exc:
-            log.warning("could not lower the cleaner worker's scheduling policy: %s", exc)
-    try:
-        os.nice(WORKER_NICENESS)
-    except OSError as exc:
-        log.warning("could not lower the cleaner worker's nice value: %s", exc)
-    if os.getsid(0) == os.getpid():  # the broker started it in a session of its own
-        try:
-            AUTOGROUP.write_text(f"{WORKER_NICENESS}\n")
-        except OSError:  # no autogroups in this kernel: the task's own priority is what counts
-            pass
-    # the shortest EEVDF slice: a task woken on the worker's core preempts it at once instead of
-    # at the next tick (``sched_slice``); an older kernel ignores it
-    set_own_slice(MIN_SLICE_NS)
-
-
 def main(argv: list[str]) -> int:
     """``worker_main <fd> <broker pid>``."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="cleaner-worker %(levelname)s %(name)s: %(message)s"
     )
     _die_with_parent(int(argv[2]))
-    _lower_priority()
+    lower_priority()  # again: a no-op when ``worker_main`` already did it before its imports
     serve(Connection(int(argv[1])))
     return 0
 
