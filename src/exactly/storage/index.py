@@ -6,9 +6,22 @@ Theory of operation
 A segment adds one entry every ``index.interval.bytes`` of appended data, so an index is small
 (a 1 GiB segment with the 4 KiB default has at most ~256 Ki entries) and a lookup is a binary
 search followed by a short scan of batch headers in the log. Entries are kept in memory in
-``array`` columns (no per-entry Python objects) and appended to the file as they are created;
-unlike Kafka the files are not preallocated or memory-mapped, so an index file is always exactly
-``entries * entry_size`` bytes and needs no trimming at roll.
+``array`` columns (no per-entry Python objects); unlike Kafka the files are not preallocated or
+memory-mapped, so an index file is always exactly ``entries * entry_size`` bytes and needs no
+trimming at roll.
+
+Deferred writes
+---------------
+A new entry is only added to the columns; the entries not yet in the file (the *pending* ones,
+those from ``_written`` on) reach it in one ``os.write`` by ``write_pending``: at the segment's
+``flush`` (before the fsync), at roll (``on_become_inactive``), at ``close``, and whenever
+``MAX_PENDING`` have gathered. That is Kafka's behaviour (its indexes are memory-mapped and reach
+the disk at flush/roll/close), and why: an entry is created for nearly every Produce request of a
+bulk producer (a request is one batch larger than ``index.interval.bytes``), so a write per entry
+was two system calls per request. What a crash can lose is pending entries only, i.e. entries of
+data past the recovery point, whose segments recovery rebuilds from the log anyway (``segment``
+``recover``): the file is then a *prefix* of the entries, never wrong ones, and a prefix of a
+sparse index is still a valid sparse index.
 
 Loading is lazy: opening a segment only checks an index's size (``quick_check``); the entries are
 read on first use. An index that is missing, has a size that is not a multiple of its entry size,
@@ -41,6 +54,9 @@ TIME_ENTRY = struct.Struct(">qI")
 _LITTLE = sys.byteorder == "little"
 
 
+MAX_PENDING = 1024  # entries gathered before a write regardless of flush (8-12 KiB)
+
+
 def _strictly_increasing(values: array[int]) -> bool:
     return all(a < b for a, b in itertools.pairwise(values))
 
@@ -55,7 +71,7 @@ class _IndexFile:
     segment's ``flush``, closed with the segment.
     """
 
-    __slots__ = ("_fd", "_loaded", "base_offset", "max_entries", "path")
+    __slots__ = ("_fd", "_loaded", "_written", "base_offset", "max_entries", "path")
     ENTRY: struct.Struct
 
     def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
@@ -64,6 +80,19 @@ class _IndexFile:
         self.max_entries = max(1, max_entries)
         self._fd = -1
         self._loaded = False
+        self._written = 0  # entries in the file; the rest of the columns are pending
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _encode(self, start: int) -> bytes:
+        """Entries ``start`` onwards as they are stored in the file."""
+        raise NotImplementedError
+
+    @property
+    def pending(self) -> int:
+        """Entries created but not yet written to the file."""
+        return len(self) - self._written
 
     def quick_check(self) -> bool:
         """Cheap test used when a segment is opened: the file exists with a sane size."""
@@ -86,23 +115,37 @@ class _IndexFile:
     def loaded(self) -> bool:
         return self._loaded
 
-    def _replace_file(self, data: bytes) -> None:
-        """Truncate the file to ``data`` and keep it open for appends."""
-        self.close()
+    def _replace_file(self) -> None:
+        """Rewrite the file as every entry in memory (after entries were dropped) and keep it
+        open for appends: nothing is pending afterwards."""
+        self._close_fd()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        if data:
-            os.write(self._fd, data)
+        self._written = 0
+        self.write_pending()
 
-    def _write_entry(self, entry: bytes) -> None:
+    def write_pending(self) -> None:
+        """Append the pending entries to the file (page cache; ``flush`` fsyncs)."""
+        count = len(self)
+        if count <= self._written:
+            return
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.write(self._fd, entry)
+        data = memoryview(self._encode(self._written))
+        while data:  # a short write to a regular file is unusual, not impossible
+            data = data[os.write(self._fd, data) :]
+        self._written = count
 
     def flush(self) -> None:
+        self.write_pending()
         if self._fd >= 0:
             os.fsync(self._fd)
 
     def close(self) -> None:
+        """Write what is pending (not fsynced, as Kafka's close) and release the descriptor."""
+        self.write_pending()
+        self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -135,6 +178,7 @@ class OffsetIndex(_IndexFile):
         if positions and positions[-1] >= log_size:
             return False
         self._offsets, self._positions = offsets, positions
+        self._written = len(offsets)
         return True
 
     def reset(self) -> None:
@@ -142,7 +186,7 @@ class OffsetIndex(_IndexFile):
         self._offsets = array("I")
         self._positions = array("I")
         self._loaded = True
-        self._replace_file(b"")
+        self._replace_file()
 
     # --- entries ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -164,7 +208,8 @@ class OffsetIndex(_IndexFile):
             raise ValueError(f"index entry ({offset}, {position}) does not follow the last one")
         self._offsets.append(rel)
         self._positions.append(position)
-        self._write_entry(OFFSET_ENTRY.pack(rel, position))
+        if len(self._offsets) - self._written >= MAX_PENDING:
+            self.write_pending()
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """(offset, position) of the last entry with offset <= ``offset`` (the segment start when
@@ -181,16 +226,16 @@ class OffsetIndex(_IndexFile):
             return
         del self._offsets[keep:]
         del self._positions[keep:]
-        self._rewrite()
+        self._replace_file()
 
-    def _rewrite(self) -> None:
-        cols: array[int] = array("I")
-        for rel, pos in zip(self._offsets, self._positions):
-            cols.append(rel)
-            cols.append(pos)
+    def _encode(self, start: int) -> bytes:
+        count = len(self._offsets) - start
+        cols: array[int] = array("I", bytes(8 * count))
+        cols[0::2] = self._offsets[start:]
+        cols[1::2] = self._positions[start:]
         if _LITTLE:
             cols.byteswap()
-        self._replace_file(cols.tobytes())
+        return cols.tobytes()
 
 
 class TimeIndex(_IndexFile):
@@ -217,13 +262,14 @@ class TimeIndex(_IndexFile):
         if not _strictly_increasing(timestamps) or any(a > b for a, b in itertools.pairwise(offsets)):
             return False
         self._timestamps, self._offsets = timestamps, offsets
+        self._written = len(offsets)
         return True
 
     def reset(self) -> None:
         self._timestamps = array("q")
         self._offsets = array("I")
         self._loaded = True
-        self._replace_file(b"")
+        self._replace_file()
 
     def __len__(self) -> int:
         return len(self._timestamps)
@@ -248,7 +294,8 @@ class TimeIndex(_IndexFile):
             return
         self._timestamps.append(timestamp)
         self._offsets.append(rel)
-        self._write_entry(TIME_ENTRY.pack(timestamp, rel))
+        if len(self._offsets) - self._written >= MAX_PENDING:
+            self.write_pending()
 
     def lookup(self, timestamp: int) -> int:
         """An offset at or before the first batch whose max timestamp is >= ``timestamp``: the
@@ -268,4 +315,8 @@ class TimeIndex(_IndexFile):
             return
         del self._timestamps[keep:]
         del self._offsets[keep:]
-        self._replace_file(b"".join(TIME_ENTRY.pack(t, o) for t, o in zip(self._timestamps, self._offsets)))
+        self._replace_file()
+
+    def _encode(self, start: int) -> bytes:
+        pack = TIME_ENTRY.pack
+        return b"".join(pack(t, o) for t, o in zip(self._timestamps[start:], self._offsets[start:]))

@@ -10,7 +10,7 @@ the end (``file_write.BlockReserve``: cheaper page-cache writes, the file size u
 close and truncation free them.
 Every ``index.interval.bytes`` of appended data the segment adds an offset-index entry (base
 offset of the batch, its position) and offers the largest timestamp seen so far to the time
-index. Finding an offset is an index lookup plus a scan of batch *headers* (61 bytes each, via
+index; the entries reach the index files at flush, roll and close (``index``: deferred writes). Finding an offset is an index lookup plus a scan of batch *headers* (61 bytes each, via
 ``BatchHeader.parse``); records are never decoded.
 
 Reads are ``os.pread`` of a byte range, so a fetch costs one system call and one copy into a
@@ -18,6 +18,9 @@ Reads are ``os.pread`` of a byte range, so a fetch costs one system call and one
 
 Recovery (``recover``) re-reads the batches at or after a given offset with their CRC32C, cuts the
 file at the first invalid or incomplete batch, and rebuilds the index entries for what it read.
+It trusts the index files only for entries of offsets below the recovery point: those were
+written and fsynced by the flush that set it, while later ones may be missing (entries are
+written at flush, not when created) or, after a power loss, lost with the page cache.
 
 Invariants
 ----------
@@ -272,6 +275,10 @@ class LogSegment:
         if self._max_timestamp is not None and self._max_timestamp >= 0:
             self.ensure_indexes()
             self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        if self.offset_index.pending or self.time_index.pending:
+            self.offset_index.write_pending()
+            self.time_index.write_pending()
+            self.unflushed = True  # the next flush fsyncs them, even with the log already synced
 
     # --- scanning ---------------------------------------------------------------------------
     def scan(
@@ -357,6 +364,13 @@ class LogSegment:
         self._reset_scan_state()
         for pos, header in self.scan(0):
             self._index_during_scan(pos, header)
+        self._write_rebuilt_entries()
+
+    def _write_rebuilt_entries(self) -> None:
+        """After a rebuild or recovery (rare, and entries many): to the files at once, fsynced
+        by the next flush."""
+        self.offset_index.write_pending()
+        self.time_index.write_pending()
         self.unflushed = True
 
     def _reset_scan_state(self) -> None:
@@ -395,16 +409,22 @@ class LogSegment:
         cut = self.size - valid_end
         if cut:
             self._truncate_file(valid_end)
-        self.unflushed = True
+        self._write_rebuilt_entries()
         return cut
 
     def _position_for_recovery(self, offset: int) -> int:
-        """Position of the first batch at or after ``offset``, trusting the log and indexes
-        before it (they were flushed). Leaves the scan state as if the part before had just
-        been indexed. Returns 0 (recover everything) when the flushed part looks wrong."""
+        """Position of the first batch at or after ``offset`` (the recovery point), trusting
+        the log and indexes before it (they were flushed). Leaves the scan state as if the part
+        before had just been indexed. Returns 0 (recover everything) when the flushed part looks
+        wrong.
+
+        The entry it starts from is the last one *below* ``offset``: an entry at ``offset``
+        itself was created after the flush that set the recovery point, so its time-index
+        companion (the max timestamp before it) may be missing from the file while the offset
+        entry is there, and resuming from it would underestimate the segment's max timestamp."""
         if not (self.offset_index.load(self.size) and self.time_index.load()):
             return 0
-        entry_offset, position = self.offset_index.lookup(offset)
+        entry_offset, position = self.offset_index.lookup(offset - 1)
         self.offset_index.truncate_to_position(position + 1)
         self.time_index.truncate_to_offset(entry_offset + 1)
         last = self.time_index.last_entry()
