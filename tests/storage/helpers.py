@@ -113,6 +113,14 @@ def open_log(
 
 
 def crash(log: PartitionLog) -> None:
-    """Simulate kill -9: close descriptors without flushing, snapshotting or checkpointing."""
+    """Simulate kill -9: the files keep what the process had written (the page cache survives),
+    nothing more: no flush, snapshot or checkpoint, and no index entries still pending in memory
+    (closing a segment would write those, so the files are put back as they were)."""
+    saved = {path: path.read_bytes() for path in log.directory.iterdir() if path.is_file()}
     for segment in log.segments:
         segment.close()
+    for path in log.directory.iterdir():
+        if path.is_file() and path not in saved:
+            path.unlink()
+    for path, data in saved.items():
+        path.write_bytes(data)

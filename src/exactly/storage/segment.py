@@ -367,8 +367,12 @@ class LogSegment:
         self._write_rebuilt_entries()
 
     def _write_rebuilt_entries(self) -> None:
-        """After a rebuild or recovery (rare, and entries many): to the files at once, fsynced
-        by the next flush."""
+        """After a rebuild or recovery: record the max timestamp in the time index (as Kafka's
+        LogSegment.recover, and as a roll does: a later open of the segment learns it from the
+        time index alone), then write the entries (rare, and many) to the files at once,
+        fsynced by the next flush."""
+        if self._max_timestamp is not None and self._max_timestamp >= 0:
+            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
         self.offset_index.write_pending()
         self.time_index.write_pending()
         self.unflushed = True
