@@ -13,7 +13,7 @@ from exactly.records.batch import BatchHeader
 from exactly.storage.config import LogConfig
 from exactly.storage.index import MAX_PENDING, OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
 from exactly.storage.partition_log import PartitionLog
-from tests.storage.helpers import NOW, TP, append, crash, headers_of, make_batch, open_log, read_all
+from tests.storage.helpers import NOW, append, crash, headers_of, make_batch, open_log, read_all
 
 ONE = len(make_batch(2, value_size=100))
 HEADER_FIELDS = struct.Struct(">qiibIhiqqqhii")  # what the Produce fast path hands append_plain
@@ -114,7 +114,7 @@ def _check_reads(log: PartitionLog, appended: list[tuple[int, int]]) -> None:
             (header, *_rest) = headers_of(log.read(offset, 1, read_committed=False).records)
             assert header.base_offset <= offset <= header.last_offset
     best = -1
-    for base, ts in appended:
+    for _base, ts in appended:
         # the first batch whose max timestamp is >= ts: nothing earlier reached ts
         expected = next(b for b, t in appended if t >= ts)
         found = log.offset_for_timestamp(ts)
