@@ -9,6 +9,7 @@ from exactly.storage.config import LogConfig
 from exactly.storage.roll_policy import (
     MAX_RELATIVE_OFFSET,
     rolls_before_append,
+    rolls_before_write,
     rolls_when_idle,
     waited_for_roll,
 )
@@ -63,3 +64,30 @@ def test_an_idle_segment_rolls_by_the_newer_of_creation_and_first_timestamp(tmp_
     assert not rolls_when_idle(segment, config, NOW + 3500)
     assert not rolls_when_idle(segment, config, NOW + 4000)
     assert rolls_when_idle(segment, config, NOW + 4001)
+
+
+def test_rolls_before_write_is_the_unfolded_rule(tmp_path: Path) -> None:
+    """``rolls_before_write`` (the fast path's, with ``is_empty`` and ``waited_for_roll``
+    inlined) answers as the rule spelled with them, across sizes, ages, clocks and offsets."""
+    segment = new_segment(tmp_path)
+    empty = LogConfig(segment_bytes=1, segment_ms=1)
+    assert not rolls_before_write(segment, 10, 0, NOW, empty, NOW + 10**9)
+    fill(segment, 3)
+    for segment_bytes in (segment.size, segment.size + 200, 10**6):
+        for segment_ms in (0, 5_000, 10**9):
+            config = LogConfig(segment_bytes=segment_bytes, segment_ms=segment_ms)
+            for timestamp in (-1, NOW - 10, NOW + 4_000, NOW + 6_000):
+                for now_ms in (NOW, NOW + 10**7):
+                    for last_offset in (
+                        segment.next_offset + 2,
+                        segment.base_offset + MAX_RELATIVE_OFFSET + 1,
+                    ):
+                        spelled = not segment.is_empty and (
+                            segment.size + 150 > config.segment_bytes
+                            or waited_for_roll(segment, timestamp, now_ms) > config.segment_ms
+                            or segment.offset_index.is_full
+                            or segment.time_index.is_full
+                            or last_offset - segment.base_offset > MAX_RELATIVE_OFFSET
+                        )
+                        got = rolls_before_write(segment, 150, last_offset, timestamp, config, now_ms)
+                        assert got == spelled, (segment_bytes, segment_ms, timestamp, now_ms, last_offset)

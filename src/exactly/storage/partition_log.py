@@ -81,7 +81,7 @@ from exactly.storage.producer_state import (
     ProducerAppendInfo,
     ProducerStateManager,
 )
-from exactly.storage.roll_policy import rolls_before_append, rolls_when_idle
+from exactly.storage.roll_policy import rolls_before_append, rolls_before_write, rolls_when_idle
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
@@ -309,7 +309,7 @@ class PartitionLog(LogMaintenance):
                 return None
         header = BatchHeader(base_offset, fields[1], 0, 2, *fields[4:], 0)  # type: ignore[call-arg]
         patch_offset_and_epoch(batch, header, base_offset, 0)  # single broker: leader epoch 0
-        if rolls_before_append(active, header, config, now_ms):
+        if rolls_before_write(active, size, base_offset + offset_delta, fields[8], config, now_ms):
             self.roll(now_ms)
             active = self._segments[-1]
         active.append(batch, header)

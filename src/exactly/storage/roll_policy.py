@@ -19,14 +19,32 @@ def rolls_before_append(active: LogSegment, header: BatchHeader, config: LogConf
     """Roll before writing ``header``'s batch when the active segment would overflow
     segment.bytes, is older than segment.ms, has a full index, or could not express the
     batch's offsets relative to its base."""
-    if active.is_empty:
+    return rolls_before_write(active, header.size, header.last_offset, header.max_timestamp, config, now_ms)
+
+
+def rolls_before_write(
+    active: LogSegment, size: int, last_offset: int, max_timestamp: int, config: LogConfig, now_ms: int
+) -> bool:
+    """``rolls_before_append`` from the batch's size, last offset and max timestamp as plain
+    numbers: the Produce fast path (``PartitionLog.append_plain``) has them unpacked, and this
+    runs once per Produce request, so it takes three calls rather than nine (``is_empty``,
+    ``waited_for_roll`` and the header properties inlined; ``test_roll_policy`` checks it
+    against them)."""
+    position = active.size
+    if not position:  # an empty segment never rolls
         return False
+    if position + size > config.segment_bytes:
+        return True
+    first = active.first_batch_timestamp
+    if first >= 0 and max_timestamp >= 0:  # waited_for_roll
+        waited = max_timestamp - first
+    else:
+        waited = now_ms - active.created_ms
     return (
-        active.size + header.size > config.segment_bytes
-        or waited_for_roll(active, header.max_timestamp, now_ms) > config.segment_ms
+        waited > config.segment_ms
         or active.offset_index.is_full
         or active.time_index.is_full
-        or header.last_offset - active.base_offset > MAX_RELATIVE_OFFSET
+        or last_offset - active.base_offset > MAX_RELATIVE_OFFSET
     )
 
 

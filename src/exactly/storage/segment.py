@@ -76,6 +76,7 @@ class LogSegment:
         "_bytes_since_index",
         "_fd",
         "_first_batch_timestamp",
+        "_indexes_ready",
         "_max_timestamp",
         "_offset_of_max_timestamp",
         "_recent",
@@ -133,6 +134,7 @@ class LogSegment:
         self._max_timestamp: int | None = -1
         self._offset_of_max_timestamp = base_offset
         self._first_batch_timestamp: int | None = None
+        self._indexes_ready = False  # both indexes loaded (never goes back: ``ensure_indexes``)
         self._recent = RecentBatches()  # what reads at the log end look up first
         self._reserve = BlockReserve()
         if create:
@@ -196,6 +198,7 @@ class LogSegment:
     def ensure_indexes(self) -> None:
         """Load the indexes on first use; rebuild both from the log if either is corrupt."""
         if self.offset_index.loaded and self.time_index.loaded:
+            self._indexes_ready = True  # an index once loaded stays loaded
             return
         if not (self.offset_index.load(self.size) and self.time_index.load()):
             self.rebuild_indexes()
@@ -243,29 +246,28 @@ class LogSegment:
         """Write one batch whose offsets are final; ``header`` describes ``data``."""
         position = self.size
         if self._bytes_since_index > self.index_interval_bytes:
-            self.ensure_indexes()  # (then ``_max_timestamp`` is known: the property, inlined)
+            if not self._indexes_ready:
+                self.ensure_indexes()  # (then ``_max_timestamp`` is known: the property, inlined)
             self.offset_index.append(header.base_offset, position)
             max_timestamp = self._max_timestamp
             self.time_index.maybe_append(
                 -1 if max_timestamp is None else max_timestamp, self._offset_of_max_timestamp
             )
             self._bytes_since_index = 0
-        self._reserve.before_write(self._fd, position, len(data))
+        size = len(data)  # == header.size (the caller's contract)
+        self._reserve.before_write(self._fd, position, size)
         write_whole(self._fd, data, position)  # or the file is cut back to ``position``
-        self._note_batch(header, position)
-        self._recent.note(position, header)
-        self.unflushed = True
-
-    def _note_batch(self, header: BatchHeader, position: int) -> None:
-        size = header.size
+        # What the segment knows of its batches; the header properties inlined (a call each).
         self.size = position + size
-        self.next_offset = header.next_offset
+        self.next_offset = header.base_offset + header.last_offset_delta + 1
         self._bytes_since_index += size
-        if self._first_batch_timestamp is None:
-            self._first_batch_timestamp = header.max_timestamp if position == 0 else None
+        if self._first_batch_timestamp is None and position == 0:
+            self._first_batch_timestamp = header.max_timestamp
         if self._max_timestamp is not None and header.max_timestamp > self._max_timestamp:
             self._max_timestamp = header.max_timestamp
             self._offset_of_max_timestamp = header.base_offset
+        self._recent.note(position, header)
+        self.unflushed = True
 
     def on_become_inactive(self) -> None:
         """At roll/close: record the final max timestamp so a reopened segment knows it from the
