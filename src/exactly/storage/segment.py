@@ -16,7 +16,7 @@ index; the entries reach the index files at flush, roll and close (``index``: de
 Reads are ``os.pread`` of a byte range, so a fetch costs one system call and one copy into a
 ``bytes`` that goes straight to the socket.
 
-Recovery (``recover``) re-reads the batches at or after a given offset with their CRC32C, cuts the
+Recovery (``recover``, with the header scan in ``segment_recovery``) re-reads the batches at or after a given offset with their CRC32C, cuts the
 file at the first invalid or incomplete batch, and rebuilds the index entries for what it read.
 It trusts the index files only for entries of offsets below the recovery point: those were
 written and fsynced by the flush that set it, while later ones may be missing (entries are
@@ -35,14 +35,14 @@ Invariants
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader, compute_crc, iter_batches
+from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader
 from exactly.storage.file_slice import FileSlice
 from exactly.storage.file_write import BlockReserve, write_whole
 from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
 from exactly.storage.recent_batches import RecentBatches
+from exactly.storage.segment_recovery import LOOKUP_CHUNK, RECOVERY_CHUNK, SegmentRecovery
 from exactly.storage.txn_index import TransactionIndex
 
 LOG_SUFFIX = ".log"
@@ -51,15 +51,24 @@ TIME_INDEX_SUFFIX = ".timeindex"
 TXN_INDEX_SUFFIX = ".txnindex"
 ALL_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 
-RECOVERY_CHUNK = 4 * 1024 * 1024  # recovery reads (CRC needs whole batches)
-LOOKUP_CHUNK = 64 * 1024  # index-to-offset scans: a few batches past an index entry
+__all__ = [
+    "ALL_SUFFIXES",
+    "INDEX_SUFFIX",
+    "LOG_SUFFIX",
+    "LOOKUP_CHUNK",
+    "RECOVERY_CHUNK",
+    "TIME_INDEX_SUFFIX",
+    "TXN_INDEX_SUFFIX",
+    "LogSegment",
+    "segment_file",
+]
 
 
 def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
     return directory / f"{base_offset:020d}{suffix}"
 
 
-class LogSegment:
+class LogSegment(SegmentRecovery):
     """A log file and its indexes; see the module docstring for the invariants.
 
     Owns: the open file descriptor of ``<base>.log`` and its three indexes (offset, time,
@@ -72,27 +81,16 @@ class LogSegment:
     ``PartitionLog`` is the only caller.
     """
 
-    __slots__ = (
-        "_bytes_since_index",
-        "_fd",
+    __slots__ = (  # and SegmentRecovery's
         "_first_batch_timestamp",
         "_indexes_ready",
-        "_max_timestamp",
-        "_offset_of_max_timestamp",
         "_recent",
         "_reserve",
-        "base_offset",
         "created_ms",
         "directory",
         "file_suffix",
-        "index_interval_bytes",
         "log_path",
-        "next_offset",
-        "offset_index",
-        "size",
-        "time_index",
         "txn_index",
-        "unflushed",
     )
 
     def __init__(
@@ -283,37 +281,6 @@ class LogSegment:
             self.unflushed = True  # the next flush fsyncs them, even with the log already synced
 
     # --- scanning ---------------------------------------------------------------------------
-    def scan(
-        self, position: int = 0, *, verify_crc: bool = False, chunk: int = RECOVERY_CHUNK
-    ) -> Iterator[tuple[int, BatchHeader]]:
-        """(absolute position, header) of each whole, valid batch from ``position`` until the
-        first invalid or incomplete one. Without ``verify_crc`` a batch larger than ``chunk``
-        costs one 61-byte read, not a read of the batch."""
-        end = self.size
-        pos = position
-        while pos + HEADER_SIZE <= end:
-            buf = os.pread(self._fd, min(end - pos, max(chunk, HEADER_SIZE)), pos)
-            if len(buf) < HEADER_SIZE:
-                return
-            consumed = 0
-            for header in iter_batches(buf, 0, verify_crc=verify_crc):
-                yield pos + header.position, header
-                consumed = header.position + header.size
-            if consumed == 0:
-                # The first batch did not fit the chunk, or is invalid.
-                header = BatchHeader.parse(buf, 0)
-                if header.magic != 2 or header.batch_length < MIN_BATCH_LENGTH or pos + header.size > end:
-                    return
-                if header.size <= len(buf):
-                    return  # it fitted, so iter_batches refused it: invalid
-                if verify_crc:
-                    whole = os.pread(self._fd, header.size, pos)
-                    if len(whole) < header.size or compute_crc(whole, 0, header.size) != header.crc:
-                        return
-                yield pos, header
-                consumed = header.size
-            pos += consumed
-
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is >= ``offset`` (the batch
         containing it, or the next one after a gap); None if the segment ends before it.
@@ -358,95 +325,9 @@ class LogSegment:
         """The same range as ``read``, as a slice of the file for ``os.sendfile`` (no copy)."""
         return FileSlice(self._fd, position, size)
 
-    # --- recovery and truncation ------------------------------------------------------------
-    def rebuild_indexes(self) -> None:
-        """Rebuild the offset and time indexes from the log (headers only, no truncation)."""
-        self.offset_index.reset()
-        self.time_index.reset()
-        self._reset_scan_state()
-        for pos, header in self.scan(0):
-            self._index_during_scan(pos, header)
-        self._write_rebuilt_entries()
+    # --- scanning, recovery, index rebuilds: inherited from SegmentRecovery (segment_recovery) --
 
-    def _write_rebuilt_entries(self) -> None:
-        """After a rebuild or recovery: record the max timestamp in the time index (as Kafka's
-        LogSegment.recover, and as a roll does: a later open of the segment learns it from the
-        time index alone), then write the entries (rare, and many) to the files at once,
-        fsynced by the next flush."""
-        if self._max_timestamp is not None and self._max_timestamp >= 0:
-            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
-        self.offset_index.write_pending()
-        self.time_index.write_pending()
-        self.unflushed = True
-
-    def _reset_scan_state(self) -> None:
-        self._bytes_since_index = 0
-        self._max_timestamp = -1
-        self._offset_of_max_timestamp = self.base_offset
-        self.next_offset = self.base_offset
-
-    def _index_during_scan(self, position: int, header: BatchHeader) -> None:
-        if self._bytes_since_index > self.index_interval_bytes:
-            self.offset_index.append(header.base_offset, position)
-            self.time_index.maybe_append(self.max_timestamp, self._offset_of_max_timestamp)
-            self._bytes_since_index = 0
-        self._bytes_since_index += header.size
-        self.next_offset = header.next_offset
-        current = -1 if self._max_timestamp is None else self._max_timestamp
-        if header.max_timestamp > current:
-            self._max_timestamp = header.max_timestamp
-            self._offset_of_max_timestamp = header.base_offset
-
-    def recover(self, from_offset: int | None = None) -> int:
-        """Validate (CRC32C) every batch at or after ``from_offset`` (the whole segment when
-        None), cut the log at the first invalid or incomplete batch and rebuild the index
-        entries for the validated part. Returns how many bytes were cut."""
-        start = 0
-        if from_offset is not None and from_offset > self.base_offset:
-            start = self._position_for_recovery(from_offset)
-        if start == 0:
-            self.offset_index.reset()
-            self.time_index.reset()
-            self._reset_scan_state()
-        valid_end = start
-        for pos, header in self.scan(start, verify_crc=True):
-            self._index_during_scan(pos, header)
-            valid_end = pos + header.size
-        cut = self.size - valid_end
-        if cut:
-            self._truncate_file(valid_end)
-        self._write_rebuilt_entries()
-        return cut
-
-    def _position_for_recovery(self, offset: int) -> int:
-        """Position of the first batch at or after ``offset`` (the recovery point), trusting
-        the log and indexes before it (they were flushed). Leaves the scan state as if the part
-        before had just been indexed. Returns 0 (recover everything) when the flushed part looks
-        wrong.
-
-        The entry it starts from is the last one *below* ``offset``: an entry at ``offset``
-        itself was created after the flush that set the recovery point, so its time-index
-        companion (the max timestamp before it) may be missing from the file while the offset
-        entry is there, and resuming from it would underestimate the segment's max timestamp."""
-        if not (self.offset_index.load(self.size) and self.time_index.load()):
-            return 0
-        entry_offset, position = self.offset_index.lookup(offset - 1)
-        self.offset_index.truncate_to_position(position + 1)
-        self.time_index.truncate_to_offset(entry_offset + 1)
-        last = self.time_index.last_entry()
-        self._max_timestamp, self._offset_of_max_timestamp = (
-            last if last is not None else (-1, self.base_offset)
-        )
-        self.next_offset = entry_offset
-        self._bytes_since_index = 0
-        end = position
-        for pos, header in self.scan(position, chunk=LOOKUP_CHUNK):
-            if header.base_offset >= offset:
-                return pos
-            self._index_during_scan(pos, header)
-            end = pos + header.size
-        return end
-
+    # --- truncation -------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose base offset is >= ``offset``. Returns bytes removed."""
         found = self.find_batch(offset)
