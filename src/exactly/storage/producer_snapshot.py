@@ -26,6 +26,10 @@ and fail the producer. We store every retained batch (28 bytes each) so dedup su
 for all 5. The Kafka prefix is kept (and cross-checked against the last batch) so the file stays
 readable with Kafka's field meanings.
 
+``ProducerSnapshots`` (the base of ``producer_state.ProducerStateManager``, which owns every
+attribute it uses) keeps the set of snapshot files of one partition: taking one, loading the
+newest valid one into the manager's state, dropping those a truncation or retention made stale.
+
 Invariants
 ----------
 * A file is written through ``write_durably`` (to ``<name>.tmp``, fsynced, renamed over
@@ -176,3 +180,94 @@ def write_snapshot(directory: Path, offset: int, entries: Iterable[ProducerState
     path = snapshot_path(directory, offset)
     write_durably(path, encode_snapshot(entries))
     return path
+
+
+class ProducerSnapshots:
+    """The snapshot files of one partition's producer state, and loading them into it.
+
+    Owns the snapshot files (``_snapshots``: offset -> path) and the offset of the last one
+    taken; the producer state it loads into (``_producers``, ``_ongoing``, ``_first_unstable``,
+    ``_map_end_offset``) is ``ProducerStateManager``'s, which sets every attribute declared here.
+    """
+
+    directory: Path
+    _producers: dict[int, ProducerStateEntry]
+    _ongoing: dict[int, int]
+    _first_unstable: int | None
+    _map_end_offset: int
+    _last_snap_offset: int
+    _snapshots: dict[int, Path]
+
+    def take_snapshot(self) -> Path | None:
+        """Write ``<map_end_offset:020d>.snapshot`` (CRC32C-checked) atomically. Like Kafka, does
+        nothing (returns None) unless the map end offset moved past the last snapshot."""
+        offset = self._map_end_offset
+        if offset <= self._last_snap_offset or offset in self._snapshots:
+            return None
+        path = write_snapshot(self.directory, offset, self._producers.values())
+        self._snapshots[offset] = path
+        self._last_snap_offset = offset
+        return path
+
+    def load(self, *, log_start_offset: int, recovery_point: int) -> int:
+        """Load the newest valid snapshot with offset in [log_start_offset, recovery_point],
+        skipping corrupt ones (deleting them). Snapshots above the recovery point describe log
+        that recovery may truncate away: they are deleted too. Returns the offset replay must
+        start from (the snapshot offset, or log_start_offset when none is usable); the map end
+        offset is set to it."""
+        remove_temp_files(self.directory)
+        self._snapshots = list_snapshots(self.directory)
+        for offset in [o for o in self._snapshots if o > recovery_point]:
+            self._delete_snapshot(offset)
+        return self._load_newest(log_start_offset, recovery_point)
+
+    def _load_newest(self, low: int, high: int) -> int:
+        self._clear()
+        for offset in sorted((o for o in self._snapshots if low <= o <= high), reverse=True):
+            try:
+                entries = read_snapshot(self._snapshots[offset])
+            except CorruptSnapshotError:
+                self._delete_snapshot(offset)
+                continue
+            for entry in entries:
+                self._producers[entry.producer_id] = entry
+                if entry.current_txn_first_offset is not None:
+                    self._ongoing[entry.producer_id] = entry.current_txn_first_offset
+            self._first_unstable = min(self._ongoing.values(), default=None)
+            self._map_end_offset = self._last_snap_offset = offset
+            return offset
+        self._map_end_offset = self._last_snap_offset = low
+        return low
+
+    def truncate_and_reload(self, *, log_start_offset: int, log_end_offset: int) -> None:
+        """Drop snapshots above log_end_offset / below log_start_offset. If the state no longer
+        matches the log end, reload from the newest remaining snapshot: the caller then replays
+        the log from ``map_end_offset`` to ``log_end_offset``."""
+        for offset in [o for o in self._snapshots if o > log_end_offset or o < log_start_offset]:
+            self._delete_snapshot(offset)
+        if log_end_offset != self._map_end_offset:
+            self._load_newest(log_start_offset, log_end_offset)
+        else:
+            self._map_end_offset = max(self._map_end_offset, log_start_offset)
+            self._last_snap_offset = max(self._snapshots, default=log_start_offset)
+
+    def delete_snapshots_before(self, offset: int) -> None:
+        for snap_offset in [o for o in self._snapshots if o < offset]:
+            self._delete_snapshot(snap_offset)
+
+    def delete_snapshot(self, offset: int) -> None:
+        """Drop the snapshot at ``offset`` (a segment base the log cleaner merged away)."""
+        self._delete_snapshot(offset)
+
+    def latest_snapshot_offset(self) -> int | None:
+        return max(self._snapshots, default=None)
+
+    def _delete_snapshot(self, offset: int) -> None:
+        path = self._snapshots.pop(offset, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _clear(self) -> None:
+        self._producers.clear()
+        self._ongoing.clear()
+        self._first_unstable = None
