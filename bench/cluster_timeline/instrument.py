@@ -129,7 +129,7 @@ def main() -> None:
         [
             (
                 "        if len(frames) >= MAX_QUEUED_FRAMES and not self._paused_reading",
-                T("        ", '"frame_in", _api_key(frames[-1])')
+                T("        ", '"frame_in", int.from_bytes(frames[-1][:2], "big")')
                 + "        if len(frames) >= MAX_QUEUED_FRAMES and not self._paused_reading",
             ),
         ],

@@ -15,7 +15,7 @@ import pytest
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME, frame
-from exactly.server import connection as conn_mod
+from exactly.server import request_task as task_mod
 from exactly.server.connection import KafkaConnection
 from exactly.server.deferred_response import Deferred, PendingAnswer
 
@@ -103,7 +103,7 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
             await park
         return None if tag < 0 else [b"r%d" % tag]
 
-    monkeypatch.setattr(conn_mod, "dispatch", fake_dispatch)
+    monkeypatch.setattr(task_mod, "dispatch", fake_dispatch)
     conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
     conn.transport = transport  # type: ignore[assignment]
     return conn, transport, started
@@ -243,7 +243,7 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
 
     async def main() -> None:
         conn, _transport, _ = _make(monkeypatch)
-        monkeypatch.setattr(conn_mod, "dispatch", keeping_dispatch)
+        monkeypatch.setattr(task_mod, "dispatch", keeping_dispatch)
         conn._frames.append(_request(ApiKey.PRODUCE, 1, 200_000))
         task = conn._task = asyncio.get_running_loop().create_task(conn._process())
         await asyncio.sleep(0.01)
@@ -328,7 +328,7 @@ def test_no_more_than_max_deferred_produces_wait(monkeypatch: pytest.MonkeyPatch
     async def main() -> None:
         park: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         conn, transport, started = _make(monkeypatch, park)
-        monkeypatch.setattr(conn_mod, "MAX_DEFERRED", 2)
+        monkeypatch.setattr(task_mod, "MAX_DEFERRED", 2)
         conn._frames.extend([_request(ApiKey.PRODUCE, DEFERRING_PRODUCE + i) for i in range(3)])
         task = conn._task = asyncio.get_running_loop().create_task(conn._process())
         await _settle()
@@ -397,7 +397,7 @@ def test_an_answer_resolved_by_a_call_is_written_in_that_call_in_order(
         return Deferred(answers[tag])
 
     async def main() -> None:
-        monkeypatch.setattr(conn_mod, "dispatch", fake_dispatch)
+        monkeypatch.setattr(task_mod, "dispatch", fake_dispatch)
         conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
         transport = _Transport()
         conn.transport = transport  # type: ignore[assignment]

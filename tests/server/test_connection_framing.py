@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from exactly.protocol.framing import LARGE_FRAME, SMALL_BUFFER, frame
-from exactly.server.connection import MAX_QUEUED_FRAMES, KafkaConnection
+from exactly.server.connection import KafkaConnection
+from exactly.server.request_task import MAX_QUEUED_FRAMES
 
 
 @dataclass
