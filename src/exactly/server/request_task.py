@@ -110,7 +110,7 @@ class RequestTask:
         def _sasl_step(self, step: Step) -> bool: ...
 
     def _answer_inline(self, payload: bytearray) -> bool:
-        """Answer a lone frame from this read callback when a fast path takes it whole
+        """Answer a lone frame from the read callback (``buffer_updated``) when a fast path takes it whole
         (``dispatch.fast_answer``: the common Produce, the common consumer Fetch), without
         waking ``_process``: a future, its result and a task step per request, which the
         latency-1k profile shows (bench/results/fetch-fast-s17.md). Only while ``_process`` sits

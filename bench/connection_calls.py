@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Python calls per Produce+Fetch exchange through ``KafkaConnection``, counted with cProfile.
+
+    PYTHONPATH=src .venv/bin/python bench/connection_calls.py [--n 2000] [-v]
+
+A real broker opened in this process (the fixture of tests/server/test_fetch_fast.py) behind a
+connection with a recording transport, no socket: each exchange is an acks=1 Produce of one
+record and a Fetch (max_wait 0) at the log end. Two shapes: ``inline`` (each frame arrives in a
+read of its own, so the read callback answers it: ``RequestTask._answer_inline``) and ``queued``
+(both frames in one read, handled by the request task ``_process``). The count includes building
+the two frames (the same in every version), so compare two checkouts, not absolute figures: run
+it with the other checkout's ``src`` on PYTHONPATH. A count, not a time: steady on a busy box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package
+
+from tests.server.test_fetch_fast import TOPIC, TP0, _open, fetch_frame
+from tests.server.test_produce_fast import batch, produce_frame
+
+from exactly.protocol.framing import frame
+from exactly.server.connection import KafkaConnection
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def writelines(self, chunks: list[Any]) -> None:
+        self.writes += 1
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _feed(conn: KafkaConnection, data: bytes) -> None:
+    conn.get_buffer(-1)[: len(data)] = data
+    conn.buffer_updated(len(data))
+
+
+async def _run(shape: str, n: int, verbose: bool) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        broker = _open(Path(d), True)
+        conn = KafkaConnection(broker)
+        transport = _Transport()
+        conn.transport = transport  # type: ignore[assignment]
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        plog = broker.logs.get_partition(TP0)
+        assert plog is not None
+        prof = cProfile.Profile()
+        warm = 50
+        for i in range(n + warm):
+            if i == warm:
+                prof.enable()
+            produce = frame(produce_frame([(TOPIC, [(0, batch(1))])], acks=1))
+            fetch = frame(fetch_frame([(TOPIC, [(0, plog.log_end_offset)])], max_wait_ms=0))
+            if shape == "inline":
+                _feed(conn, produce)
+                _feed(conn, fetch)
+            else:
+                _feed(conn, produce + fetch)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        prof.disable()
+        conn.abort()
+        await task
+        broker.logs.close()
+        assert transport.writes == 2 * (n + warm) if shape == "inline" else transport.writes > 0
+        stats = pstats.Stats(prof)
+        print(f"{shape}: {stats.total_calls / n:.1f} calls per exchange ({transport.writes} writes)")  # type: ignore[attr-defined]
+        if verbose:
+            stats.sort_stats("ncalls").print_stats(40)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("-v", action="store_true", help="print the most called functions")
+    args = ap.parse_args()
+    for shape in ("inline", "queued"):
+        asyncio.run(_run(shape, args.n, args.v))
+
+
+if __name__ == "__main__":
+    main()
