@@ -16,11 +16,15 @@ themselves). One ephemeral znode per attempt serves both:
   of the request; attempts are a back-off apart, and a merged notification is harmless since the
   controller reads every child); the controller handles every broker with a child whose broker epoch is the current
   one (an older epoch is Kafka's STALE_BROKER_EPOCH: ignored).
-* Leaders watch the same children: a broker with a child is not ISR-eligible.
-* The children are ephemeral, so they vanish with the broker's session: when it exits (or its
-  session expires) nobody considers it shutting down any more, and a restarted broker (a new
-  session, a new broker epoch) is eligible again. Kafka's controller likewise forgets a
-  shutting-down broker once it is gone.
+* Leaders watch the same children, with their data: a request marks its broker's registration
+  (the broker epoch in it) as never ISR-eligible again (``replication.isr_eligibility``).
+* The children are ephemeral, so they vanish with the broker's session, in the same transaction
+  as its registration: the controller no longer considers it shutting down, and a restarted
+  broker (a new session, a new broker epoch) is eligible again. Kafka's controller likewise
+  forgets a shutting-down broker once it is gone. Leaders do not unmark a broker when its request
+  vanishes, only when its registration is replaced: their two watches (requests, registrations)
+  deliver the one transaction in either order, and "request gone, registration still there"
+  would otherwise let a late Fetch of the leaving broker take it back into an ISR.
 
 The path is ours, outside Kafka's layout (Kafka keeps this state in the controller's memory).
 """
@@ -33,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
 
 from exactly.cluster.znodes import ZnodeFormatError
 
@@ -127,5 +131,31 @@ class ShutdownRequests:
         def on_children(children: list[str]) -> None:
             ids = (broker_of_child(name) for name in children)
             callback(frozenset(b for b in ids if b is not None))
+
+        self.client.ChildrenWatch(CONTROLLED_SHUTDOWN, on_children)
+
+    def watch_requests(self, callback: Callable[[list[ShutdownRequest]], None]) -> None:
+        """``callback(every pending request, with its broker epoch)`` now and after every change
+        (kazoo thread): what leaders need, since a request marks its broker's registration as
+        leaving for good (``replication.isr_eligibility``). One read per child, only when the
+        children change (at shutdowns)."""
+        self.client.ensure_path(CONTROLLED_SHUTDOWN)
+
+        def on_children(children: list[str]) -> None:
+            requests = []
+            for name in sorted(children):
+                if broker_of_child(name) is None:
+                    continue
+                try:
+                    data, _stat = self.client.get(f"{CONTROLLED_SHUTDOWN}/{name}")
+                    requests.append(ShutdownRequest.decode(data))
+                except NoNodeError:  # its session ended meanwhile, with its registration
+                    continue
+                except ZnodeFormatError as exc:
+                    log.warning("%s/%s: %s", CONTROLLED_SHUTDOWN, name, exc)
+                except KazooException as exc:  # the session is going; a new watch re-reads
+                    log.debug("%s/%s not read: %r", CONTROLLED_SHUTDOWN, name, exc)
+                    return
+            callback(requests)
 
         self.client.ChildrenWatch(CONTROLLED_SHUTDOWN, on_children)

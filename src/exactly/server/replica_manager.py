@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from exactly.cluster.controlled_shutdown import ShutdownRequest
 from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalance, topic_unclean_election
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
@@ -42,6 +43,7 @@ from exactly.cluster.zk_acls import ZkAclStore
 from exactly.cluster.zk_scram import ZkScramStore
 from exactly.cluster.znodes import BrokerRegistration, Endpoint
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
+from exactly.replication.isr_eligibility import IsrEligibility
 from exactly.replication.leader import LeaderPartition
 from exactly.replication.roles import PartitionRoles, RoleAction, RoleDecision
 from exactly.server.clock import now_ms
@@ -85,8 +87,9 @@ class ReplicaManager:
         self.controller = ControllerRuntime(
             self.zk, self.broker_id, unclean_election=unclean, rebalance=rebalance
         )
-        # Brokers with a controlled-shutdown request: not ISR-eligible (KAFKA-14140).
-        self.shutting_down: frozenset[int] = frozenset()
+        # Live brokers and the registrations marked leaving by a controlled-shutdown request:
+        # who may join an ISR (KAFKA-14140), one value fed by both watches (isr_eligibility).
+        self.eligibility = IsrEligibility()
         self.producer_ids = ZkProducerIdManager(self.zk.client, self.broker_id)
         self.cache = MetadataCache()
         self.cluster_id = broker.logs.cluster_id  # replaced by /cluster/id at start
@@ -184,7 +187,9 @@ class ReplicaManager:
         self.scram.start(self.zk.client, self._hop)
         self.zk.watch_controller(lambda controller: self._hop(self._set_controller, controller))
         self.watches.start()
-        self.controller.shutdown_requests.watch(lambda ids: self._hop(self._set_shutting_down, ids))
+        self.controller.shutdown_requests.watch_requests(
+            lambda requests: self._hop(self._set_shutdown_requests, requests)
+        )
         self.controller.start()
         self.producer_ids.prefetch()
 
@@ -263,13 +268,21 @@ class ReplicaManager:
         if self._cache_changed is not None:
             self._cache_changed.set()
 
-    def _set_brokers(self, endpoints: dict[int, BrokerEndpoint]) -> None:
+    @property
+    def shutting_down(self) -> frozenset[int]:
+        """Registered brokers whose current registration asked for a controlled shutdown."""
+        return self.eligibility.shutting_down
+
+    def _set_brokers(self, endpoints: dict[int, BrokerEndpoint], live: dict[int, int]) -> None:
         self.cache.set_brokers(endpoints)
+        self.eligibility = self.eligibility.on_brokers(live)
         self.leading.refresh_high_watermarks()
         self._changed()
 
-    def _set_shutting_down(self, brokers: frozenset[int]) -> None:
-        self.shutting_down = brokers
+    def _set_shutdown_requests(self, requests: list[ShutdownRequest]) -> None:
+        self.eligibility = self.eligibility.on_shutdown_requests(
+            (r.broker_id, r.broker_epoch) for r in requests
+        )
         self.leading.refresh_high_watermarks()
         self._changed()
 
@@ -393,7 +406,7 @@ class ReplicaManager:
         log.info("%s: leader at epoch %d, isr %s", tp, decision.leader_epoch, list(decision.isr))
 
     def _isr_eligible(self, broker: int) -> bool:
-        return broker in self.cache.brokers and broker not in self.shutting_down
+        return broker in self.cache.brokers and self.eligibility.eligible(broker)
 
     # --- followers -------------------------------------------------------------------------------
 

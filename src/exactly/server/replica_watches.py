@@ -36,7 +36,7 @@ class ReplicaWatches:
         *,
         hop: Callable[..., None],
         stopped: Callable[[], bool],
-        set_brokers: Callable[[dict[int, BrokerEndpoint]], None],
+        set_brokers: Callable[[dict[int, BrokerEndpoint], dict[int, int]], None],
         set_topic: Callable[[CachedTopic], None],
         topic_gone: Callable[[str], None],
         on_state: Callable[[TopicPartition, ObservedState | None], None],
@@ -88,7 +88,7 @@ class ReplicaWatches:
                 inter.port,
                 {e.listener: (e.host, e.port) for e in registration.endpoints},
             )
-        self._hop(self._set_brokers, endpoints)
+        self._hop(self._set_brokers, endpoints, dict(live))  # with the broker epochs
 
     def _on_topics(self, topics: list[str]) -> None:
         names = set(topics)
