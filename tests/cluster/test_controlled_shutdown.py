@@ -441,4 +441,9 @@ def test_preferred_leader_returns_after_its_broker_comes_back(
     wait_for(preferred_leads, timeout=60, what="the preferred replica to lead again")
     back = zk_state(observer)
     assert back.leader_epoch > moved.leader_epoch
-    assert partition_metadata(cluster).leader == preferred
+    # brokers learn the election from their ZooKeeper watches, each at its own moment (Kafka's
+    # metadata is not promised to agree across brokers at once): clients are told within a wait
+    wait_for(
+        lambda: partition_metadata(cluster).leader == preferred,
+        what="Metadata naming the preferred leader",
+    )
