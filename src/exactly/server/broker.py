@@ -43,6 +43,7 @@ from exactly.server.config import BrokerConfig, ConfigError
 from exactly.server.connection import KafkaConnection
 from exactly.server.delayed_fetch import AppendWaiters
 from exactly.server.fetch_fast import FastFetch
+from exactly.server.follower_fetch_fast import FollowerFetch
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.inter_broker import InterBrokerClient
 from exactly.server.internal_topics import InternalTopics
@@ -104,6 +105,7 @@ class Broker:
         self.waiters = AppendWaiters()
         self.fast_produce = FastProduce(self)  # the common single-broker Produce (produce_fast)
         self.fast_fetch = FastFetch(self)  # the common single-broker consumer Fetch (fetch_fast)
+        self.follower_fetch = FollowerFetch(self)  # a follower's Fetch at its leader (follower_fetch_fast)
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.
         self.replicas: ReplicaManager | None = None
         if config.cluster_mode:

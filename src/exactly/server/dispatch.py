@@ -141,12 +141,15 @@ def fast_answer(
     calls it from its read callback too); None: not one of theirs, nothing changed, the generic
     path of ``dispatch`` answers it. The common single-broker Produce (server.produce_fast) and
     the common consumer Fetch, parked without a task when it waits (server.fetch_fast, only for
-    a caller that takes a deferred answer)."""
+    a caller that takes a deferred answer), and on a cluster broker a follower's steady-state Fetch
+    (server.follower_fetch_fast)."""
     if len(payload) > 32 and not payload[0]:
         key = payload[1]
         if key == _PRODUCE:
             return broker.fast_produce.answer(payload, now_ms())
         if key == _FETCH and may_defer:
+            if broker.replicas is not None:  # a follower's Fetch at its leader (follower_fetch_fast)
+                return broker.follower_fetch.answer(payload, file_slices)
             return broker.fast_fetch.answer(payload, file_slices)
     return None
 

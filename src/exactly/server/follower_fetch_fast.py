@@ -1,0 +1,371 @@
+"""A cluster leader's answer to a steady-state follower Fetch in one pass over the frame: a fast
+path beside the generic one (``handlers.fetch``).
+
+Why: at RF 3 acks=all every produce costs the leader two follower Fetches, and the CPU profile
+of the leader (bench/results/cluster-tail-s17.md) charged about half of its ~645 µs per message
+to the generic Fetch machinery serving them: the request parsed into objects, the handler's
+coroutine, a ``_read_all`` on arrival (which in steady state finds nothing: the follower asks at
+the leader's log end) and another on the append's wake-up, dispatch's framing. This path reads
+the request in place with ``unpack_from`` (the shape ``protocol.fetch_request`` writes), skips
+the arrival read when every partition is asked at the log end (it cannot find a byte there),
+parks a ``delayed_fetch.ParkedFetch`` without a task, and frames the answer itself.
+
+What it keeps of the generic path, by calling the same functions in the same order: per
+partition ``ReplicaManager.check_follower_read``, the log present, ``check_diverging_epoch``,
+the offset inside the log, then ``PartitionLog.read`` (up to the log end) and
+``LeaderReplicas.on_follower_fetch`` (follower LEO, HW, ISR expansion, delayed produces
+completed); the answer is ``encode_fetch_response`` of the same ``FetchPartitionResult``s, so
+the bytes are the generic path's. The follower's offsets are recorded on arrival only, as there.
+
+Contract: ``FollowerFetch.answer`` either takes the request completely or returns None having
+changed nothing (every partition is checked before the first ``on_follower_fetch``), and the
+dispatcher's generic path answers it. It takes only a replica's (replica id >= 0) Fetch v11/v12
+without a session, forgotten topics or tagged fields, read_uncommitted, of one or more
+partitions, on a cluster broker without an authorizer, from a caller that takes deferred
+answers, when every partition passes the replica checks (right epoch, this broker leads, the
+fetcher is a replica), has no diverging epoch and is asked inside its log. Anything else
+(errors, NOT_LEADER / FENCED epochs, truncation, unknown partitions, an authorizer) is the
+generic path's. A parked fetch whose checks fail when it wakes (a role change, a deleted topic)
+is answered by the generic handler's own read of the same request (``handlers.fetch._read_all``).
+Equivalence: tests/server/test_follower_fetch_fast.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from exactly.protocol.apis import ApiKey
+from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
+from exactly.protocol.fetch_request_reader import parse_fetch_request
+from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
+from exactly.server.deferred_response import Deferred, PendingAnswer
+from exactly.server.handlers.fetch import SLICE_FROM, _read_all
+from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.server.broker import Broker
+    from exactly.server.replica_manager import ReplicaManager
+    from exactly.storage.partition_log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+_FETCH = int(ApiKey.FETCH)
+_NONE = ErrorCode.none
+_HEADER = struct.Struct(">hhih")  # api key, version, correlation id, client id length
+_TOP = struct.Struct(">iiiibii")  # replica, max wait, min bytes, max bytes, isolation, session id, epoch
+_PART_V12 = struct.Struct(">iiqiqi")  # partition, current epoch, offset, last fetched epoch, log start, max
+_PART_V11 = struct.Struct(">iiqqi")  # partition, current epoch, offset, log start, max bytes
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_HEAD_V0 = struct.Struct(">ii")
+_HEAD_V1 = struct.Struct(">iiB")
+
+# (partition, current leader epoch, fetch offset, last fetched epoch, log start, partition max bytes, tp)
+_Part = tuple[int, int, int, int, int, int, TopicPartition]
+
+
+class FollowerFetch:
+    """One cluster broker's fast path for its followers' Fetches (see the module docstring)."""
+
+    __slots__ = ("_broker",)
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def answer(self, payload: bytearray, file_slices: bool) -> list[Any] | Deferred[list[Any] | None] | None:
+        """The framed answer (or a Deferred one, parked); None: not taken, nothing changed."""
+        broker = self._broker
+        replicas = broker.replicas
+        if replicas is None or broker.authorizer is not None:
+            return None
+        try:
+            request = _parse(payload)
+        except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
+            return None
+        if request is None:
+            return None
+        version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics = request
+        deadline = time.monotonic() + max(max_wait_ms, 0) / 1000.0
+        logs = _checked(broker, replicas, replica_id, topics)
+        if logs is None:
+            return None
+        # from here on the request is taken
+        broker.metrics.requests[_FETCH] += 1
+        slice_from = SLICE_FROM if file_slices else None
+        on_follower_fetch = replicas.on_follower_fetch
+        if min_bytes > 0 and max_wait_ms > 0 and all(p[2] == plog.log_end_offset for p, plog in logs):
+            # every partition asked at the log end: the generic read finds nothing, so only the
+            # follower's offsets are recorded before parking (same calls, same order)
+            for p, plog in logs:
+                on_follower_fetch(plog, replica_id, p[2], p[4])
+        else:
+            responses, total = _read(topics, logs, max_bytes, slice_from, replica_id, on_follower_fetch)
+            if total >= min_bytes or deadline - time.monotonic() <= 0:
+                return _frame(
+                    broker, version, correlation_id, encode_fetch_response(version, 0, 0, responses)
+                )
+        parked = _Parked(broker, payload, version, correlation_id, replica_id, min_bytes, max_bytes, topics)
+        parked.park(deadline, slice_from)
+        return Deferred(parked.answer)
+
+
+def _parse(payload: bytearray) -> tuple[int, int, int, int, int, int, list[tuple[str, list[_Part]]]] | None:
+    """The replica fetcher's Fetch shape (protocol.fetch_request), or None for anything else."""
+    end = len(payload)
+    api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
+    if api_key != _FETCH or version not in (11, 12):
+        return None
+    flexible = version == 12
+    pos = 10 + max(client_len, 0)
+    if flexible:
+        if payload[pos]:  # header tags
+            return None
+        pos += 1
+    replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, session_epoch = _TOP.unpack_from(
+        payload, pos
+    )
+    if replica_id < 0 or isolation != 0 or session_id != 0 or session_epoch != -1:
+        return None
+    pos += 25
+    if flexible:
+        count = payload[pos] - 1
+        pos += 1
+    else:
+        count = _I32.unpack_from(payload, pos)[0]
+        pos += 4
+    if count < 1 or count >= 0x7F:
+        return None
+    topics: list[tuple[str, list[_Part]]] = []
+    for _ in range(count):
+        if flexible:
+            n = payload[pos] - 1
+            pos += 1
+            if n < 1 or n >= 0x7F:
+                return None
+        else:
+            n = _I16.unpack_from(payload, pos)[0]
+            pos += 2
+            if n < 1:
+                return None
+        name = payload[pos : pos + n].decode("utf-8")
+        pos += n
+        if flexible:
+            nparts = payload[pos] - 1
+            pos += 1
+        else:
+            nparts = _I32.unpack_from(payload, pos)[0]
+            pos += 4
+        if nparts < 1 or nparts >= 0x7F:
+            return None
+        parts: list[_Part] = []
+        for _ in range(nparts):
+            if flexible:
+                index, epoch, offset, last_epoch, log_start, pmax = _PART_V12.unpack_from(payload, pos)
+                pos += 32
+                if payload[pos]:  # partition tags
+                    return None
+                pos += 1
+            else:
+                index, epoch, offset, log_start, pmax = _PART_V11.unpack_from(payload, pos)
+                last_epoch = NO_EPOCH
+                pos += 28
+            parts.append((index, epoch, offset, last_epoch, log_start, pmax, TopicPartition(name, index)))
+        if flexible:
+            if payload[pos]:  # topic tags
+                return None
+            pos += 1
+        topics.append((name, parts))
+    if flexible:  # no forgotten topics, rack id "", no request tags
+        if payload[pos] != 1 or payload[pos + 1] != 1 or payload[pos + 2] != 0:
+            return None
+        pos += 3
+    else:
+        if _I32.unpack_from(payload, pos)[0] != 0:
+            return None
+        rack = _I16.unpack_from(payload, pos + 4)[0]
+        if rack < 0:
+            return None
+        pos += 6 + rack
+    if pos != end:
+        return None
+    return version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics
+
+
+def _checked(
+    broker: Broker, replicas: ReplicaManager, replica_id: int, topics: list[tuple[str, list[_Part]]]
+) -> list[tuple[_Part, PartitionLog]] | None:
+    """Every partition with its log when each passes the generic path's checks for a follower
+    read (in its order) and asks inside its log; None when one does not (nothing changed)."""
+    get = broker.logs.get_partition
+    out: list[tuple[_Part, PartitionLog]] = []
+    for _name, parts in topics:
+        for p in parts:
+            tp = p[6]
+            if replicas.check_follower_read(tp, replica_id, p[1]) != _NONE:
+                return None
+            plog = get(tp)
+            if plog is None or plog.closed:
+                return None
+            offset = p[2]
+            log_start, log_end = plog.log_start_offset, plog.log_end_offset
+            if offset < log_start or offset > log_end:
+                return None  # OFFSET_OUT_OF_RANGE: the generic path answers it
+            check = check_diverging_epoch(
+                plog.leader_epochs.entries,
+                last_fetched_epoch=p[3],
+                fetch_offset=offset,
+                log_start_offset=log_start,
+                log_end_offset=log_end,
+            )
+            if check.error != _NONE or check.diverging is not None:
+                return None
+            out.append((p, plog))
+    return out
+
+
+def _read(
+    topics: list[tuple[str, list[_Part]]],
+    logs: list[tuple[_Part, PartitionLog]],
+    max_bytes: int,
+    slice_from: int | None,
+    replica_id: int,
+    on_follower_fetch: Callable[[PartitionLog, int, int, int], None] | None,
+) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int]:
+    """``handlers.fetch._read_all`` for checked partitions: each read up to the log end, then
+    (``on_follower_fetch``: on arrival) the follower's offsets recorded, then its answer."""
+    remaining = max_bytes
+    min_one = True
+    total = 0
+    out: list[tuple[str, list[FetchPartitionResult]]] = []
+    i = 0
+    for name, parts in topics:
+        results: list[FetchPartitionResult] = []
+        for _ in parts:
+            p, plog = logs[i]
+            i += 1
+            result = plog.read(
+                p[2],
+                max(min(p[5], remaining), 0),
+                read_committed=False,
+                min_one_batch=min_one,
+                up_to_log_end=True,
+                slice_from=slice_from,
+            )
+            if on_follower_fetch is not None:
+                on_follower_fetch(plog, replica_id, p[2], p[4])
+            size = len(result.records)
+            if size:
+                min_one = False
+                remaining -= size
+                total += size
+            results.append(
+                FetchPartitionResult(
+                    p[0],
+                    0,
+                    plog.high_watermark,
+                    result.last_stable_offset,
+                    result.log_start_offset,
+                    None,
+                    result.records,
+                )
+            )
+        out.append((name, results))
+    return out, total
+
+
+class _Parked:
+    """A taken follower Fetch waiting for an append (``delayed_fetch.park``, log-end bound), with
+    the generic path's completion rule (min_bytes reached or max_wait over) and re-read. It is
+    answered from inside the append that wakes it; cancelling ``answer`` unparks it."""
+
+    __slots__ = (
+        "answer",
+        "broker",
+        "correlation_id",
+        "deadline",
+        "max_bytes",
+        "min_bytes",
+        "payload",
+        "replica_id",
+        "slice_from",
+        "topics",
+        "tps",
+        "version",
+    )  # fmt: skip
+
+    def __init__(
+        self, broker: Broker, payload: bytearray, version: int, correlation_id: int, replica_id: int,
+        min_bytes: int, max_bytes: int, topics: list[tuple[str, list[_Part]]],
+    ) -> None:  # fmt: skip
+        self.answer: PendingAnswer[list[Any] | None] = PendingAnswer()
+        self.broker = broker
+        self.payload = payload
+        self.version = version
+        self.correlation_id = correlation_id
+        self.replica_id = replica_id
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+        self.topics = topics
+        self.tps = [p[6] for _name, parts in topics for p in parts]
+        self.deadline = 0.0
+        self.slice_from: int | None = None
+
+    def park(self, deadline: float, slice_from: int | None) -> None:
+        self.deadline = deadline
+        self.slice_from = slice_from
+        self._park()
+
+    def _park(self) -> None:
+        remaining = max(self.deadline - time.monotonic(), 0.0)
+        parked = self.broker.waiters.park(self.tps, remaining, self.fire, up_to_log_end=True)
+        self.answer.on_cancel(parked.cancel)
+
+    def fire(self) -> Callable[[], None] | None:
+        """Woken (an append, a role change, its max_wait): read again; returns what sends the
+        answer (None: parked again). Runs inside the waker: nothing may escape it."""
+        broker = self.broker
+        version = self.version
+        try:
+            replicas = broker.replicas
+            logs = None if replicas is None else _checked(broker, replicas, self.replica_id, self.topics)
+            if logs is None:  # the generic re-read answers what changed (errors, divergence)
+                responses, total, errors = _read_all(
+                    broker, self._request(), self.slice_from, frozenset(), False
+                )
+            else:
+                responses, total = _read(
+                    self.topics, logs, self.max_bytes, self.slice_from, self.replica_id, None
+                )
+                errors = False
+            if total < self.min_bytes and not errors and self.deadline - time.monotonic() > 0:
+                self._park()  # a wake-up that brought too few bytes
+                return None
+            body = encode_fetch_response(version, 0, 0, responses)
+        except Exception:
+            log.exception("answering a parked follower fetch failed")
+            broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
+            body = encode_fetch_response(version, ErrorCode.unknown_server_error, 0, [])
+        return partial(self.answer.set_result, _frame(broker, version, self.correlation_id, body))
+
+    def _request(self) -> Any:
+        payload = self.payload
+        pos = 10 + max(_I16.unpack_from(payload, 8)[0], 0) + (1 if self.version >= 12 else 0)
+        return parse_fetch_request(payload, pos, self.version)
+
+
+def _frame(broker: Broker, version: int, correlation_id: int, body: list[Any]) -> list[Any]:
+    """Frame an answer body as dispatch does (size, correlation id, v12: header tags)."""
+    size = sum(len(c) for c in body) + (5 if version >= 12 else 4)
+    broker.metrics.bytes_out += size + 4
+    head = _HEAD_V1.pack(size, correlation_id, 0) if version >= 12 else _HEAD_V0.pack(size, correlation_id)
+    return [head, *body]
+
+
+__all__ = ["FollowerFetch"]

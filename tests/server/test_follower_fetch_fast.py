@@ -1,0 +1,276 @@
+"""The follower Fetch fast path (exactly.server.follower_fetch_fast) against the generic path.
+
+Two in-process cluster brokers (ZooKeeper never contacted: the metadata and the partition states
+are fed to their ReplicaManager as its watches would) lead the same partitions at RF 3 and play
+the same script: appends, follower Fetches in the replica fetcher's own bytes
+(``ReplicaFetchTemplate``), parked fetches woken by appends, an acks=all produce parked for the
+ISR, an ISR expansion, and the unusual requests the fast path must decline (wrong epochs, a
+diverging epoch, an offset outside the log, an unknown partition, a non-replica, a consumer).
+On one broker the fast path is off. Every answer, the request and byte counters, the HW, each
+follower's state, the proposed ISR changes and the produce completions must be identical, and
+the fast path must have taken exactly the requests it is meant for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from tests.storage.helpers import append
+
+from exactly.cluster.zk_base import ObservedState
+from exactly.cluster.znodes import LeaderAndIsr, PartitionState, TopicAssignment
+from exactly.protocol.apis import ApiKey
+from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate, encode_replica_fetch
+from exactly.server.broker import Broker, Endpoint
+from exactly.server.config import BrokerConfig
+from exactly.server.deferred_response import Deferred, PendingAnswer
+from exactly.server.dispatch import dispatch
+from exactly.server.follower_fetch_fast import FollowerFetch
+from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic
+from exactly.server.replica_manager import ReplicaManager
+from exactly.types import TopicPartition
+
+TOPIC = "events"
+TP0 = TopicPartition(TOPIC, 0)
+TP1 = TopicPartition(TOPIC, 1)
+EPOCH = 3
+
+
+class _Counting:
+    """Wraps a broker's FollowerFetch: counts the requests it took."""
+
+    def __init__(self, inner: FollowerFetch) -> None:
+        self.inner = inner
+        self.taken = 0
+
+    def answer(self, payload: bytearray, file_slices: bool) -> Any:
+        result = self.inner.answer(payload, file_slices)
+        self.taken += result is not None
+        return result
+
+
+class _Off:
+    taken = 0
+
+    def answer(self, payload: bytearray, file_slices: bool) -> None:
+        return None
+
+
+def _open(data_dir: Path, fast: bool, isr: tuple[int, ...]) -> tuple[Broker, list[Any]]:
+    conf = {
+        "log.dirs": str(data_dir),
+        "broker.id": "0",
+        "zookeeper.connect": "127.0.0.1:1",  # never connected: the state is fed below
+        "auto.create.topics.enable": "false",
+    }
+    broker = Broker.open(BrokerConfig.load(None, conf), data_dir)
+    broker.advertised = Endpoint("127.0.0.1", 9092)
+    rm = broker.replicas
+    assert isinstance(rm, ReplicaManager)
+    proposed: list[Any] = []
+    rm.leading._write_isr = lambda tp, leader, update: proposed.append((tp, update.isr))
+    rm._set_brokers({b: BrokerEndpoint(b, "127.0.0.1", 9100 + b) for b in (0, 1, 2)})
+    assignment = TopicAssignment({0: (0, 1, 2), 1: (0, 1, 2)}, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
+    rm._set_topic(CachedTopic(TOPIC, assignment, {}))
+    for tp in (TP0, TP1):
+        rm._on_state(tp, ObservedState(PartitionState(LeaderAndIsr(0, EPOCH, isr, 1), 1), 1))
+        assert tp in rm.leaders
+    broker.follower_fetch = _Counting(broker.follower_fetch) if fast else _Off()  # type: ignore[assignment]
+    return broker, proposed
+
+
+def _produce(broker: Broker, tp: TopicPartition, count: int, size: int = 100) -> None:
+    """A leader append as the Produce handler makes it (the log, then the leader's bookkeeping)."""
+    plog = broker.logs.get_partition(tp)
+    assert plog is not None
+    append(plog, count, value_size=size, leader_epoch=EPOCH, advance_hw=False)
+    assert broker.replicas is not None
+    broker.replicas.after_leader_append(plog)
+
+
+def _fetch(
+    replica: int,
+    positions: list[tuple[int, int, int]],  # (partition, fetch offset, current epoch)
+    *,
+    version: int = 12,
+    max_wait_ms: int = 500,
+    last_epoch: int = EPOCH,
+    correlation_id: int = 7,
+    topic: str = TOPIC,
+) -> bytearray:
+    """The replica fetcher's request bytes (without the size prefix)."""
+    parts = [
+        FetchPosition(p, epoch, offset, 0, 1024 * 1024, last_fetched_epoch=last_epoch)
+        for p, offset, epoch in positions
+    ]
+    template = ReplicaFetchTemplate.build(
+        version, f"replica-{replica}", replica_id=replica, max_wait_ms=max_wait_ms, min_bytes=1,
+        max_bytes=10 * 1024 * 1024, topics=[(topic, parts)],
+    )  # fmt: skip
+    frame = template.fill(correlation_id, [(p.fetch_offset, last_epoch, 0) for p in parts])
+    assert bytes(frame) == encode_replica_fetch(
+        version, correlation_id, f"replica-{replica}", replica_id=replica, max_wait_ms=max_wait_ms,
+        min_bytes=1, max_bytes=10 * 1024 * 1024, topics=[(topic, parts)],
+    )  # fmt: skip
+    return frame[4:]
+
+
+async def _send(broker: Broker, frame: bytearray) -> Any:
+    """What a connection would get: bytes now, or an answer still pending."""
+    result = await dispatch(broker, bytearray(frame), "test", may_defer=True)
+    if isinstance(result, Deferred):
+        return result.answer
+    return b"".join(bytes(c) for c in result)
+
+
+async def _done(answer: Any) -> bytes:
+    if isinstance(answer, PendingAnswer):
+        assert answer.done(), "a parked fetch was not answered"
+        answer = answer.result()
+    if isinstance(answer, list):
+        return b"".join(bytes(c) for c in answer)
+    assert isinstance(answer, bytes)
+    return answer
+
+
+def _state(broker: Broker) -> Any:
+    rm = broker.replicas
+    assert rm is not None
+    out = []
+    for tp in (TP0, TP1):
+        leader = rm.leaders[tp]
+        plog = broker.logs.get_partition(tp)
+        assert plog is not None
+        followers = {b: (f.log_end_offset, f.log_start_offset) for b, f in leader.followers.items()}
+        out.append((leader.high_watermark, plog.high_watermark, leader.isr, followers))
+    return out, broker.metrics.requests[int(ApiKey.FETCH)], broker.metrics.bytes_out
+
+
+Script = Callable[[Broker, list[Any]], Coroutine[Any, Any, None]]
+
+
+def _compare(script: Script, isr: tuple[int, ...] = (0, 1, 2)) -> int:
+    """Run ``script`` on a fast and a generic broker; the transcripts must match. Returns how
+    many requests the fast path took."""
+    transcripts = []
+    brokers = []
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        for data_dir, fast in ((a, True), (b, False)):
+            broker, proposed = _open(Path(data_dir), fast, isr)
+            brokers.append(broker)
+            out: list[Any] = []
+            asyncio.run(script(broker, out))
+            out.append(("isr proposals", proposed))
+            out.append(("state", _state(broker)))
+            transcripts.append(out)
+            broker.logs.close()
+    assert transcripts[0] == transcripts[1]
+    assert brokers[1].follower_fetch.taken == 0  # type: ignore[attr-defined]
+    return int(brokers[0].follower_fetch.taken)  # type: ignore[attr-defined]
+
+
+def test_steady_state_follower_fetches_take_the_fast_path_with_the_generic_bytes_and_state() -> None:
+    async def script(broker: Broker, out: list[Any]) -> None:
+        _produce(broker, TP0, 3)
+        _produce(broker, TP1, 2, size=3000)
+        for version in (11, 12):
+            # catching up: records at once (several partitions), then parked at the log end
+            for replica in (1, 2):
+                answer = await _send(broker, _fetch(replica, [(0, 0, EPOCH), (1, 0, EPOCH)], version=version))
+                out.append(await _done(answer))
+                out.append(_state(broker))
+            parked = []
+            for replica in (1, 2):
+                frame = _fetch(
+                    replica,
+                    [(0, 3 + 2 * (version - 11), EPOCH), (1, 2 + 2 * (version - 11), EPOCH)],
+                    version=version,
+                )
+                answer = await _send(broker, frame)
+                out.append(isinstance(answer, PendingAnswer) and not answer.done())
+                parked.append(answer)
+            out.append(_state(broker))
+            _produce(broker, TP0, 2)  # the append answers both parked fetches from inside it
+            for answer in parked:
+                out.append(await _done(answer))
+            out.append(_state(broker))
+            _produce(broker, TP1, 2)
+            # the followers come back at their new log ends: the HW follows, and they park again
+            for replica in (1, 2):
+                answer = await _send(
+                    broker,
+                    _fetch(
+                        replica,
+                        [(0, 5 + 2 * (version - 11), EPOCH), (1, 4 + 2 * (version - 11), EPOCH)],
+                        version=version,
+                    ),
+                )
+                out.append(isinstance(answer, PendingAnswer) and not answer.done())
+                if isinstance(answer, PendingAnswer):
+                    answer.cancel()  # the connection went away: unparked
+                out.append(_state(broker))
+
+    assert _compare(script) == 12
+
+
+def test_a_follower_fetch_completes_the_acks_all_produce_and_expands_the_isr() -> None:
+    async def script(broker: Broker, out: list[Any]) -> None:
+        rm = broker.replicas
+        assert rm is not None
+        _produce(broker, TP0, 4)
+        leader = rm.leaders[TP0]
+        done: list[Any] = []
+        parked = rm.park_for_acks(TP0, leader, 4, 1, 5.0, lambda code: done.append(int(code)))
+        out.append(isinstance(parked, ErrorCode))
+        for replica, offset in ((1, 0), (1, 4), (2, 0), (2, 4)):
+            answer = await _send(broker, _fetch(replica, [(0, offset, EPOCH)], max_wait_ms=0))
+            out.append(await _done(answer))
+            out.append((list(done), _state(broker)))
+
+    # ISR (0, 1): follower 1 reaching the log end completes the produce, follower 2 joins
+    assert _compare(script, isr=(0, 1)) == 4
+
+
+def test_unusual_follower_fetches_are_declined_before_any_change() -> None:
+    async def script(broker: Broker, out: list[Any]) -> None:
+        _produce(broker, TP0, 3)
+        _produce(broker, TP1, 1)
+        frames = [
+            _fetch(1, [(0, 0, EPOCH + 1)]),  # UNKNOWN_LEADER_EPOCH
+            _fetch(1, [(0, 0, EPOCH - 1)]),  # FENCED_LEADER_EPOCH
+            _fetch(1, [(0, 0, EPOCH), (1, 0, EPOCH + 1)]),  # one bad partition of two
+            _fetch(1, [(0, 2, EPOCH)], last_epoch=EPOCH + 5),  # a diverging epoch
+            _fetch(1, [(0, 9, EPOCH)]),  # beyond the log end: OFFSET_OUT_OF_RANGE
+            _fetch(1, [(5, 0, EPOCH)]),  # unknown partition
+            _fetch(1, [(0, 0, EPOCH)], topic="nope"),  # unknown topic
+            _fetch(7, [(0, 0, EPOCH)]),  # not a replica of the partition
+            _fetch(-1, [(0, 0, EPOCH)]),  # a consumer
+        ]
+        for frame in frames:
+            answer = await _send(broker, frame)
+            out.append(await _done(answer))
+            out.append(_state(broker))
+
+    assert _compare(script) == 0
+
+
+def test_a_parked_fetch_woken_by_a_role_change_gets_the_generic_answer() -> None:
+    async def script(broker: Broker, out: list[Any]) -> None:
+        rm = broker.replicas
+        assert rm is not None
+        _produce(broker, TP0, 2)
+        answer = await _send(broker, _fetch(1, [(0, 2, EPOCH)]))
+        out.append(isinstance(answer, PendingAnswer) and not answer.done())
+        # a new leader epoch with this broker still leading: the parked fetch is woken
+        rm._on_state(TP0, ObservedState(PartitionState(LeaderAndIsr(0, EPOCH + 1, (0, 1, 2), 1), 2), 2))
+        await asyncio.sleep(0)  # ``notify`` fires it on the next loop turn
+        await asyncio.sleep(0)
+        out.append(await _done(answer))
+        out.append(_state(broker))
+
+    assert _compare(script) == 1
