@@ -41,6 +41,7 @@ from benchlib.compaction_workloads import (
     warm_coordinator,
 )
 from benchlib.workloads import Context, Target, Workload, fixed_rate_latency, percentile, register
+from exactly.storage.cleaner import sched_slice
 from exactly.storage.cleaner.priority import WORKER_NICENESS
 from exactly.storage.cleaner.runner import DEFAULT_CPU_SHARE
 
@@ -128,36 +129,15 @@ def run_delay_s(pid: int, tid: int | None = None) -> float:
     return total / 1e9
 
 
-SYS_SCHED_SETATTR = 314  # x86_64
-SYS_SCHED_GETATTR = 315
-
-
-class SchedAttr(ctypes.Structure):
-    _fields_ = [
-        ("size", ctypes.c_uint32),
-        ("sched_policy", ctypes.c_uint32),
-        ("sched_flags", ctypes.c_uint64),
-        ("sched_nice", ctypes.c_int32),
-        ("sched_priority", ctypes.c_uint32),
-        ("sched_runtime", ctypes.c_uint64),
-        ("sched_deadline", ctypes.c_uint64),
-        ("sched_period", ctypes.c_uint64),
-    ]
-
-
-def sched_attr(pid: int, runtime_ns: int | None = None) -> SchedAttr:
+def sched_slice_ns(pid: int, runtime_ns: int | None = None) -> int:
     """Read (and with ``runtime_ns``, first set: the EEVDF custom slice of a fair task, Linux
-    6.12+) ``pid``'s scheduling attributes."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    attr = SchedAttr()
-    if libc.syscall(SYS_SCHED_GETATTR, pid, ctypes.byref(attr), ctypes.sizeof(SchedAttr), 0) != 0:
+    6.12+) ``pid``'s slice, through the cleaner's own ``sched_slice``."""
+    if runtime_ns is not None and not sched_slice.set_slice(runtime_ns, pid):
+        raise OSError(ctypes.get_errno(), "sched_setattr")
+    current = sched_slice.slice_ns(pid)
+    if current is None:
         raise OSError(ctypes.get_errno(), "sched_getattr")
-    if runtime_ns is not None:
-        attr.size = ctypes.sizeof(SchedAttr)
-        attr.sched_runtime = runtime_ns
-        if libc.syscall(SYS_SCHED_SETATTR, pid, ctypes.byref(attr), 0) != 0:
-            raise OSError(ctypes.get_errno(), "sched_setattr")
-    return attr
+    return current
 
 
 #: An ack at least this slow counts as a stall in the per-window counts.
@@ -207,7 +187,7 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
         yield
         return
     nice0, io0, policy0 = os.getpriority(os.PRIO_PROCESS, pid), ioprio(pid), os.sched_getscheduler(pid)
-    slice0, group0 = sched_attr(pid).sched_runtime, autogroup_nice(pid)
+    slice0, group0 = sched_slice_ns(pid), autogroup_nice(pid)
     if phase.policy is not None:
         os.sched_setscheduler(pid, phase.policy, os.sched_param(0))
     if phase.nice is not None:
@@ -215,7 +195,7 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
     if phase.io_class is not None:
         ioprio(pid, phase.io_class)
     if phase.slice_ns is not None:
-        sched_attr(pid, phase.slice_ns)
+        sched_slice_ns(pid, phase.slice_ns)
     if phase.autogroup_nice is not None:
         autogroup_nice(pid, phase.autogroup_nice)
     os.kill(pid, signal.SIGCONT)
@@ -225,7 +205,7 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
         os.kill(pid, signal.SIGSTOP)
         os.sched_setscheduler(pid, policy0, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, pid, nice0)
-        sched_attr(pid, slice0)
+        sched_slice_ns(pid, slice0)
         ioprio(pid, io0)
         if phase.autogroup_nice is not None and group0 is not None:
             autogroup_nice(pid, group0)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from tests.storage.helpers import append, append_marker
+from tests.support.fast_paths import Counting, Off
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.primitives import write_uvarint
@@ -26,7 +27,6 @@ from exactly.server.broker import Broker, Endpoint
 from exactly.server.config import BrokerConfig
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.dispatch import CloseConnection, dispatch
-from exactly.server.fetch_fast import FastFetch
 from exactly.types import TopicPartition
 
 NOW = 1_700_000_000_000
@@ -102,24 +102,6 @@ def fetch_frame(
     return out
 
 
-class _Counting:
-    """Wraps a broker's FastFetch: counts the requests it took."""
-
-    def __init__(self, inner: FastFetch) -> None:
-        self.inner = inner
-        self.taken = 0
-
-    def answer(self, payload: bytearray, file_slices: bool) -> Any:
-        result = self.inner.answer(payload, file_slices)
-        self.taken += result is not None
-        return result
-
-
-class _Off:
-    def answer(self, payload: bytearray, file_slices: bool) -> None:
-        return None
-
-
 def _fill(broker: Broker) -> None:
     """The same logs on every broker: plain records, a committed and an aborted transaction."""
     plog = broker.logs.get_partition(TP0)
@@ -143,7 +125,7 @@ def _open(data_dir: Path, fast: bool) -> Broker:
     broker.logs.create_topic(TOPIC, 2, {}, now_ms=NOW)
     broker.logs.create_topic("empty", 1, {}, now_ms=NOW)
     _fill(broker)
-    broker.fast_fetch = _Counting(broker.fast_fetch) if fast else _Off()  # type: ignore[assignment]
+    broker.fast_fetch = Counting(broker.fast_fetch) if fast else Off()  # type: ignore[assignment]
     return broker
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 from tests.storage.helpers import append
+from tests.support.fast_paths import Counting, Off
 
 from exactly.cluster.zk_base import ObservedState
 from exactly.cluster.znodes import LeaderAndIsr, PartitionState, TopicAssignment
@@ -30,7 +31,6 @@ from exactly.server.broker import Broker, Endpoint
 from exactly.server.config import BrokerConfig
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.dispatch import dispatch
-from exactly.server.follower_fetch_fast import FollowerFetch
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic
 from exactly.server.replica_manager import ReplicaManager
 from exactly.types import TopicPartition
@@ -39,26 +39,6 @@ TOPIC = "events"
 TP0 = TopicPartition(TOPIC, 0)
 TP1 = TopicPartition(TOPIC, 1)
 EPOCH = 3
-
-
-class _Counting:
-    """Wraps a broker's FollowerFetch: counts the requests it took."""
-
-    def __init__(self, inner: FollowerFetch) -> None:
-        self.inner = inner
-        self.taken = 0
-
-    def answer(self, payload: bytearray, file_slices: bool) -> Any:
-        result = self.inner.answer(payload, file_slices)
-        self.taken += result is not None
-        return result
-
-
-class _Off:
-    taken = 0
-
-    def answer(self, payload: bytearray, file_slices: bool) -> None:
-        return None
 
 
 def _open(data_dir: Path, fast: bool, isr: tuple[int, ...]) -> tuple[Broker, list[Any]]:
@@ -74,13 +54,16 @@ def _open(data_dir: Path, fast: bool, isr: tuple[int, ...]) -> tuple[Broker, lis
     assert isinstance(rm, ReplicaManager)
     proposed: list[Any] = []
     rm.leading._write_isr = lambda tp, leader, update: proposed.append((tp, update.isr))
-    rm._set_brokers({b: BrokerEndpoint(b, "127.0.0.1", 9100 + b) for b in (0, 1, 2)})
+    rm._set_brokers(
+        {b: BrokerEndpoint(b, "127.0.0.1", 9100 + b) for b in (0, 1, 2)},
+        {b: 100 + b for b in (0, 1, 2)},  # registered, at these broker epochs
+    )
     assignment = TopicAssignment({0: (0, 1, 2), 1: (0, 1, 2)}, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
     rm._set_topic(CachedTopic(TOPIC, assignment, {}))
     for tp in (TP0, TP1):
         rm._on_state(tp, ObservedState(PartitionState(LeaderAndIsr(0, EPOCH, isr, 1), 1), 1))
         assert tp in rm.leaders
-    broker.follower_fetch = _Counting(broker.follower_fetch) if fast else _Off()  # type: ignore[assignment]
+    broker.follower_fetch = Counting(broker.follower_fetch) if fast else Off()  # type: ignore[assignment]
     return broker, proposed
 
 

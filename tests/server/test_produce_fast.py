@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.fast_paths import Counting, Off
 
 import exactly.server.dispatch as dispatch_module
 import exactly.server.handlers.produce as produce_module
@@ -24,7 +25,6 @@ from exactly.records.builder import Record, build_batch
 from exactly.server.broker import Broker, Endpoint
 from exactly.server.config import BrokerConfig
 from exactly.server.dispatch import CloseConnection, dispatch
-from exactly.server.produce_fast import FastProduce
 
 NOW = 1_700_000_000_000
 TOPIC = "orders"
@@ -84,24 +84,6 @@ def batch(n: int = 3, *, pid: int = -1, epoch: int = -1, seq: int = -1, size: in
     )
 
 
-class _Counting:
-    """Wraps a broker's FastProduce: counts the requests it answered."""
-
-    def __init__(self, inner: FastProduce) -> None:
-        self.inner = inner
-        self.answered = 0
-
-    def answer(self, payload: bytearray, now_ms: int) -> list[bytes] | None:
-        result = self.inner.answer(payload, now_ms)
-        self.answered += result is not None
-        return result
-
-
-class _Off:
-    def answer(self, payload: bytearray, now_ms: int) -> None:
-        return None
-
-
 def _open(data_dir: Path, fast: bool) -> Broker:
     conf = {
         "log.dirs": str(data_dir),
@@ -113,7 +95,7 @@ def _open(data_dir: Path, fast: bool) -> Broker:
     broker.logs.create_topic(TOPIC, 2, {}, now_ms=NOW)
     broker.logs.create_topic("stamped", 1, {"message.timestamp.type": "LogAppendTime"}, now_ms=NOW)
     broker.logs.create_topic("tiny", 1, {"max.message.bytes": "200"}, now_ms=NOW)
-    broker.fast_produce = _Counting(broker.fast_produce) if fast else _Off()  # type: ignore[assignment]
+    broker.fast_produce = Counting(broker.fast_produce) if fast else Off()  # type: ignore[assignment]
     return broker
 
 
@@ -141,10 +123,10 @@ def _send(broker: Broker, frame: bytearray) -> Any:
 
 def _same(pair: tuple[Broker, Broker], frame: bytearray, fast_answers: bool) -> Any:
     fast, generic = pair
-    before = fast.fast_produce.answered  # type: ignore[attr-defined]
+    before = fast.fast_produce.taken  # type: ignore[attr-defined]
     got, want = _send(fast, frame), _send(generic, frame)
     assert got == want
-    assert fast.fast_produce.answered - before == int(fast_answers)  # type: ignore[attr-defined]
+    assert fast.fast_produce.taken - before == int(fast_answers)  # type: ignore[attr-defined]
     return got
 
 

@@ -110,6 +110,11 @@ class ShutdownRequests:
             children = self.client.get_children(CONTROLLED_SHUTDOWN)
         except NoNodeError:
             return []
+        return self._read_children(children)
+
+    def _read_children(self, children: list[str]) -> list[ShutdownRequest]:
+        """The requests named by ``children``; one gone meanwhile (its session ended, with its
+        registration) is skipped, an unreadable one logged and skipped; other kazoo errors raise."""
         requests = []
         for name in sorted(children):
             if broker_of_child(name) is None:
@@ -117,7 +122,7 @@ class ShutdownRequests:
             try:
                 data, _stat = self.client.get(f"{CONTROLLED_SHUTDOWN}/{name}")
                 requests.append(ShutdownRequest.decode(data))
-            except NoNodeError:  # its session ended meanwhile
+            except NoNodeError:
                 continue
             except ZnodeFormatError as exc:
                 log.warning("%s/%s: %s", CONTROLLED_SHUTDOWN, name, exc)
@@ -142,20 +147,11 @@ class ShutdownRequests:
         self.client.ensure_path(CONTROLLED_SHUTDOWN)
 
         def on_children(children: list[str]) -> None:
-            requests = []
-            for name in sorted(children):
-                if broker_of_child(name) is None:
-                    continue
-                try:
-                    data, _stat = self.client.get(f"{CONTROLLED_SHUTDOWN}/{name}")
-                    requests.append(ShutdownRequest.decode(data))
-                except NoNodeError:  # its session ended meanwhile, with its registration
-                    continue
-                except ZnodeFormatError as exc:
-                    log.warning("%s/%s: %s", CONTROLLED_SHUTDOWN, name, exc)
-                except KazooException as exc:  # the session is going; a new watch re-reads
-                    log.debug("%s/%s not read: %r", CONTROLLED_SHUTDOWN, name, exc)
-                    return
+            try:
+                requests = self._read_children(children)
+            except KazooException as exc:  # the session is going; a new watch re-reads
+                log.debug("%s not read: %r", CONTROLLED_SHUTDOWN, exc)
+                return
             callback(requests)
 
         self.client.ChildrenWatch(CONTROLLED_SHUTDOWN, on_children)

@@ -73,13 +73,19 @@ def slice_ns(pid: int = 0) -> int | None:
 def set_own_slice(slice_ns: int = MIN_SLICE_NS) -> bool:
     """Give the calling thread a slice of ``slice_ns``, keeping its policy and nice value (read
     first); True when the kernel accepted it (and, before 6.12, may have ignored it)."""
+    return set_slice(slice_ns, 0)
+
+
+def set_slice(slice_ns: int, pid: int) -> bool:
+    """``set_own_slice`` for thread ``pid`` (0: the caller); the bench sets the worker's from
+    outside for its diagnostic windows."""
     calls = _calls()
     if calls is None:
         return False
     libc, setattr_nr, getattr_nr = calls
-    attr = _get(libc, getattr_nr)
+    attr = _get(libc, getattr_nr, pid)
     if attr is None:
         return False
     attr.size = ctypes.sizeof(_SchedAttr)
     attr.sched_runtime = slice_ns
-    return bool(libc.syscall(setattr_nr, 0, ctypes.byref(attr), 0) == 0)
+    return bool(libc.syscall(setattr_nr, pid, ctypes.byref(attr), 0) == 0)
