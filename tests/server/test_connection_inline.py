@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.server.test_fetch_fast import TOPIC, TP0, _ask, _Off, _open, fetch_frame
+from tests.server.test_fetch_fast import TOPIC, TP0, _ask, _open, fetch_frame
 from tests.server.test_produce_fast import batch, produce_frame
+from tests.support.fast_paths import Off
 
 from exactly.protocol.framing import frame
 from exactly.server.broker import Broker
@@ -130,7 +131,7 @@ def test_a_produce_behind_a_parked_fetch_waits_for_its_answer(pair: tuple[Broker
 
 def test_frames_the_fast_paths_decline_go_through_process(pair: tuple[Broker, Broker]) -> None:
     fast, generic = pair
-    fast.fast_fetch = _Off()  # type: ignore[assignment]
+    fast.fast_fetch = Off()  # type: ignore[assignment]
     request = fetch_frame([(TOPIC, [(0, 0)])])
 
     async def main() -> None:
