@@ -40,6 +40,14 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a short write to a regular file is unusual,
+    not impossible)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_durably(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data``: temp file, fsync, rename, directory fsync. ``mode`` is
     the new file's permission bits (0o600 for secrets such as SCRAM keys)."""
@@ -47,9 +55,7 @@ def write_durably(path: Path, data: bytes, *, durable: bool = True, mode: int = 
     tmp.unlink(missing_ok=True)  # a leftover would keep its old mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
         if durable:
             os.fsync(fd)
     finally:

@@ -49,6 +49,8 @@ from array import array
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
+from exactly.storage.durable import write_all
+
 OFFSET_ENTRY = struct.Struct(">II")
 TIME_ENTRY = struct.Struct(">qI")
 _LITTLE = sys.byteorder == "little"
@@ -130,9 +132,7 @@ class _IndexFile:
             return
         if self._fd < 0:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        data = memoryview(self._encode(self._written))
-        while data:  # a short write to a regular file is unusual, not impossible
-            data = data[os.write(self._fd, data) :]
+        write_all(self._fd, self._encode(self._written))
         self._written = count
 
     def flush(self) -> None:
