@@ -280,7 +280,7 @@ class _Parked:
             log.exception("answering a parked fetch failed")
             self.broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
             body = encode_fetch_response(self.version, ErrorCode.unknown_server_error, 0, [])
-            chunks = _frame(self.broker, self.version, self.correlation_id, body)
+            chunks = frame_answer(self.broker, self.version, self.correlation_id, body)
         if chunks is None:
             return None
         return partial(self.answer.set_result, chunks)
@@ -315,18 +315,19 @@ class _Parked:
         request = parse_fetch_request(payload, pos, version)
         responses, _total, _errors = _read_all(self.broker, request, self.slice_from, frozenset(), False)
         body = encode_fetch_response(version, 0, 0, responses)
-        return _frame(self.broker, version, self.correlation_id, body)
+        return frame_answer(self.broker, version, self.correlation_id, body)
 
 
-def _frame(broker: Broker, version: int, correlation_id: int, body: list[Any]) -> list[Any]:
-    """Frame a generic answer body as dispatch does (size, correlation id, v12: header tags)."""
+_HEAD_V0 = struct.Struct(">ii")
+_HEAD_V1 = struct.Struct(">iiB")
+
+
+def frame_answer(broker: Broker, version: int, correlation_id: int, body: list[Any]) -> list[Any]:
+    """Frame a Fetch answer body as dispatch does (size, correlation id, v12: header tags); the
+    follower's fast path (``follower_fetch_fast``) frames its answers with it too."""
     size = sum(len(c) for c in body) + (5 if version >= 12 else 4)
     broker.metrics.bytes_out += size + 4
-    head = (
-        struct.pack(">iiB", size, correlation_id, 0)
-        if version >= 12
-        else struct.pack(">ii", size, correlation_id)
-    )
+    head = _HEAD_V1.pack(size, correlation_id, 0) if version >= 12 else _HEAD_V0.pack(size, correlation_id)
     return [head, *body]
 
 

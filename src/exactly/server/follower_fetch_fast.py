@@ -46,6 +46,7 @@ from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_request_reader import parse_fetch_request
 from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
 from exactly.server.deferred_response import Deferred, PendingAnswer
+from exactly.server.fetch_fast import frame_answer
 from exactly.server.handlers.fetch import SLICE_FROM, _read_all
 from exactly.types import TopicPartition
 
@@ -64,8 +65,6 @@ _PART_V12 = struct.Struct(">iiqiqi")  # partition, current epoch, offset, last f
 _PART_V11 = struct.Struct(">iiqqi")  # partition, current epoch, offset, log start, max bytes
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_HEAD_V0 = struct.Struct(">ii")
-_HEAD_V1 = struct.Struct(">iiB")
 
 # (partition, current leader epoch, fetch offset, last fetched epoch, log start, partition max bytes, tp)
 _Part = tuple[int, int, int, int, int, int, TopicPartition]
@@ -108,7 +107,7 @@ class FollowerFetch:
         else:
             responses, total = _read(topics, logs, max_bytes, slice_from, replica_id, on_follower_fetch)
             if total >= min_bytes or deadline - time.monotonic() <= 0:
-                return _frame(
+                return frame_answer(
                     broker, version, correlation_id, encode_fetch_response(version, 0, 0, responses)
                 )
         parked = _Parked(broker, payload, version, correlation_id, replica_id, min_bytes, max_bytes, topics)
@@ -352,20 +351,12 @@ class _Parked:
             log.exception("answering a parked follower fetch failed")
             broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
             body = encode_fetch_response(version, ErrorCode.unknown_server_error, 0, [])
-        return partial(self.answer.set_result, _frame(broker, version, self.correlation_id, body))
+        return partial(self.answer.set_result, frame_answer(broker, version, self.correlation_id, body))
 
     def _request(self) -> Any:
         payload = self.payload
         pos = 10 + max(_I16.unpack_from(payload, 8)[0], 0) + (1 if self.version >= 12 else 0)
         return parse_fetch_request(payload, pos, self.version)
-
-
-def _frame(broker: Broker, version: int, correlation_id: int, body: list[Any]) -> list[Any]:
-    """Frame an answer body as dispatch does (size, correlation id, v12: header tags)."""
-    size = sum(len(c) for c in body) + (5 if version >= 12 else 4)
-    broker.metrics.bytes_out += size + 4
-    head = _HEAD_V1.pack(size, correlation_id, 0) if version >= 12 else _HEAD_V0.pack(size, correlation_id)
-    return [head, *body]
 
 
 __all__ = ["FollowerFetch"]

@@ -90,7 +90,6 @@ from exactly.storage.cleaner.cleaner import CleanerStats, run_pass
 from exactly.storage.cleaner.duty_cycle import DutyCycle
 from exactly.storage.cleaner.job import CleanedSegment, CleaningJob, remove_cleaned_files
 from exactly.storage.cleaner.offset_map import OffsetMap
-from exactly.storage.cleaner.priority import lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +282,6 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, stream=sys.stderr, format="cleaner-worker %(levelname)s %(name)s: %(message)s"
     )
     _die_with_parent(int(argv[2]))
-    lower_priority()  # again: a no-op when ``worker_main`` already did it before its imports
     serve(Connection(int(argv[1])))
     return 0
 
