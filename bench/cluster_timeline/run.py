@@ -28,12 +28,15 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition  # noqa: E402
 
 from benchlib import drivers, kafka  # noqa: E402
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
 from benchlib.cluster_workloads import _place  # noqa: E402
+
+import sched_trace  # noqa: E402
 
 
 def cpu_ticks(pid: int) -> int:
@@ -86,6 +89,7 @@ def main() -> None:
             for pid in pids.values():
                 os.kill(pid, signal.SIGUSR1)
         cpu0 = {b: cpu_ticks(pid) for b, pid in pids.items()}
+        tracer = sched_trace.start() if os.environ.get("SCHED_TRACE") else None
         start = time.perf_counter()
         for i in range(total):
             due = start + i / 1000
@@ -94,6 +98,9 @@ def main() -> None:
             producer.produce(topic, struct.pack(">Q", time.perf_counter_ns()) + pad, on_delivery=on_delivery)
             producer.poll(0)
         producer.flush(30)
+        if tracer is not None:
+            zk = cluster.zookeeper_pid() if hasattr(cluster, "zookeeper_pid") else None
+            sched_trace.stop(tracer, out, {"client": os.getpid(), **{str(b): p for b, p in pids.items()}, "zk": zk})
         cpu1 = {b: cpu_ticks(pid) for b, pid in pids.items()}
         print("broker CPU us per record", {b: (cpu1[b] - cpu0[b]) * 1e4 / total for b in pids})
         if profile:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+from collections.abc import Callable
 
 import pytest
 
@@ -48,3 +50,53 @@ def test_wait_awaits_the_call_and_cancelling_the_waiter_cancels_the_answer() -> 
         return value, released
 
     assert asyncio.run(scenario()) == (7, ["released"])
+
+
+class _Conn:
+    """Stands for the connection: keeps the answer and listens with a bound method (a cycle while pending)."""
+
+    def __init__(self, answer: PendingAnswer[list[int]]) -> None:
+        self.answer = answer
+        self.written: list[list[int]] = []
+        answer.listen(self.answered)
+
+    def answered(self) -> None:
+        self.written.append(self.answer.result())
+
+
+def _cyclic_garbage_of(scenario: Callable[[], None]) -> int:
+    """Objects only the cyclic collector could free after ``scenario`` (collector off meanwhile)."""
+    gc.collect()
+    gc.disable()
+    try:
+        scenario()
+        return gc.collect()
+    finally:
+        gc.enable()
+
+
+def test_a_resolved_or_cancelled_answer_leaves_no_reference_cycle() -> None:
+    """Resolving or cancelling drops the listener (often a closure over the answer itself):
+    reference counting frees a chained answer and its connection once they are let go."""
+
+    def resolved() -> None:
+        source: PendingAnswer[int] = PendingAnswer()
+        conn = _Conn(source.then(lambda n: [n]))
+        source.set_result(5)
+        assert conn.written == [[5]]
+
+    def cancelled() -> None:
+        source: PendingAnswer[int] = PendingAnswer()
+        source.on_cancel(lambda: None)
+        framed = source.then(lambda n: [n])
+        _Conn(framed)
+        assert framed.cancel()
+
+    def listened_late() -> None:
+        source: PendingAnswer[int] = PendingAnswer()
+        source.set_result(1)
+        conn = _Conn(source.then(lambda n: [n]))
+        assert conn.written == [[1]]
+
+    for scenario in (resolved, cancelled, listened_late):
+        assert _cyclic_garbage_of(scenario) == 0, scenario.__name__
