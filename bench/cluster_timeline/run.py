@@ -30,13 +30,12 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import sched_trace  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition  # noqa: E402
 
 from benchlib import drivers, kafka  # noqa: E402
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
 from benchlib.cluster_workloads import _place  # noqa: E402
-
-import sched_trace  # noqa: E402
 
 
 def cpu_ticks(pid: int) -> int:
