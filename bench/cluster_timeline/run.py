@@ -99,7 +99,9 @@ def main() -> None:
         producer.flush(30)
         if tracer is not None:
             zk = cluster.zookeeper_pid() if hasattr(cluster, "zookeeper_pid") else None
-            sched_trace.stop(tracer, out, {"client": os.getpid(), **{str(b): p for b, p in pids.items()}, "zk": zk})
+            sched_trace.stop(
+                tracer, out, {"client": os.getpid(), **{str(b): p for b, p in pids.items()}, "zk": zk}
+            )
         cpu1 = {b: cpu_ticks(pid) for b, pid in pids.items()}
         print("broker CPU us per record", {b: (cpu1[b] - cpu0[b]) * 1e4 / total for b in pids})
         if profile:

@@ -22,14 +22,18 @@ import statistics
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+(?P<ev>\w+):\s+(?P<rest>.*)$")
+LINE = re.compile(
+    r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>[\d.]+):\s+(?P<ev>\w+):\s+(?P<rest>.*)$"
+)
 SWITCH = re.compile(
     r"prev_comm=(?P<pc>.*) prev_pid=(?P<prev>\d+) prev_prio=\d+ prev_state=(?P<st>\S+) ==> next_comm=(?P<nc>.*) next_pid=(?P<next>\d+)"
 )
 WAKEUP = re.compile(r"comm=(?P<comm>.*) pid=(?P<pid>\d+) prio=")
 
 
-def intervals(path: Path) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[int, int, int]]], dict[int, str]]:
+def intervals(
+    path: Path,
+) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[tuple[int, int, int]]], dict[int, str]]:
     """(tid -> runnable waits [(start, end)], cpu -> runs [(start, end, tid)], tid -> comm)."""
     waits: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
     runs: dict[int, list[tuple[int, int, int]]] = collections.defaultdict(list)
@@ -142,7 +146,9 @@ def main() -> None:
     for k in [x for x in names if x.endswith(":loop")]:
         d = sorted((e - s) / 1e3 for s, e in by_actor_w[k])
         if d:
-            print(f"{k}: {len(d)} waits, p50 {d[len(d) // 2]:.0f} p99 {d[int(len(d) * 0.99)]:.0f} max {d[-1]:.0f} us, over 1 ms {sum(x > 1000 for x in d)}")
+            print(
+                f"{k}: {len(d)} waits, p50 {d[len(d) // 2]:.0f} p99 {d[int(len(d) * 0.99)]:.0f} max {d[-1]:.0f} us, over 1 ms {sum(x > 1000 for x in d)}"
+            )
 
 
 if __name__ == "__main__":
