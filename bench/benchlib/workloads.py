@@ -680,6 +680,16 @@ class LatencyFixedRate(Workload):
             kafka.delete_topic(broker.bootstrap, topic)
 
 
+#: The fixed-rate loop's shortest ``poll`` timeout. confluent-kafka truncates a timeout to whole
+#: milliseconds, so ``poll(left)`` with under 1 ms left is ``poll(0)``: the loop spins through the
+#: rest of every 1 ms interval, on the 2 cores the brokers it measures share. 0 (the default) keeps
+#: that loop, so figures stay comparable across sessions; 0.001 blocks in ``poll`` instead (a record
+#: then leaves up to ~1 ms after its due time; its latency counts from its actual send). Paired at
+#: load 11 (bench/client_spin_ab.py, bench/results/rf3tail-s18.md) the blocking loop had the lower
+#: p50 in 4/4 pairs but a far worse p99 in 4/4: not adopted without a quiet-box comparison.
+LATENCY_POLL_MIN_S = 0.0
+
+
 def fixed_rate_latency(
     ctx: Context,
     broker: Any,
@@ -747,7 +757,7 @@ def fixed_rate_latency(
                 left = due - time.perf_counter()
                 if left <= 0:
                     break
-                p.poll(min(left, 0.001))
+                p.poll(max(min(left, 0.001), LATENCY_POLL_MIN_S))
             p.produce(topic, struct.pack(">Q", now_ns()) + pad, on_delivery=on_delivery)
             p.poll(0)
         p.flush(30)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stage-by-stage timeline of acks=all produces from ``run.py``'s output directory.
 
-    python bench/cluster_timeline/analyze.py OUT
+    python bench/cluster_timeline/analyze.py OUT [--batched]
 
 For each one-record batch at offset o (the first 200 skipped): the leader's produce frame in,
 handler start, append (log end o+1); per follower f: the leader's first Fetch answer to f with
@@ -47,8 +47,14 @@ def before(rows: list[Event], t: int) -> Event:
     return rows[bisect.bisect_left(rows, (t,)) - 1]
 
 
-def main() -> None:
-    acks, ev = load(Path(sys.argv[1]))
+Stage = tuple[int, int]  # (start, end) on CLOCK_MONOTONIC, ns
+
+
+def timeline(out: Path, batched: bool = False) -> tuple[list[dict[str, Stage]], dict[int, list[Event]]]:
+    """Each acknowledged record's stages (name -> (start, end)), and the brokers' events.
+    ``batched``: every record, by the batch it went in (a loaded box batches), else only
+    one-record batches."""
+    acks, ev = load(out)
     leader = ev[0]
 
     def named(rows: list[Event], name: str, a: int | None = None) -> list[Event]:
@@ -58,34 +64,45 @@ def main() -> None:
     completed = {r[2]: r[0] for r in named(leader, "ack_done")}
     frames_in, starts = named(leader, "frame_in", 0), named(leader, "p_start")
     resumes, writes, hws = named(leader, "p_resume"), named(leader, "write"), named(leader, "hw")
-    answers = {f: [r for r in named(leader, "f_resp", f) if r[3] > 0] for f in (1, 2)}
+    # the follower fast path's answers carry no replica id (-1): then either follower's counts
+    answers = {f: [r for r in leader if r[1] == "f_resp" and r[3] > 0 and r[2] in (f, -1)] for f in (1, 2)}
     accounted = {f: named(leader, "l_ffetch", f) for f in (1, 2)}
     got = {f: named(ev[f], "r_frame") for f in (1, 2)}
     follower_appends = {f: named(ev[f], "r_appended") for f in (1, 2)}
     sends = {f: named(ev[f], "r_send") for f in (1, 2)}
-    rows = []
+    rows: list[dict[str, Stage]] = []
+    ends = sorted(appended)
     for o in sorted(acks)[200:]:
         sent, acked = acks[o]
-        a = appended.get(o + 1)
+        if batched:
+            i = bisect.bisect_right(ends, o)
+            if i == len(ends):
+                continue
+            end = ends[i]
+        else:
+            end = o + 1
+        a = appended.get(end)
         if a is None:
             continue  # not a one-record batch
+        o = end - 1  # the batch's last record: what the followers and the HW must pass
         try:
             s = before(starts, a)[0]
             fi = before(frames_in, s)[0]
-            row = {"client->frame_in": fi - sent, "frame_in->p_start": s - fi, "p_start->app": a - s}
+            row = {"client->frame_in": (sent, fi), "frame_in->p_start": (fi, s), "p_start->app": (s, a)}
             last = 0
             for f in (1, 2):
                 r = after(answers[f], a)[0]
-                fr = after(got[f], r)[0]
+                fr = after(got[f], a)[0]
+                r = min(r, fr)
                 ap = after(follower_appends[f], fr, 2, o + 1)[0]
                 sd = after(sends[f], ap)[0]
                 lf = after(accounted[f], sd, 3, o + 1)[0]
                 row |= {
-                    f"f{f}:app->leader_resp": r - a,
-                    f"f{f}:resp->follower_frame": fr - r,
-                    f"f{f}:frame->appended": ap - fr,
-                    f"f{f}:appended->send": sd - ap,
-                    f"f{f}:send->leader_ffetch": lf - sd,
+                    f"f{f}:app->leader_resp": (a, r),
+                    f"f{f}:resp->follower_frame": (r, fr),
+                    f"f{f}:frame->appended": (fr, ap),
+                    f"f{f}:appended->send": (ap, sd),
+                    f"f{f}:send->leader_ffetch": (sd, lf),
                 }
                 last = max(last, lf)
             h = after(hws, a, 2, o + 1)[0]
@@ -95,18 +112,25 @@ def main() -> None:
         except LookupError:
             continue
         row |= {
-            "last_ffetch->hw": h - last,
-            "hw->ack_done": done - h,
-            "ack_done->p_resume": pr - done,
-            "p_resume->write": w - pr,
-            "write->client_ack": acked - w,
-            "TOTAL": acked - sent,
+            "last_ffetch->hw": (last, h),
+            "hw->ack_done": (h, done),
+            "ack_done->p_resume": (done, pr),
+            "p_resume->write": (pr, w),
+            "write->client_ack": (w, acked),
+            "TOTAL": (sent, acked),
         }
         rows.append(row)
+    return rows, ev
+
+
+def main() -> None:
+    batched = "--batched" in sys.argv
+    spans, ev = timeline(Path(sys.argv[1]), batched)
+    rows = [{k: b - a for k, (a, b) in r.items()} for r in spans]
     rows.sort(key=lambda r: r["TOTAL"])
     n = len(rows)
     slow = rows[int(n * 0.99) :]
-    print(f"{n} one-record produces; microseconds")
+    print(f"{n} {'records' if batched else 'one-record produces'}; microseconds")
     print(f"{'stage':26s} {'p50':>7s} {'p90':>7s} {'p99':>7s} | slowest 1% mean")
     for k in rows[0]:
         v = sorted(r[k] / 1e3 for r in rows)

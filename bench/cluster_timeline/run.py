@@ -36,6 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition  # noqa: 
 from benchlib import drivers, kafka  # noqa: E402
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
 from benchlib.cluster_workloads import _place  # noqa: E402
+from benchlib.workloads import LATENCY_POLL_MIN_S  # noqa: E402
 
 
 def cpu_ticks(pid: int) -> int:
@@ -93,7 +94,7 @@ def main() -> None:
         for i in range(total):
             due = start + i / 1000
             while (left := due - time.perf_counter()) > 0:
-                producer.poll(min(left, 0.001))
+                producer.poll(max(min(left, 0.001), LATENCY_POLL_MIN_S))
             producer.produce(topic, struct.pack(">Q", time.perf_counter_ns()) + pad, on_delivery=on_delivery)
             producer.poll(0)
         producer.flush(30)

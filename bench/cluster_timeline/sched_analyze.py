@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per acks=all produce, how long each thread of the chain waited for a core (``SCHED_TRACE=1`` runs).
 
-    python bench/cluster_timeline/sched_analyze.py OUT
+    python bench/cluster_timeline/sched_analyze.py OUT [--stages [--batched]]
 
 From ``sched.txt`` (``sched_trace.py``): each thread's *runnable waits* (woken, or preempted while
 runnable, until it runs) and *run* intervals. For every acknowledged record (``client.json``: send
@@ -10,6 +10,11 @@ running: the three brokers' event-loop threads (their main threads), the client'
 producer's and the consumer's librdkafka threads and the Python thread), ZooKeeper (any ``java``
 thread) and everything else. Printed for the median acks (45th-55th percentile) and the slowest
 1%, with what ran on the cores while a broker loop waited in the slowest 1%.
+
+``--stages`` (a traced copy's run): per stage of ``analyze.py``'s timeline, the time the thread(s)
+that move that stage on spent waiting for a core and running, so a slow stage reads as "waited for
+a core" (CPU queueing), "ran" (work on that loop, its own or someone else's request) or neither
+(blocked: the message was in flight or another process had to act first).
 """
 
 from __future__ import annotations
@@ -80,6 +85,59 @@ def overlap(iv: list[tuple[int, int]], starts: list[int], a: int, b: int) -> int
     return total
 
 
+#: stage -> the actors that move it on (prefixes of the actor names)
+MOVERS = {
+    "client->frame_in": ("client:rdk", "b0:loop"),
+    "write->client_ack": ("client:rdk", "client:py"),
+    "f1:resp->follower_frame": ("b1:loop",),
+    "f1:frame->appended": ("b1:loop",),
+    "f1:appended->send": ("b1:loop",),
+    "f2:resp->follower_frame": ("b2:loop",),
+    "f2:frame->appended": ("b2:loop",),
+    "f2:appended->send": ("b2:loop",),
+}
+
+
+def stages(
+    out: Path,
+    batched: bool,
+    by_actor_w: dict[str, list[tuple[int, int]]],
+    by_actor_r: dict[str, list[tuple[int, int]]],
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from analyze import timeline
+
+    spans, _ = timeline(out, batched)
+    spans.sort(key=lambda r: r["TOTAL"][1] - r["TOTAL"][0])
+    n = len(spans)
+    idx_w = {k: [x[0] for x in v] for k, v in by_actor_w.items()}
+    idx_r = {k: [x[0] for x in v] for k, v in by_actor_r.items()}
+
+    def movers(stage: str) -> list[str]:
+        want = MOVERS.get(stage, ("b0:loop",))
+        return [k for k in set(by_actor_w) | set(by_actor_r) if k.startswith(want)]
+
+    for label, grp in (
+        ("median (p45-p55)", spans[int(n * 0.45) : int(n * 0.55)]),
+        ("slowest 1%", spans[int(n * 0.99) :]),
+    ):
+        print(
+            f"\n{label}: {len(grp)} records; per stage, mean us: duration | movers waiting for a core | movers running"
+        )
+        for stage in grp[0]:
+            if stage == "TOTAL":
+                continue
+            ms = movers(stage)
+            d = w = r = 0.0
+            for row in grp:
+                a, b = row[stage]
+                d += b - a
+                w += min(b - a, sum(overlap(by_actor_w[k], idx_w[k], a, b) for k in ms if k in by_actor_w))
+                r += min(b - a, sum(overlap(by_actor_r[k], idx_r[k], a, b) for k in ms if k in by_actor_r))
+            g = len(grp) * 1e3
+            print(f"  {stage:26s} {d / g:8.0f} | {w / g:8.0f} | {r / g:8.0f}   ({', '.join(sorted(ms))})")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     client = json.loads((out / "client.json").read_text())
@@ -111,6 +169,8 @@ def main() -> None:
         for k in d:
             d[k].sort()
     names = sorted(set(by_actor_w) | set(by_actor_r))
+    if "--stages" in sys.argv:
+        stages(out, "--batched" in sys.argv, by_actor_w, by_actor_r)
     n = len(acks)
     groups = {"median (p45-p55)": acks[int(n * 0.45) : int(n * 0.55)], "slowest 1%": acks[int(n * 0.99) :]}
     print(f"{n} acks; p50 {acks[n // 2][0] / 1e6:.2f} p99 {acks[int(n * 0.99)][0] / 1e6:.2f} ms")
