@@ -42,10 +42,9 @@ class PendingAnswer(Generic[T]):
     Invariant: a resolved or cancelled answer holds no listener and no cancel hook. The listener
     is usually a closure or bound method that refers back to this answer (``then``'s lambda, the
     connection's ``_answered``, a produce's ``settle``): kept after use, each acks=all produce left a
-    reference cycle of ~14 objects that only the cyclic collector frees. On a cluster leader at
-    1,000 acks=all produces/s that was ~300 objects per young collection and ~10 collections a
-    second (0.3 ms each on the event loop; bench/results/rf3tail-s18.md); dropped here, reference
-    counting frees the answer as soon as the connection has written it."""
+    reference cycle of ~7-14 objects that only the cyclic collector frees, every collection of a
+    cluster leader at 1,000 acks=all produces/s found ~130 of them (bench/results/rf3tail-s18.md).
+    Dropped here, reference counting frees the answer as soon as the connection has written it."""
 
     __slots__ = ("_cancelled", "_done", "_listener", "_on_cancel", "_result")
 
