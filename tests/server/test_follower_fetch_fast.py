@@ -26,11 +26,14 @@ from tests.support.fast_paths import Counting, Off
 from exactly.cluster.zk_base import ObservedState
 from exactly.cluster.znodes import LeaderAndIsr, PartitionState, TopicAssignment
 from exactly.protocol.apis import ApiKey
+from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate, encode_replica_fetch
 from exactly.server.broker import Broker, Endpoint
 from exactly.server.config import BrokerConfig
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.dispatch import dispatch
+from exactly.server.fetch_fast import frame_answer
+from exactly.server.follower_fetch_fast import _frame
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic
 from exactly.server.replica_manager import ReplicaManager
 from exactly.types import TopicPartition
@@ -257,3 +260,53 @@ def test_a_parked_fetch_woken_by_a_role_change_gets_the_generic_answer() -> None
         out.append(_state(broker))
 
     assert _compare(script) == 1
+
+
+def test_the_answer_written_in_place_is_the_generic_encoders_bytes() -> None:
+    """``_frame`` against ``frame_answer(encode_fetch_response(...))``: both versions, one and
+    several topics and partitions, empty records, sizes whose varint takes 1-3 bytes, long and
+    non-ASCII topic names; same bytes and same ``bytes_out``."""
+    shapes: list[list[tuple[str, list[tuple[int, int, int, int, bytes]]]]] = [
+        [(TOPIC, [(0, 5, 5, 0, b"")])],
+        [(TOPIC, [(0, 7, 7, 2, b"x" * 61)])],
+        [(TOPIC, [(3, 9, 8, 1, b"y" * 200), (1, 4, 4, 0, b""), (0, 2**40, 2**40, 2**39, b"z" * 20_000)])],
+        [
+            ("a" * 126, [(0, 1, 1, 0, b"r" * 127)]),
+            ("évènements", [(2, 0, 0, 0, b"")]),
+            ("t", [(1, 3, 3, 3, b"q")]),
+        ],
+        [(f"topic-{i}", [(p, p * 10, p * 10, p, b"b" * p) for p in range(i + 1)]) for i in range(5)],
+    ]
+    with tempfile.TemporaryDirectory() as d:
+        broker, _ = _open(Path(d), True, (0, 1, 2))
+        try:
+            for version in (11, 12):
+                for shape in shapes:
+                    generic = [
+                        (
+                            name,
+                            [
+                                FetchPartitionResult(i, 0, hw, lso, start, None, rec)
+                                for i, hw, lso, start, rec in parts
+                            ],
+                        )
+                        for name, parts in shape
+                    ]
+                    before = broker.metrics.bytes_out
+                    expected = b"".join(
+                        bytes(c)
+                        for c in frame_answer(
+                            broker, version, 4242, encode_fetch_response(version, 0, 0, generic)
+                        )
+                    )
+                    generic_out = broker.metrics.bytes_out - before
+                    before = broker.metrics.bytes_out
+                    written = _frame(broker, version, 4242, shape)  # type: ignore[arg-type]
+                    assert b"".join(bytes(c) for c in written) == expected, (version, shape)
+                    assert broker.metrics.bytes_out - before == generic_out == len(expected)
+                    # the records go out as their own chunks (a FileSlice is sent with sendfile)
+                    assert [
+                        c for c in written if c is not None and any(c is p[4] for _n, ps in shape for p in ps)
+                    ] == [p[4] for _n, ps in shape for p in ps if p[4]]
+        finally:
+            broker.logs.close()

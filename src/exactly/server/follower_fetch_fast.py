@@ -14,8 +14,8 @@ What it keeps of the generic path, by calling the same functions in the same ord
 partition ``ReplicaManager.check_follower_read``, the log present, ``check_diverging_epoch``,
 the offset inside the log, then ``PartitionLog.read`` (up to the log end) and
 ``LeaderReplicas.on_follower_fetch`` (follower LEO, HW, ISR expansion, delayed produces
-completed); the answer is ``encode_fetch_response`` of the same ``FetchPartitionResult``s, so
-the bytes are the generic path's. The follower's offsets are recorded on arrival only, as there.
+completed); the answer is written in place (``_frame``) with the bytes ``encode_fetch_response``
+writes for the same partitions (tests compare the two). The follower's offsets are recorded on arrival only, as there.
 
 Contract: ``FollowerFetch.answer`` either takes the request completely or returns None having
 changed nothing (every partition is checked before the first ``on_follower_fetch``), and the
@@ -35,15 +35,16 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from exactly.protocol.apis import ApiKey
-from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
+from exactly.protocol.fast import encode_fetch_response
 from exactly.protocol.fetch_request_reader import parse_fetch_request
+from exactly.protocol.primitives import write_uvarint
 from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.fetch_fast import frame_answer
@@ -65,6 +66,12 @@ _PART_V12 = struct.Struct(">iiqiqi")  # partition, current epoch, offset, last f
 _PART_V11 = struct.Struct(">iiqqi")  # partition, current epoch, offset, log start, max bytes
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
+# the answer's head: size, correlation id, (v12: header tags), throttle, error, session id, topics
+_HEAD_V11 = struct.Struct(">iiihii")
+_HEAD_V12 = struct.Struct(">iiBihiB")
+_PART_HEAD = struct.Struct(">ihqqq")  # index, error, high watermark, last stable offset, log start
+_NULL_ABORTED_V12 = b"\x00\xff\xff\xff\xff"  # aborted transactions null, preferred replica -1
+_NULL_ABORTED_V11 = b"\xff\xff\xff\xff\xff\xff\xff\xff"
 
 # (partition, current leader epoch, fetch offset, last fetched epoch, log start, partition max bytes, tp)
 _Part = tuple[int, int, int, int, int, int, TopicPartition]
@@ -107,9 +114,7 @@ class FollowerFetch:
         else:
             responses, total = _read(topics, logs, max_bytes, slice_from, replica_id, on_follower_fetch)
             if total >= min_bytes or deadline - time.monotonic() <= 0:
-                return frame_answer(
-                    broker, version, correlation_id, encode_fetch_response(version, 0, 0, responses)
-                )
+                return _frame(broker, version, correlation_id, responses)
         parked = _Parked(broker, payload, version, correlation_id, replica_id, min_bytes, max_bytes, topics)
         parked.park(deadline, slice_from)
         return Deferred(parked.answer)
@@ -132,36 +137,17 @@ def _parse(payload: bytearray) -> tuple[int, int, int, int, int, int, list[tuple
     )
     if replica_id < 0 or isolation != 0 or session_id != 0 or session_epoch != -1:
         return None
-    pos += 25
-    if flexible:
-        count = payload[pos] - 1
-        pos += 1
-    else:
-        count = _I32.unpack_from(payload, pos)[0]
-        pos += 4
-    if count < 1 or count >= 0x7F:
+    count, pos = _count(payload, pos + 25, flexible, _I32)
+    if not 0 < count < 0x7F:
         return None
     topics: list[tuple[str, list[_Part]]] = []
     for _ in range(count):
-        if flexible:
-            n = payload[pos] - 1
-            pos += 1
-            if n < 1 or n >= 0x7F:
-                return None
-        else:
-            n = _I16.unpack_from(payload, pos)[0]
-            pos += 2
-            if n < 1:
-                return None
+        n, pos = _count(payload, pos, flexible, _I16)
+        if n < 1 or (flexible and n >= 0x7F):
+            return None
         name = payload[pos : pos + n].decode("utf-8")
-        pos += n
-        if flexible:
-            nparts = payload[pos] - 1
-            pos += 1
-        else:
-            nparts = _I32.unpack_from(payload, pos)[0]
-            pos += 4
-        if nparts < 1 or nparts >= 0x7F:
+        nparts, pos = _count(payload, pos + n, flexible, _I32)
+        if not 0 < nparts < 0x7F:
             return None
         parts: list[_Part] = []
         for _ in range(nparts):
@@ -197,6 +183,16 @@ def _parse(payload: bytearray) -> tuple[int, int, int, int, int, int, list[tuple
     return version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics
 
 
+def _count(payload: bytearray, pos: int, flexible: bool, wide: struct.Struct) -> tuple[int, int]:
+    """An array's count or a string's length at ``pos``, and the position after it: flexible
+    versions write one compact unsigned varint (N + 1), read here as one byte only - a longer
+    varint (first byte >= 0x80) gives >= 0x7F, which every caller declines; the others ``wide``
+    (int32 counts, int16 string lengths)."""
+    if flexible:
+        return payload[pos] - 1, pos + 1
+    return wide.unpack_from(payload, pos)[0], pos + wide.size
+
+
 def _checked(
     broker: Broker, replicas: ReplicaManager, replica_id: int, topics: list[tuple[str, list[_Part]]]
 ) -> list[tuple[_Part, PartitionLog]] | None:
@@ -229,6 +225,11 @@ def _checked(
     return out
 
 
+# (partition index, high watermark, last stable offset, log start offset, records) of a checked
+# partition's answer: no error, no aborted transactions (read_uncommitted), no DivergingEpoch
+_Answer = tuple[int, int, int, int, Sized]
+
+
 def _read(
     topics: list[tuple[str, list[_Part]]],
     logs: list[tuple[_Part, PartitionLog]],
@@ -236,16 +237,16 @@ def _read(
     slice_from: int | None,
     replica_id: int,
     on_follower_fetch: Callable[[PartitionLog, int, int, int], None] | None,
-) -> tuple[list[tuple[str, list[FetchPartitionResult]]], int]:
+) -> tuple[list[tuple[str, list[_Answer]]], int]:
     """``handlers.fetch._read_all`` for checked partitions: each read up to the log end, then
     (``on_follower_fetch``: on arrival) the follower's offsets recorded, then its answer."""
     remaining = max_bytes
     min_one = True
     total = 0
-    out: list[tuple[str, list[FetchPartitionResult]]] = []
+    out: list[tuple[str, list[_Answer]]] = []
     i = 0
     for name, parts in topics:
-        results: list[FetchPartitionResult] = []
+        results: list[_Answer] = []
         for _ in parts:
             p, plog = logs[i]
             i += 1
@@ -265,18 +266,67 @@ def _read(
                 remaining -= size
                 total += size
             results.append(
-                FetchPartitionResult(
+                (
                     p[0],
-                    0,
                     plog.high_watermark,
                     result.last_stable_offset,
                     result.log_start_offset,
-                    None,
                     result.records,
                 )
             )
         out.append((name, results))
     return out, total
+
+
+def _frame(
+    broker: Broker, version: int, correlation_id: int, topics: list[tuple[str, list[_Answer]]]
+) -> list[Any]:
+    """The framed answer, written in place: the bytes of ``fetch_fast.frame_answer`` of
+    ``encode_fetch_response(version, 0, 0, ...)`` for these partitions (each without error,
+    aborted transactions null, preferred read replica -1, no tagged fields), without building a
+    ``FetchPartitionResult`` per partition or the encoder's per-field writes. The parser took
+    fewer than 127 topics and partitions per topic and topic names shorter than 127 bytes, so in
+    v12 each of their compact lengths is one byte; the records' size is a full varint."""
+    flexible = version >= 12
+    out = bytearray(_HEAD_V12.size if flexible else _HEAD_V11.size)  # the frame head, packed last
+    chunks: list[Any] = [out]
+    size = 0
+    for name, parts in topics:
+        raw = name.encode("utf-8")
+        if flexible:
+            out.append(len(raw) + 1)
+            out += raw
+            out.append(len(parts) + 1)
+        else:
+            out += _I16.pack(len(raw))
+            out += raw
+            out += _I32.pack(len(parts))
+        for index, hw, lso, log_start, records in parts:
+            out += _PART_HEAD.pack(index, 0, hw, lso, log_start)
+            n = len(records)
+            if flexible:
+                out += _NULL_ABORTED_V12 + write_uvarint(n + 1)
+            else:
+                out += _NULL_ABORTED_V11 + _I32.pack(n)
+            if n:
+                size += len(out) + n
+                chunks.append(records)
+                out = bytearray()
+                chunks.append(out)
+            if flexible:
+                out.append(0)  # partition tags
+        if flexible:
+            out.append(0)  # topic tags
+    if flexible:
+        out.append(0)  # response tags
+    size += len(out)
+    head = chunks[0]
+    if flexible:
+        _HEAD_V12.pack_into(head, 0, size - 4, correlation_id, 0, 0, 0, 0, len(topics) + 1)
+    else:
+        _HEAD_V11.pack_into(head, 0, size - 4, correlation_id, 0, 0, 0, len(topics))
+    broker.metrics.bytes_out += size
+    return chunks
 
 
 class _Parked:
@@ -334,17 +384,19 @@ class _Parked:
         try:
             replicas = broker.replicas
             logs = None if replicas is None else _checked(broker, replicas, self.replica_id, self.topics)
-            if logs is None:  # the generic re-read answers what changed (errors, divergence)
-                responses, total, errors = _read_all(
-                    broker, self._request(), self.slice_from, frozenset(), False
-                )
-            else:
-                responses, total = _read(
+            if logs is not None:
+                answers, total = _read(
                     self.topics, logs, self.max_bytes, self.slice_from, self.replica_id, None
                 )
-                errors = False
+                if total < self.min_bytes and self.deadline - time.monotonic() > 0:
+                    self._park()  # a wake-up that brought too few bytes
+                    return None
+                framed = _frame(broker, version, self.correlation_id, answers)
+                return partial(self.answer.set_result, framed)
+            # the generic re-read answers what changed (errors, divergence)
+            responses, total, errors = _read_all(broker, self._request(), self.slice_from, frozenset(), False)
             if total < self.min_bytes and not errors and self.deadline - time.monotonic() > 0:
-                self._park()  # a wake-up that brought too few bytes
+                self._park()
                 return None
             body = encode_fetch_response(version, 0, 0, responses)
         except Exception:

@@ -48,6 +48,7 @@ TRUNCATING: OffsetsForLeaderEpoch for its latest epoch, asked again until the an
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,14 @@ MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
 BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
+
+
+class _Step(enum.Enum):
+    """What the fetcher does instead of sending a Fetch (``LeaderFetcher._next_step``)."""
+
+    IDLE = "no partition active: the task returns and waits for one"
+    TRUNCATE = "a partition truncates first: OffsetsForLeaderEpoch"
+    NO_LOG = "no active partition has a log: back off"
 
 
 @dataclass(slots=True)
@@ -216,15 +225,15 @@ class LeaderFetcher:
 
     async def _fetch_loop(self, channel: ReplicaChannel) -> None:
         while True:
-            active = [p for p in self.partitions.values() if not p.failed]
-            if not active:
+            request = self._next_step()
+            if request is _Step.IDLE:
                 return
-            truncating = [p for p in active if p.truncating]
-            if truncating:
-                await self._truncate(channel, truncating)
+            if request is _Step.TRUNCATE:
+                await self._truncate(
+                    channel, [p for p in self.partitions.values() if p.truncating and not p.failed]
+                )
                 continue
-            request = self._build(active)
-            if request is None:
+            if request is _Step.NO_LOG:
                 await asyncio.sleep(BACKOFF_S)
                 continue
             frame = await channel.call(request, self.manager.fetch_timeout_s, self._on_frame)
@@ -282,11 +291,20 @@ class LeaderFetcher:
         if backoff:
             self._backoff_after_frame = True
             return True
-        active = [p for p in partitions.values() if not p.failed]
-        if not active or any(p.truncating for p in active):
-            return True
+        request = self._next_step()
+        return True if isinstance(request, _Step) else request
+
+    def _next_step(self) -> bytearray | _Step:
+        """What comes after a handled response, for the task and ``_on_frame`` alike: the next
+        Fetch (go on fetching), or what the task must do instead - return (no partition active),
+        truncate first (OffsetsForLeaderEpoch), back off (no active partition has a log)."""
+        active = [p for p in self.partitions.values() if not p.failed]
+        if not active:
+            return _Step.IDLE
+        if any(p.truncating for p in active):
+            return _Step.TRUNCATE
         request = self._build(active)
-        return True if request is None else request
+        return _Step.NO_LOG if request is None else request
 
     def _check_correlation(self, corr: int) -> None:
         if corr != self._correlation:
