@@ -28,6 +28,7 @@ from exactly.cluster.znodes import LeaderAndIsr, PartitionState, TopicAssignment
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate, encode_replica_fetch
+from exactly.replication.fetch_checks import check_diverging_epoch
 from exactly.server.broker import Broker, Endpoint
 from exactly.server.config import BrokerConfig
 from exactly.server.deferred_response import Deferred, PendingAnswer
@@ -36,6 +37,7 @@ from exactly.server.fetch_fast import frame_answer
 from exactly.server.follower_fetch_fast import _frame
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic
 from exactly.server.replica_manager import ReplicaManager
+from exactly.storage.leader_epoch import EpochEntry
 from exactly.types import TopicPartition
 
 TOPIC = "events"
@@ -310,3 +312,27 @@ def test_the_answer_written_in_place_is_the_generic_encoders_bytes() -> None:
                     ] == [p[4] for _n, ps in shape for p in ps if p[4]]
         finally:
             broker.logs.close()
+
+
+def test_a_fetch_in_the_leaders_latest_epoch_never_diverges() -> None:
+    """What ``_checked`` skips ``check_diverging_epoch`` on: last fetched epoch = the leader's
+    latest, offset inside the log. Every such case there answers no error and no divergence."""
+    histories = [
+        (EpochEntry(0, 0),),
+        (EpochEntry(0, 0), EpochEntry(3, 10)),
+        (EpochEntry(1, 5), EpochEntry(2, 7), EpochEntry(7, 7), EpochEntry(9, 40)),
+    ]
+    for entries in histories:
+        for log_start in (0, 5, 20):
+            for log_end in (log_start, 40, 41, 100):
+                if log_end < log_start:
+                    continue
+                for offset in range(log_start, log_end + 1):
+                    check = check_diverging_epoch(
+                        entries,
+                        last_fetched_epoch=entries[-1].epoch,
+                        fetch_offset=offset,
+                        log_start_offset=log_start,
+                        log_end_offset=log_end,
+                    )
+                    assert check.error == ErrorCode.none and check.diverging is None

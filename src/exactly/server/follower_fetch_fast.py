@@ -212,15 +212,20 @@ def _checked(
             log_start, log_end = plog.log_start_offset, plog.log_end_offset
             if offset < log_start or offset > log_end:
                 return None  # OFFSET_OUT_OF_RANGE: the generic path answers it
-            check = check_diverging_epoch(
-                plog.leader_epochs.entries,
-                last_fetched_epoch=p[3],
-                fetch_offset=offset,
-                log_start_offset=log_start,
-                log_end_offset=log_end,
-            )
-            if check.error != _NONE or check.diverging is not None:
-                return None
+            entries = plog.leader_epochs.entries
+            # Asked in the leader's latest epoch (the steady state), the follower cannot have
+            # diverged: that epoch ends at the log end (``end_offset_for``), not before this
+            # in-log offset, so ``check_diverging_epoch`` would find nothing; it runs otherwise.
+            if not (entries and p[3] == entries[-1].epoch):
+                check = check_diverging_epoch(
+                    entries,
+                    last_fetched_epoch=p[3],
+                    fetch_offset=offset,
+                    log_start_offset=log_start,
+                    log_end_offset=log_end,
+                )
+                if check.error != _NONE or check.diverging is not None:
+                    return None
             out.append((p, plog))
     return out
 
