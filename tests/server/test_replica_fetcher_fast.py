@@ -8,7 +8,6 @@ The fetcher runs on real partition logs; the replica manager around it is a stan
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from tests.storage.helpers import make_batch
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_response import parse_fetch_response
 from exactly.replication.truncation import TruncationDecision
-from exactly.server.replica_channel import LOWAT_FROM, ReplicaChannel
+from exactly.server.replica_channel import ReplicaChannel
 from exactly.server.replica_fetcher import FETCH_VERSION, LeaderFetcher
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
@@ -257,58 +256,3 @@ def test_channel_raises_what_the_handler_raised_and_times_out_after_its_requests
     received = asyncio.run(_with_channel(2, time_out))
     assert answered == [b"rq0", b"rq1"]
     assert received == [b"q0", b"q1", b"q2"]
-
-
-def test_channel_waits_for_a_large_frame_with_the_low_water_mark_and_resets_it() -> None:
-    """A 1.5 MB answer written in pieces: while it is partly received the socket's
-    SO_RCVLOWAT is the missing byte count, lowered as pieces arrive, 1 once the frame is whole;
-    the frame arrives intact and the small answers after it are not held back by the mark."""
-    size = 1_500_000
-    body = bytes(range(256)) * (size // 256) + b"e" * (size % 256)
-    go = asyncio.Event()
-
-    class Leader(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport: Any = transport
-            self.count = 0
-
-        def data_received(self, data: bytes) -> None:
-            self.count += 1
-            if self.count == 1:
-                asyncio.get_running_loop().create_task(self._large())
-            else:
-                self.transport.write(b"\x00\x00\x00\x02ok")
-
-        async def _large(self) -> None:
-            framed = size.to_bytes(4, "big") + body
-            self.transport.write(framed[:300_000])
-            await go.wait()
-            for start in range(300_000, len(framed), 400_000):
-                self.transport.write(framed[start : start + 400_000])
-                await asyncio.sleep(0.01)
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(Leader, "127.0.0.1", 0)
-        channel = await ReplicaChannel.open("127.0.0.1", server.sockets[0].getsockname()[1])
-        sock = channel.transport.get_extra_info("socket")  # type: ignore[union-attr]
-        try:
-            call = asyncio.ensure_future(channel.call(_request(0), 10.0))
-            while channel.framer.large_missing == 0:
-                await asyncio.sleep(0.005)
-            missing = channel.framer.large_missing
-            assert missing >= LOWAT_FROM
-            cap = int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2]) // 2  # Linux's bound
-            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == min(missing, cap)
-            go.set()
-            frame = await call
-            assert frame is not None and bytes(frame) == body
-            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
-            for n in range(1, 4):
-                small = await channel.call(_request(n), 10.0)
-                assert small is not None and bytes(small) == b"ok"
-        finally:
-            channel.close()
-            server.close()
-
-    asyncio.run(run())

@@ -89,11 +89,6 @@ class Framer:
         self._max = max_frame_size
 
     @property
-    def large_missing(self) -> int:
-        """Bytes still to come of a partly received large frame (0: none is)."""
-        return 0 if self._large is None else len(self._large) - self._large_filled
-
-    @property
     def receiving_large(self) -> bool:
         """A large frame is partly received (the connection counts that as activity)."""
         return self._large is not None

@@ -21,17 +21,6 @@ takes it and gives control back to the caller (``True``: ``call`` returns None).
 raises is raised by ``call``. The response timeout runs from the last request written, with one
 timer per ``call`` that re-arms itself when a later request was sent (not one per request).
 
-Fewer wake-ups per large response (``SO_RCVLOWAT``): a 1 MB answer reaches the follower in
-several pieces, and each piece woke the event loop for a ``recv`` and two protocol callbacks
-(~3.4 per response in the s18 profile) although nothing can be done before the whole frame is
-there. While a large frame is partly received over plain TCP, the socket's receive low-water mark
-is the frame's missing byte count (at least ``LOWAT_FROM``), so the kernel reports the socket
-readable once the rest is there; it is lowered whenever fewer bytes are missing and back to 1 when
-the frame is whole, so no later (smaller) frame waits for bytes that will never come. Linux also
-reports a socket readable below the mark under memory pressure or a nearly closed window, so
-this never stalls a transfer; the response timeout stays in force. Not under TLS (the mark counts
-ciphertext) or where the option is refused.
-
 Lifecycle: ``open`` connects (TLS when the inter-broker listener is SSL/SASL_SSL; the fetcher
 then runs the SASL exchange through ``call``) -> ``call`` any number of times -> ``close``. A lost connection or
 a frame the framer refuses makes the pending and every later ``call`` raise ConnectionError.
@@ -40,7 +29,6 @@ a frame the framer refuses makes the pending and every later ``call`` raise Conn
 from __future__ import annotations
 
 import asyncio
-import socket
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +36,6 @@ from typing import Any
 from exactly.protocol.framing import FrameError, Framer
 
 MAX_RESPONSE = 128 * 1024 * 1024  # far above replica.fetch.response.max.bytes plus headers
-LOWAT_FROM = 256 * 1024  # a large frame missing at least this many bytes waits with SO_RCVLOWAT
 
 # A frame handler: False = declined (untouched), True = taken (``call`` returns None), bytes = taken
 # and this is the next request (``call`` sends it and goes on waiting).
@@ -69,8 +56,6 @@ class ReplicaChannel(asyncio.BufferedProtocol):
         self._sent_at = 0.0  # loop time the request in flight was written
         self._timeout_s = 0.0
         self._timer: asyncio.TimerHandle | None = None  # the waiting ``call``'s response timeout
-        self._sock: Any = None  # the plain TCP socket, for SO_RCVLOWAT (None: TLS, or refused)
-        self._lowat = 1  # the receive low-water mark last set
 
     @classmethod
     async def open(cls, host: str, port: int, **options: Any) -> ReplicaChannel:
@@ -83,8 +68,6 @@ class ReplicaChannel(asyncio.BufferedProtocol):
     # ---- protocol callbacks ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = typing.cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        if transport.get_extra_info("ssl_object") is None and hasattr(socket, "SO_RCVLOWAT"):
-            self._sock = transport.get_extra_info("socket")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = exc if exc is not None else ConnectionError("connection closed by the leader")
@@ -100,8 +83,6 @@ class ReplicaChannel(asyncio.BufferedProtocol):
             self._lost = exc
             if self.transport is not None:
                 self.transport.close()
-        if self._sock is not None:
-            self._low_water_mark()
         frames = self.framer.frames
         if frames and self._on_frame is not None and self._lost is None:
             waiter = self._waiter
@@ -109,22 +90,6 @@ class ReplicaChannel(asyncio.BufferedProtocol):
                 self._offer(frames)
         if frames or self._lost is not None or self._handled or self._error is not None:
             self._wake()
-
-    def _low_water_mark(self) -> None:
-        """The receive low-water mark for what is missing (module docstring): raised once per
-        large frame, lowered when fewer bytes are missing, 1 once it is whole."""
-        missing = self.framer.large_missing
-        want = missing if missing >= LOWAT_FROM else 1
-        if want < self._lowat or (self._lowat == 1 and want > 1):
-            try:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-                self._lowat = want
-            except OSError:
-                self._sock = None
-                if self._lowat != 1:  # the mark set earlier must not outlive this frame
-                    self._lost = ConnectionError("cannot reset the receive low-water mark")
-                    if self.transport is not None:
-                        self.transport.close()
 
     def _offer(self, frames: typing.Any) -> None:
         """Hand complete frames to ``on_frame`` (see the module docstring), in arrival order."""
