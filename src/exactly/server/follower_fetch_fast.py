@@ -11,11 +11,13 @@ the arrival read when every partition is asked at the log end (it cannot find a 
 parks a ``delayed_fetch.ParkedFetch`` without a task, and frames the answer itself.
 
 What it keeps of the generic path, by calling the same functions in the same order: per
-partition ``ReplicaManager.check_follower_read``, the log present, ``check_diverging_epoch``,
-the offset inside the log, then ``PartitionLog.read`` (up to the log end) and
+partition ``ReplicaManager.check_follower_read``, the log present, the offset inside the log,
+``check_diverging_epoch`` (skipped only when the follower asks in the leader's latest epoch, where
+it cannot find a divergence), then ``PartitionLog.read`` (up to the log end) and
 ``LeaderReplicas.on_follower_fetch`` (follower LEO, HW, ISR expansion, delayed produces
-completed); the answer is written in place (``_frame``) with the bytes ``encode_fetch_response``
-writes for the same partitions (tests compare the two). The follower's offsets are recorded on arrival only, as there.
+completed). The answer is written in place (``_frame``) with the bytes ``encode_fetch_response``
+writes for the same partitions (tests compare the two). The follower's offsets are recorded on
+arrival only, as there.
 
 Contract: ``FollowerFetch.answer`` either takes the request completely or returns None having
 changed nothing (every partition is checked before the first ``on_follower_fetch``), and the
