@@ -336,3 +336,23 @@ def test_a_fetch_in_the_leaders_latest_epoch_never_diverges() -> None:
                         log_end_offset=log_end,
                     )
                     assert check.error == ErrorCode.none and check.diverging is None
+
+
+def test_a_follower_behind_in_an_older_epoch_is_checked_for_divergence() -> None:
+    """The leader's log holds epochs EPOCH - 1 (offsets 0-1) and EPOCH (2-4). A follower whose last
+    fetched epoch is the older one is checked in full: asking beyond that epoch's end (offset 4)
+    diverges and goes to the generic path (DivergingEpoch); asking at its end (offset 2) does not and
+    is taken. Only the fetch in the leader's latest epoch skips the check (``_checked``)."""
+
+    async def script(broker: Broker, out: list[Any]) -> None:
+        plog = broker.logs.get_partition(TP0)
+        assert plog is not None and broker.replicas is not None
+        append(plog, 2, value_size=100, leader_epoch=EPOCH - 1, advance_hw=False)
+        broker.replicas.after_leader_append(plog)
+        _produce(broker, TP0, 3)
+        for offset in (4, 2):
+            answer = await _send(broker, _fetch(1, [(0, offset, EPOCH)], last_epoch=EPOCH - 1))
+            out.append(await _done(answer))
+            out.append(_state(broker))
+
+    assert _compare(script) == 1
