@@ -53,6 +53,7 @@ from exactly.server.isr_writer import IsrWriter
 from exactly.server.leader_replicas import LeaderReplicas
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
+from exactly.server.replica_floors import ReplicaFloors
 from exactly.server.replica_watches import ReplicaWatches
 from exactly.topics import INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
@@ -118,7 +119,17 @@ class ReplicaManager:
         self.topics = ClusterTopics(
             self.zk, self.cache, broker.logs, config, wait_for_cache=self.wait_for_cache, spawn=self._spawn
         )
-        # Kazoo threads: the broker and topic sets, assignments and partition states (replica_watches).
+        # What the log cleaner may remove tombstones and markers below (replica_floors).
+        self.floors = ReplicaFloors(
+            self.broker_id,
+            client=lambda: self.zk.client,
+            cache=self.cache,
+            roles=self.roles,
+            leaders=self.leaders,
+            logs=broker.logs,
+        )
+        self.compaction_floor = self.floors.compaction_floor
+        # Kazoo threads: the broker and topic sets, assignments, partition states and floors (replica_watches).
         # SCRAM credentials in /config/users, watched into a copy the event loop reads
         self.scram = ZkScramStore()
         self.watches = ReplicaWatches(
@@ -130,6 +141,7 @@ class ReplicaManager:
             topic_gone=self._topic_gone,
             on_state=self._on_state,
             inter_broker_listener=broker.config.listeners().inter_broker,
+            on_floor=self.floors.on_published,
         )
         # The leader's conditional ISR writes and the isr-expiration timer (isr_writer).
         self.isr_writer = IsrWriter(
@@ -159,6 +171,7 @@ class ReplicaManager:
         shrink = loop.create_task(self.isr_writer.expiration_loop(), name="isr-expiration")
         self._background.add(shrink)
         self._spawn(self._high_watermark_checkpoint_loop(), "highwatermark-checkpoint")
+        self._spawn(self.floors.publish_loop(), "replica-floors")
         log.info(
             "broker %d joined the cluster at %s (broker epoch %d)", self.broker_id, self.zk.connect, epoch
         )
@@ -295,8 +308,10 @@ class ReplicaManager:
         self._changed()
 
     def _topic_gone(self, name: str) -> None:
-        for partition in list(self.cache.partitions(name)):
-            self._on_state(TopicPartition(name, partition.partition), None)
+        partitions = [p.partition for p in self.cache.partitions(name)]
+        for partition in partitions:
+            self._on_state(TopicPartition(name, partition), None)
+        self.floors.topic_gone(name, partitions)
         self.cache.remove_topic(name)
         if name in INTERNAL_TOPICS:
             self._coordinators_follow(name)

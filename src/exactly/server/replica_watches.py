@@ -20,7 +20,9 @@ from collections.abc import Callable, Mapping
 from kazoo.exceptions import KazooException
 
 from exactly.cluster.zk import ClusterZk, ObservedState
+from exactly.cluster.zk_floors import watch_floor
 from exactly.cluster.znodes import TopicAssignment, ZnodeFormatError
+from exactly.replication.compaction_floor import PublishedFloor
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic
 from exactly.types import TopicPartition
 
@@ -41,6 +43,7 @@ class ReplicaWatches:
         topic_gone: Callable[[str], None],
         on_state: Callable[[TopicPartition, ObservedState | None], None],
         inter_broker_listener: str = "PLAINTEXT",
+        on_floor: Callable[[TopicPartition, PublishedFloor | None], None] | None = None,
     ) -> None:
         self.zk = zk
         self._inter_broker_listener = inter_broker_listener
@@ -50,6 +53,7 @@ class ReplicaWatches:
         self._set_topic = set_topic
         self._topic_gone = topic_gone
         self._on_state = on_state
+        self._on_floor = on_floor
         # Topic -> the generation of its watches (a topic deleted and created again gets new ones,
         # the old ones end when they next fire), and the partitions whose state is watched;
         # touched on kazoo threads only.
@@ -127,6 +131,8 @@ class ReplicaWatches:
                 watched.add(partition)
                 tp = TopicPartition(name, partition)
                 self.zk.watch_partition_state(tp, self._state_watcher(tp, generation))
+                if self._on_floor is not None:
+                    watch_floor(self.zk.client, tp, self._floor_watcher(tp, generation))
             return True
 
         return on_assignment
@@ -139,3 +145,14 @@ class ReplicaWatches:
             return True
 
         return on_state
+
+    def _floor_watcher(self, tp: TopicPartition, generation: int) -> Callable[[PublishedFloor | None], bool]:
+        """The partition's replica floor, as its leader publishes it (``zk_floors``)."""
+
+        def on_floor(floor: PublishedFloor | None) -> bool:
+            if self._watched_topics.get(tp.topic) != generation or self._stopped or self._on_floor is None:
+                return False
+            self._hop(self._on_floor, tp, floor)
+            return True
+
+        return on_floor

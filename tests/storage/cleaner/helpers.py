@@ -92,14 +92,16 @@ def run_clean(
     first_dirty: int | None = None,
     map_entries: int = 10_000,
     hook: SwapHook | None = None,
+    replica_floor: int | None = None,
 ) -> tuple[int, CleanerStats]:
     """One pass from ``first_dirty`` (the log start when None) to the first uncleanable offset,
-    with a map of ``map_entries`` keys."""
+    with a map of ``map_entries`` keys (and a cluster's ``replica_floor``, None: a single broker)."""
     offsets = cleanable_offsets(
         log.segments,
         log_start_offset=log.log_start_offset,
         log_end_offset=log.log_end_offset,
         last_stable_offset=log.last_stable_offset,
+        high_watermark=log.high_watermark,
         checkpoint=first_dirty,
         config=log.config,
         now_ms=now_ms,
@@ -108,14 +110,20 @@ def run_clean(
     offset_map = OffsetMap(4 * map_entries * BYTES_PER_ENTRY)
     offset_map.capacity = map_entries  # exactly this many keys (Kafka's tests size maps by keys too)
     cleaner = Cleaner(offset_map, hook=hook)
-    return cleaner.clean(log, to_clean, now_ms)
+    return cleaner.clean(log, to_clean, now_ms, replica_floor=replica_floor)
 
 
-def two_pass_clean(log: PartitionLog, *, now_ms: int = NOW, delete_retention_ms: int | None = None) -> int:
+def two_pass_clean(
+    log: PartitionLog,
+    *,
+    now_ms: int = NOW,
+    delete_retention_ms: int | None = None,
+    replica_floor: int | None = None,
+) -> int:
     """Kafka's runTwoPassClean: one pass, then one past the delete horizon it set."""
     retention = log.config.delete_retention_ms if delete_retention_ms is None else delete_retention_ms
-    run_clean(log, now_ms=now_ms)
-    return run_clean(log, now_ms=now_ms + retention + 1)[0]
+    run_clean(log, now_ms=now_ms, replica_floor=replica_floor)
+    return run_clean(log, now_ms=now_ms + retention + 1, replica_floor=replica_floor)[0]
 
 
 def batches(log: PartitionLog) -> list[tuple[BatchHeader, list[Record]]]:

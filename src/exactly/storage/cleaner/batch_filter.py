@@ -27,6 +27,14 @@ discardable marker without a delete horizon: then it is rebuilt with horizon ``n
 delete.retention.ms``, which starts the clock for removing them (KIP-534). Tombstones and markers
 therefore need two passes to go, and the horizon comes from the clean time, never from the record
 timestamps.
+
+Replicas (cluster mode): ``replica_floor`` is an offset below which every replica in the
+partition's assignment is known to have the log (``replication.compaction_floor``). A tombstone or a
+discardable marker goes only once its horizon has passed *and* its offset is below the floor, and
+an emptied batch of a producer at or above the floor stays as an empty header, so a replica that
+was away longer than ``delete.retention.ms`` still fetches every delete, every transaction's fate
+and every producer's sequence it has not seen (Kafka compacts each replica by time alone: such a
+replica misses them). ``None`` (a single broker) gates nothing: Kafka's rules exactly.
 """
 
 from __future__ import annotations
@@ -99,6 +107,12 @@ class FilterContext:
     now_ms: int
     delete_retention_ms: int
     tick: Tick = no_tick  # see ``Tick``
+    #: Offsets below it are on every replica of the partition; None: no gate (a single broker).
+    replica_floor: int | None = None
+
+    def replicated(self, offset: int) -> bool:
+        """Every replica has ``offset`` (always, without a floor)."""
+        return self.replica_floor is None or offset < self.replica_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +187,7 @@ def _retain_record(
         return False
     if offset < ctx.offset_map.get(key):
         return False
-    return not tombstone or horizon is None or ctx.now_ms < horizon
+    return not tombstone or horizon is None or ctx.now_ms < horizon or not ctx.replicated(offset)
 
 
 def filter_batch(
@@ -184,7 +198,12 @@ def filter_batch(
     if header.is_control:
         marker = control_type_of(buf, header)
         can_discard = txn.on_control_batch_read(header, marker)
-        discard_records = can_discard and horizon is not None and horizon <= ctx.now_ms
+        discard_records = (
+            can_discard
+            and horizon is not None
+            and horizon <= ctx.now_ms
+            and ctx.replicated(header.last_offset)
+        )
     else:
         can_discard = txn.on_batch_read(header)
         discard_records = can_discard
@@ -239,6 +258,9 @@ def filter_batch(
         return FilteredBatch(
             build_retained_batch(header, kept, delete_horizon_ms=new_horizon), read, len(kept), True
         )
-    if retention is BatchRetention.RETAIN_EMPTY:
+    if retention is BatchRetention.RETAIN_EMPTY or (
+        header.producer_id >= 0 and not ctx.replicated(header.last_offset)
+    ):
+        # (the second case: a replica still to fetch it learns the producer's sequence and epoch)
         return FilteredBatch(build_empty_batch(header), read, 0, True)
     return FilteredBatch(None, read, 0, False)

@@ -14,12 +14,14 @@ Sections of a compacted log
   is never below the first dirty offset. Cleaning works on whole segments, so the bytes counted
   as cleanable stop at the segment holding the first uncleanable offset.
 
-Replicas: each replica (leader or follower) cleans its own log, as Kafka's do. The cap at the
-LSO is also a cap at the replica's high watermark, so a follower never compacts data its leader
-may still make it truncate. Removing tombstones and markers is gated by time alone
-(``delete.retention.ms`` past the pass that marked them), as in Kafka: a follower or consumer
-that is away for longer can miss one (deleted keys reappear, or a transaction's fate is lost to
-it). Gating the removal on the slowest follower's fetch offset would close that; not done.
+Replicas: each replica (leader or follower) cleans its own log, as Kafka's do. The cleanable
+range stops at the high watermark as well as at the LSO (the LSO is already at or below it; the
+explicit cap says so where the range is computed), so a follower never compacts data its leader
+may still make it truncate. Removing tombstones, markers and producers' emptied batches is gated
+by time (``delete.retention.ms`` past the pass that marked them) and, in a cluster, by the
+*replica floor*: the offset below which every replica of the assignment is known to have the log
+(``batch_filter``, ``replication.compaction_floor``), so a replica away for longer than the
+retention still gets every one of them (Kafka gates by time alone; such a replica misses them).
 
 A checkpoint below the log start (retention or DeleteRecords removed segments) or above the log
 end (a truncated tail) is reset to the log start, and the caller rewrites it.
@@ -74,6 +76,7 @@ def cleanable_offsets(
     config: LogConfig,
     now_ms: int,
     name: str = "",
+    high_watermark: int | None = None,
 ) -> OffsetsToClean:
     """The first dirty offset and the first uncleanable offset (see the module docstring)."""
     dirty = log_start_offset if checkpoint is None else checkpoint
@@ -94,6 +97,8 @@ def cleanable_offsets(
         )
         dirty, force = log_start_offset, True
     uncleanable = min(last_stable_offset, segments[-1].base_offset)
+    if high_watermark is not None:
+        uncleanable = min(uncleanable, high_watermark)
     lag = max(config.min_compaction_lag_ms, 0)
     if lag > 0:
         for segment in non_active_segments_from(segments, dirty):

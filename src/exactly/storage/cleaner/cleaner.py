@@ -189,7 +189,9 @@ def run_pass(
     upper = job.first_uncleanable_offset
     build_offset_map(job, offset_map, stats, io_buffer_size=io_buffer_size, throttle=throttle, tick=tick)
     end_offset = offset_map.latest_offset + 1
-    ctx = FilterContext(offset_map, job.active_producers, upper, job.now_ms, job.delete_retention_ms, tick)
+    ctx = FilterContext(
+        offset_map, job.active_producers, upper, job.now_ms, job.delete_retention_ms, tick, job.replica_floor
+    )
     txn = CleanedTransactionMetadata()
     to_rewrite = [s for s in job.segments if s.base_offset < end_offset]
     for group in group_segments_by_size(to_rewrite, job.segment_bytes, job.segment_index_bytes, upper):
@@ -394,9 +396,11 @@ class Cleaner:
         self.hook = hook
         self.throttle: Throttle = throttle or _no_throttle
 
-    def clean(self, plog: PartitionLog, to_clean: LogToClean, now_ms: int) -> tuple[int, CleanerStats]:
+    def clean(
+        self, plog: PartitionLog, to_clean: LogToClean, now_ms: int, *, replica_floor: int | None = None
+    ) -> tuple[int, CleanerStats]:
         """One pass; returns the new first dirty offset and the pass's statistics."""
-        job = describe_pass(plog, to_clean, now_ms)
+        job = describe_pass(plog, to_clean, now_ms, replica_floor=replica_floor)
         written: list[CleanedSegment] = []
         try:
             result = run_pass(

@@ -70,6 +70,8 @@ class CleaningJob:
     segment_bytes: int
     segment_index_bytes: int
     index_interval_bytes: int
+    #: ``batch_filter.FilterContext.replica_floor``: None on a single broker.
+    replica_floor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +138,11 @@ def source_of(
     )
 
 
-def describe_pass(plog: PartitionLog, to_clean: LogToClean, now_ms: int) -> CleaningJob:
-    """The pass over ``plog``'s cleanable range as plain values (broker side)."""
+def describe_pass(
+    plog: PartitionLog, to_clean: LogToClean, now_ms: int, *, replica_floor: int | None = None
+) -> CleaningJob:
+    """The pass over ``plog``'s cleanable range as plain values (broker side); ``replica_floor``
+    gates the removal of tombstones, markers and producers' batches (``batch_filter``)."""
     config = plog.config
     producers = {
         pid: LastRecord(entry.last_data_offset, entry.producer_epoch)
@@ -159,6 +164,7 @@ def describe_pass(plog: PartitionLog, to_clean: LogToClean, now_ms: int) -> Clea
         segment_bytes=config.segment_bytes,
         segment_index_bytes=config.segment_index_bytes,
         index_interval_bytes=config.index_interval_bytes,
+        replica_floor=replica_floor,
     )
 
 

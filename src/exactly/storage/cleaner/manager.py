@@ -149,6 +149,7 @@ class LogCleanerManager:
             log_start_offset=plog.log_start_offset,
             log_end_offset=plog.log_end_offset,
             last_stable_offset=plog.last_stable_offset,
+            high_watermark=plog.high_watermark,
             checkpoint=checkpoint,
             config=plog.config,
             now_ms=now_ms,

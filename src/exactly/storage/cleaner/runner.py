@@ -201,8 +201,12 @@ class LogCleaner:
         clock_ms: Callable[[], int],
         hook: SwapHook | None = None,
         worker_fault: str = "",
+        replica_floor: Callable[[TopicPartition], int | None] | None = None,
     ) -> None:
         self.config = config
+        # A cluster's replica floor of a partition (``batch_filter``), read on the owner when a
+        # pass is described; None: a single broker, no floor.
+        self._replica_floor = replica_floor
         self.manager = manager
         self._logs = logs
         self._clock_ms = clock_ms
@@ -252,7 +256,8 @@ class LogCleaner:
         if candidate is None:
             return None
         try:
-            return candidate, describe_pass(candidate.log, candidate.to_clean, now_ms)
+            floor = None if self._replica_floor is None else self._replica_floor(candidate.tp)
+            return candidate, describe_pass(candidate.log, candidate.to_clean, now_ms, replica_floor=floor)
         except Exception:
             self.manager.abort_cleaning(candidate.tp)
             raise
