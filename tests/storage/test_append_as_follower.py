@@ -68,13 +68,18 @@ def test_producer_state_follows_without_sequence_checks_and_markers_complete(tmp
     follower.close()
 
 
-def test_a_batch_must_start_at_the_log_end(tmp_path: Path) -> None:
+def test_a_batch_may_start_past_the_log_end_but_never_below_it(tmp_path: Path) -> None:
+    # Past it: the leader's cleaner removed the batches in between (Kafka's follower takes it too).
     follower = open_log(tmp_path)
     batch = make_batch(1)
     batch[0:8] = (5).to_bytes(8, "big")
-    with pytest.raises(ValueError, match="starts at 5, the log ends at 0"):
-        follower.append_as_follower(batch, BatchHeader.parse(batch), now_ms=NOW)
-    assert follower.log_end_offset == 0
+    follower.append_as_follower(batch, BatchHeader.parse(batch), now_ms=NOW)
+    assert follower.log_end_offset == 6
+    below = make_batch(1)
+    below[0:8] = (3).to_bytes(8, "big")
+    with pytest.raises(ValueError, match="starts at 3, the log ends at 6"):
+        follower.append_as_follower(below, BatchHeader.parse(below), now_ms=NOW)
+    assert follower.log_end_offset == 6
     follower.close()
 
 
@@ -124,17 +129,18 @@ def test_batches_from_a_frame_match_one_by_one_appends_across_rolls(tmp_path: Pa
         log.close()
 
 
-def test_batches_that_do_not_follow_the_log_end_write_nothing(tmp_path: Path) -> None:
+def test_batches_overlapping_the_log_end_write_nothing_and_gaps_are_taken(tmp_path: Path) -> None:
     leader = open_log(tmp_path / "leader")
     follower = open_log(tmp_path / "follower")
     append(leader, 2)
     append(leader, 3)
     data = bytearray(leader_bytes(leader))
     headers = list(iter_batches(data))
-    with pytest.raises(ValueError, match="starts at 2, expected 0"):
-        follower.append_batches_as_follower(data, headers[1:], now_ms=NOW)
     with pytest.raises(ValueError, match="starts at 0, expected 2"):
         follower.append_batches_as_follower(data, [headers[0], headers[0]], now_ms=NOW)
     assert follower.log_end_offset == 0 and segment_bytes(follower) == b""
+    # a gap is fine (a compacted leader's log): the batches land at the leader's offsets
+    follower.append_batches_as_follower(data, headers[1:], now_ms=NOW)
+    assert follower.log_end_offset == 5
     leader.close()
     follower.close()

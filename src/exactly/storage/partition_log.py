@@ -330,8 +330,10 @@ class PartitionLog(LogMaintenance):
         are the leader's clock) stay the leader's and every replica holds the same bytes.
         Producer state takes the REPLICATION origin (never raises on sequence or epoch: the log
         is the truth). No max.message.bytes check: the leader accepted the batch (Kafka checks
-        client appends only). Raises ValueError when the batch does not start at the log end."""
-        if header.base_offset != self.log_end_offset:
+        client appends only). Raises ValueError when the batch starts below the log end. It may
+        start past it: the leader's cleaner removed the batches in between (a compacted log has
+        gaps, aborted data goes whole), and Kafka's follower takes such a batch too."""
+        if header.base_offset < self.log_end_offset:
             raise ValueError(
                 f"{self.tp}: a replicated batch starts at {header.base_offset}, the log ends at "
                 f"{self.log_end_offset}"
@@ -356,10 +358,11 @@ class PartitionLog(LogMaintenance):
         out). Per batch, in order: roll check, producer state, segment write, epoch cache and
         indexes, exactly as one-batch appends would do them, so the replica's bytes, segments
         and indexes are the same whichever way they arrived. Raises ValueError, before writing
-        anything, unless the batches are contiguous from the log end."""
+        anything, unless the batches follow each other from the log end (gaps allowed: offsets a
+        cleaner removed on the leader)."""
         expected = self.log_end_offset
         for header in headers:
-            if header.base_offset != expected:
+            if header.base_offset < expected:
                 raise ValueError(
                     f"{self.tp}: a replicated batch starts at {header.base_offset}, expected {expected}"
                 )
