@@ -133,10 +133,14 @@ class ReplicaFloors:
         while True:
             await asyncio.sleep(self.floors.publish_interval_ms / 1000)
             now = now_ms()
-            due = self._due(now)
-            if not due:
+            try:
+                due = self._due(now)
+                if not due:
+                    continue
+                written = set(await loop.run_in_executor(None, self._write, due))
+            except Exception:  # the task must live on: a missed round only delays removals
+                log.exception("publishing replica floors failed")
                 continue
-            written = set(await loop.run_in_executor(None, self._write, due))
             for tp, floor in due:
                 if tp in written:
                     self.floors.on_written(tp, floor, now)
