@@ -42,7 +42,7 @@ from exactly.types import TopicPartition
 
 #: A floor below every offset: nothing is removable.
 NOTHING_REMOVABLE = 0
-PUBLISH_INTERVAL_MS = 1_000
+PUBLISH_INTERVAL_MS = 5_000  # a floor a few seconds behind only delays removals; bounds ZooKeeper writes (50 offsets partitions: <= 10 writes/s)
 
 
 class FloorFormatError(ValueError):
