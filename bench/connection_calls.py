@@ -6,10 +6,13 @@
 A real broker opened in this process (the fixture of tests/server/test_fetch_fast.py) behind a
 connection with a recording transport, no socket: each exchange is an acks=1 Produce of one
 record and a Fetch (max_wait 0) at the log end. Two shapes: ``inline`` (each frame arrives in a
-read of its own, so the read callback answers it: ``RequestTask._answer_inline``) and ``queued``
-(both frames in one read, handled by the request task ``_process``). The count includes building
-the two frames (the same in every version), so compare two checkouts, not absolute figures: run
-it with the other checkout's ``src`` on PYTHONPATH. A count, not a time: steady on a busy box.
+read of its own, so the read callback answers it: ``RequestTask._answer_inline``), ``queued``
+(both frames in one read) and ``woken`` (latency-1k's exchange: an acks=all Produce on one
+connection wakes the Fetch parked at the log end on another, whose answer goes out on the next
+loop turn). The frames are built before the profiler starts (s18; before, their building was
+counted too); the event loop's own calls are counted, so compare two checkouts, not absolute
+figures: run it with the other checkout's ``src`` on PYTHONPATH. A count, not a time: steady on
+a busy box.
 """
 
 from __future__ import annotations
@@ -64,31 +67,51 @@ async def _run(shape: str, n: int, verbose: bool) -> None:
         transport = _Transport()
         conn.transport = transport  # type: ignore[assignment]
         task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        # ``woken``: the consumer's own connection, whose Fetch parks before each Produce
+        consumer = KafkaConnection(broker)
+        consumer_transport = _Transport()
+        consumer.transport = consumer_transport  # type: ignore[assignment]
+        consumer_task = consumer._task = asyncio.get_running_loop().create_task(consumer._process())
         for _ in range(5):
             await asyncio.sleep(0)
         plog = broker.logs.get_partition(TP0)
         assert plog is not None
-        prof = cProfile.Profile()
         warm = 50
-        for i in range(n + warm):
+        end = plog.log_end_offset
+        wait = 500 if shape == "woken" else 0
+        # every frame built before the profiler starts: only the broker's calls are counted
+        frames = [
+            (
+                frame(produce_frame([(TOPIC, [(0, batch(1))])], acks=-1 if wait else 1)),
+                frame(fetch_frame([(TOPIC, [(0, end + i + (0 if wait else 1))])], max_wait_ms=wait)),
+            )
+            for i in range(n + warm)
+        ]
+        prof = cProfile.Profile()
+        for i, (produce, fetch) in enumerate(frames):
             if i == warm:
                 prof.enable()
-            produce = frame(produce_frame([(TOPIC, [(0, batch(1))])], acks=1))
-            fetch = frame(fetch_frame([(TOPIC, [(0, plog.log_end_offset)])], max_wait_ms=0))
             if shape == "inline":
                 _feed(conn, produce)
                 _feed(conn, fetch)
-            else:
+            elif shape == "queued":
                 _feed(conn, produce + fetch)
+            else:  # the consumer's Fetch parks at the log end, the Produce wakes it
+                _feed(consumer, fetch)
+                _feed(conn, produce)
             for _ in range(3):
                 await asyncio.sleep(0)
         prof.disable()
         conn.abort()
+        consumer.abort()
         await task
+        await consumer_task
         broker.logs.close()
-        assert transport.writes == 2 * (n + warm) if shape == "inline" else transport.writes > 0
+        writes = transport.writes + consumer_transport.writes
+        assert plog.log_end_offset == end + n + warm
+        assert writes == 2 * (n + warm) if shape != "queued" else writes > 0
         stats = pstats.Stats(prof)
-        print(f"{shape}: {stats.total_calls / n:.1f} calls per exchange ({transport.writes} writes)")  # type: ignore[attr-defined]
+        print(f"{shape}: {stats.total_calls / n:.1f} calls per exchange ({writes} writes)")  # type: ignore[attr-defined]
         if verbose:
             stats.sort_stats("ncalls").print_stats(40)
 
@@ -98,7 +121,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("-v", action="store_true", help="print the most called functions")
     args = ap.parse_args()
-    for shape in ("inline", "queued"):
+    for shape in ("inline", "queued", "woken"):
         asyncio.run(_run(shape, args.n, args.v))
 
 

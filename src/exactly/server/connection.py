@@ -178,8 +178,10 @@ class KafkaConnection(RequestTask, asyncio.BufferedProtocol):
             return
         if len(frames) == queued:
             return
-        if queued == 0 and len(frames) == 1 and self._idle and self._answer_inline(frames[0]):
-            return
+        if queued == 0 and self._idle:
+            self._answer_inline()  # the fast paths' frames at the head of the queue, in order
+            if not frames:
+                return
         if len(frames) >= MAX_QUEUED_FRAMES and not self._paused_reading and self.transport is not None:
             self.transport.pause_reading()
             self._paused_reading = True

@@ -63,7 +63,6 @@ _BYTES = (bytes, bytearray)
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
-_FAST_KEYS = (bytes([_PRODUCE]), bytes([_FETCH]))  # the low byte of the API keys fast_answer takes
 
 
 class CloseConnection(Exception):
@@ -167,11 +166,29 @@ async def dispatch(
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
     closes the connection. ``principal`` is the connection's authenticated principal; nothing
-    in the request itself can change it."""
-    if payload[1:2] in _FAST_KEYS and not payload[0]:  # Produce or Fetch: no call for the others
-        fast = fast_answer(broker, payload, may_defer, file_slices)
-        if fast is not None:
-            return fast
+    in the request itself can change it. The fast paths first (``fast_answer``), then the
+    generic path (``handle_request``)."""
+    fast = fast_answer(broker, payload, may_defer, file_slices)
+    if fast is not None:
+        return fast
+    return await handle_request(
+        broker, payload, peer, before_park, may_defer, file_slices, principal=principal, listener=listener
+    )
+
+
+async def handle_request(
+    broker: Broker,
+    payload: bytearray,
+    peer: str,
+    before_park: Callable[[], None] = _nothing,
+    may_defer: bool = False,
+    file_slices: bool = False,
+    principal: str = "User:ANONYMOUS",
+    listener: str = "PLAINTEXT",
+) -> list[Any] | Deferred[list[Any] | None] | None:
+    """``dispatch`` without the fast paths: the generic path, for a frame ``fast_answer`` declined
+    (the connection calls ``fast_answer`` itself, without a coroutine, and this only when it
+    declines)."""
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:

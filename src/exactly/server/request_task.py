@@ -49,7 +49,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME
 from exactly.security.sasl import Action
 from exactly.server.deferred_response import Deferred, ExclusiveAnswer, PendingAnswer
-from exactly.server.dispatch import CloseConnection, dispatch, fast_answer
+from exactly.server.dispatch import CloseConnection, fast_answer, handle_request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -109,40 +109,56 @@ class RequestTask:
 
         def _sasl_step(self, step: Step) -> bool: ...
 
-    def _answer_inline(self, payload: bytearray) -> bool:
-        """Answer a lone frame from the read callback (``buffer_updated``) when a fast path takes it whole
-        (``dispatch.fast_answer``: the common Produce, the common consumer Fetch), without
+    def _answer_inline(self) -> None:
+        """Answer the queued frames a fast path takes whole (``dispatch.fast_answer``: the common
+        Produce, the common consumer Fetch) from the read callback (``buffer_updated``), without
         waking ``_process``: a future, its result and a task step per request, which the
         latency-1k profile shows (bench/results/fetch-fast-s17.md). Only while ``_process`` sits
-        idle with nothing held back, nothing deferred, nothing else queued and the socket
-        writable, so the order of answers is the one ``_process`` would give. False: not taken,
-        nothing changed, ``_process`` handles the frame as usual."""
+        idle with nothing held back, nothing deferred and the socket writable, so the order of
+        answers is the one ``_process`` would give: frames are taken from the head of the queue
+        one at a time, in order, and the first one that is large or that ``fast_answer``
+        declines stops it (``_process`` handles that one and everything after it). Several
+        frames of one read (two pipelined Produces, a Produce and a Fetch) are answered with one
+        write, as ``_process`` gathers them. A Fetch that parks (a ``Deferred``) ends it too:
+        what was gathered is written first, then its answer is queued for ``_answered`` and
+        holds back every later frame (``_blocked``)."""
         transport = self.transport
         if self._deferred or self.sasl is not None or self._closing or self._draining:
-            return False
-        if (
-            transport is None
-            or len(payload) >= LARGE_FRAME
-            or not (self._writable is None or self._writable.done())
-        ):
-            return False
+            return
+        if transport is None or not (self._writable is None or self._writable.done()):
+            return
+        frames = self._frames
+        broker = self.broker
+        file_slices = self.listener.ssl_context is None
+        out: list[Any] | None = None  # answers gathered for one write, in request order
         try:
-            result = fast_answer(self.broker, payload, True, self.listener.ssl_context is None)
-            if result is None:
-                return False
-            self._frames.popleft()
-            self.broker.metrics.bytes_in += len(payload) + 4
-            if isinstance(result, Deferred):  # a parked Fetch: ``_answered`` writes it
-                answer = result.answer
-                assert isinstance(answer, PendingAnswer)
-                self._deferred.append(answer)
-                answer.listen(self._answered)
-            else:
-                self._write(transport, result)
+            while frames:
+                payload = frames[0]
+                if len(payload) >= LARGE_FRAME:
+                    break  # _process handles it, writing what is gathered first
+                result = fast_answer(broker, payload, True, file_slices)
+                if result is None:
+                    break  # declined, nothing changed: _process answers it on its turn
+                frames.popleft()
+                broker.metrics.bytes_in += len(payload) + 4
+                if type(result) is Deferred:  # a parked Fetch: ``_answered`` writes it
+                    if out:
+                        self._write(transport, out)
+                        out = None
+                    answer = result.answer
+                    assert isinstance(answer, PendingAnswer)
+                    self._deferred.append(answer)
+                    answer.listen(self._answered)
+                    break
+                if out is None:
+                    out = result  # a fresh list of this answer's own (the fast paths build it)
+                else:
+                    out += result
+            if out:
+                self._write(transport, out)
         except Exception:
             log.exception("unexpected error on connection from %s; closing it", self.peer)
             self._close("internal error")
-        return True
 
     def _wake(self, _done: object = None) -> None:
         if self._wakeup is not None and not self._wakeup.done():
@@ -229,24 +245,27 @@ class RequestTask:
                         if not self._sasl_step(step):
                             return
                         continue
-                self.in_request = True
-                try:
-                    result = await dispatch(
-                        broker,
-                        payload,
-                        self.peer,
-                        flush_held,
-                        True,
-                        file_slices,
-                        principal=self.principal,
-                        listener=listener_name,
-                    )
-                except CloseConnection as exc:
-                    if pending and not self._closing:
-                        write(transport, pending)  # answers owed to earlier requests
-                    self._close(str(exc))
-                    return
-                self.in_request = False
+                # the fast paths first, as a plain call (``dispatch`` without its coroutine)
+                result = fast_answer(broker, payload, True, file_slices)
+                if result is None:
+                    self.in_request = True
+                    try:
+                        result = await handle_request(
+                            broker,
+                            payload,
+                            self.peer,
+                            flush_held,
+                            True,
+                            file_slices,
+                            principal=self.principal,
+                            listener=listener_name,
+                        )
+                    except CloseConnection as exc:
+                        if pending and not self._closing:
+                            write(transport, pending)  # answers owed to earlier requests
+                        self._close(str(exc))
+                        return
+                    self.in_request = False
                 self.last_active = time.monotonic()
                 # nothing but this frame's local holds the buffer (a memoryview into it would
                 # count): reuse it for a later large frame
