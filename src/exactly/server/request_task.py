@@ -141,7 +141,7 @@ class RequestTask:
                     break  # declined, nothing changed: _process answers it on its turn
                 frames.popleft()
                 broker.metrics.bytes_in += len(payload) + 4
-                if type(result) is Deferred:  # a parked Fetch: ``_answered`` writes it
+                if isinstance(result, Deferred):  # a parked Fetch: ``_answered`` writes it
                     if out:
                         self._write(transport, out)
                         out = None
