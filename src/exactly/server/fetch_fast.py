@@ -79,9 +79,10 @@ class _Entry:
     frame size, the response header and the body up to the partition's log start offset (the
     topic's name in ``prefix``, from the topic count to the partition count)."""
 
-    __slots__ = ("head", "plog", "prefix", "version")
+    __slots__ = ("head", "name", "plog", "prefix", "version")
 
     def __init__(self, plog: PartitionLog, name: str, version: int) -> None:
+        self.name = name
         raw = name.encode("utf-8")
         if version >= 12:
             self.prefix = b"\x02" + write_uvarint(len(raw) + 1) + raw + b"\x02"
@@ -220,18 +221,20 @@ class FastFetch:
         read_committed = isolation == READ_COMMITTED
         limit = max(min(partition_max_bytes, max_bytes), 0)
         slice_from = SLICE_FROM if file_slices else None
-        deadline = time.monotonic() + max(max_wait_ms, 0) / 1000.0
         result = plog.read(
             fetch_offset, limit, read_committed=read_committed, min_one_batch=True, slice_from=slice_from
         )
         broker.metrics.requests[_FETCH] += 1
-        if len(result.records) >= min_bytes or deadline - time.monotonic() <= 0:
+        if len(result.records) >= min_bytes or max_wait_ms <= 0:
             return _encode(broker, entry, correlation_id, index, result, read_committed)
+        # parked for max_wait from now (the read above took microseconds; a wait that ends
+        # meanwhile ends on the timer's first turn, with the same re-read)
+        wait_s = max_wait_ms / 1000.0
         fetch = _Parked(
-            self, broker, payload, correlation_id, name, index, version, fetch_offset, limit,
-            read_committed, min_bytes, slice_from, deadline,
+            self, broker, payload, correlation_id, entry, index, fetch_offset, limit,
+            read_committed, min_bytes, slice_from, time.monotonic() + wait_s,
         )  # fmt: skip
-        fetch.park(entry)
+        fetch.park(entry, wait_s)
         return Deferred(fetch.answer)
 
 
@@ -242,13 +245,13 @@ class _Parked:
     connection is gone) unparks it."""
 
     __slots__ = (
-        "answer", "broker", "correlation_id", "deadline", "fast", "fetch_offset", "index", "limit",
-        "min_bytes", "name", "payload", "read_committed", "slice_from", "version",
+        "answer", "broker", "correlation_id", "deadline", "entry", "fast", "fetch_offset", "index",
+        "limit", "min_bytes", "payload", "read_committed", "slice_from",
     )  # fmt: skip
 
     def __init__(
-        self, fast: FastFetch, broker: Broker, payload: bytearray, correlation_id: int, name: str,
-        index: int, version: int, fetch_offset: int, limit: int, read_committed: bool,
+        self, fast: FastFetch, broker: Broker, payload: bytearray, correlation_id: int, entry: _Entry,
+        index: int, fetch_offset: int, limit: int, read_committed: bool,
         min_bytes: int, slice_from: int | None, deadline: float,
     ) -> None:  # fmt: skip
         self.answer: ExclusiveAnswer[list[Any] | None] = ExclusiveAnswer()
@@ -256,9 +259,8 @@ class _Parked:
         self.broker = broker
         self.payload = payload
         self.correlation_id = correlation_id
-        self.name = name
+        self.entry = entry
         self.index = index
-        self.version = version
         self.fetch_offset = fetch_offset
         self.limit = limit
         self.read_committed = read_committed
@@ -266,9 +268,8 @@ class _Parked:
         self.slice_from = slice_from
         self.deadline = deadline
 
-    def park(self, entry: _Entry) -> None:
-        remaining = max(self.deadline - time.monotonic(), 0.0)
-        parked = self.broker.waiters.park([entry.plog.tp], remaining, self.fire, up_to_log_end=False)
+    def park(self, entry: _Entry, wait_s: float) -> None:
+        parked = self.broker.waiters.park([entry.plog.tp], wait_s, self.fire, up_to_log_end=False)
         self.answer.on_cancel(parked.cancel)
 
     def fire(self) -> Callable[[], None] | None:
@@ -279,19 +280,21 @@ class _Parked:
         except Exception:
             log.exception("answering a parked fetch failed")
             self.broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
-            body = encode_fetch_response(self.version, ErrorCode.unknown_server_error, 0, [])
-            chunks = frame_answer(self.broker, self.version, self.correlation_id, body)
+            version = self.entry.version
+            body = encode_fetch_response(version, ErrorCode.unknown_server_error, 0, [])
+            chunks = frame_answer(self.broker, version, self.correlation_id, body)
         if chunks is None:
             return None
         return partial(self.answer.set_result, chunks)
 
     def _read(self) -> list[Any] | None:
-        fast = self.fast
-        entry = fast._entries.get((self.name, self.index, self.version))
-        if entry is None or entry.plog.closed:
-            entry = fast._lookup(self.name, self.index, self.version)
-        if entry is None:
-            return self._generic()  # the partition is gone: the generic read answers the error
+        entry = self.entry
+        if entry.plog.closed:  # the topic was deleted (and maybe created again): look it up
+            name, version = entry.name, entry.version
+            found = self.fast._lookup(name, self.index, version)
+            if found is None:
+                return self._generic()  # the partition is gone: the generic read answers the error
+            entry = self.entry = found
         try:
             result = entry.plog.read(
                 self.fetch_offset,
@@ -302,14 +305,16 @@ class _Parked:
             )
         except OffsetOutOfRangeError:
             return self._generic()
-        if len(result.records) < self.min_bytes and self.deadline - time.monotonic() > 0:
-            self.park(entry)  # a wake-up that brought too few bytes
-            return None
+        if len(result.records) < self.min_bytes:
+            remaining = self.deadline - time.monotonic()
+            if remaining > 0:
+                self.park(entry, remaining)  # a wake-up that brought too few bytes
+                return None
         return _encode(self.broker, entry, self.correlation_id, self.index, result, self.read_committed)
 
     def _generic(self) -> list[Any]:
         """The generic handler's read of this request: answers the errors this path declines."""
-        version = self.version
+        version = self.entry.version
         payload = self.payload
         pos = 10 + max(_I16.unpack_from(payload, 8)[0], 0) + (1 if version >= 12 else 0)
         request = parse_fetch_request(payload, pos, version)
