@@ -155,7 +155,9 @@ def _joined(writes: list[bytes]) -> bytes:
     return b"".join(writes)
 
 
-def test_several_fast_frames_of_one_read_are_answered_inline_in_one_write(pair: tuple[Broker, Broker]) -> None:
+def test_several_fast_frames_of_one_read_are_answered_inline_in_one_write(
+    pair: tuple[Broker, Broker],
+) -> None:
     """Two Produces and a Fetch arriving in one read (pipelined): all three answered inside the
     read callback, in request order, with one write, byte for byte what the generic path gives."""
     fast, generic = pair

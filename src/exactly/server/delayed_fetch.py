@@ -48,19 +48,23 @@ class ParkedFetch:
     changes, epoch bumps, a single broker's append) fires it on the next loop turn, as a woken task
     would run, so it never reads a partition in the middle of a role change."""
 
-    __slots__ = ("_done", "_fire", "_keys", "_sets", "_timer")
+    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets", "_timer")
 
     def __init__(
         self,
         sets: dict[TopicPartition, set[_Waiter]],
         keys: list[TopicPartition],
         fire: Fire,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._done = False
         self._fire = fire
         self._keys = keys
         self._sets = sets
         self._timer: asyncio.TimerHandle | None = None
+        # the loop it was parked on (its timer's): ``fire_soon`` schedules there without
+        # ``asyncio.get_running_loop()``, which costs a getpid system call per call
+        self._loop = loop
 
     def done(self) -> bool:
         return self._done
@@ -80,7 +84,8 @@ class ParkedFetch:
 
     def fire_soon(self) -> None:
         if not self._done:
-            asyncio.get_running_loop().call_soon(self.set_result, None)
+            loop = self._loop if self._loop is not None else asyncio.get_running_loop()
+            loop.call_soon(self.set_result, None)
 
     def cancel(self) -> None:
         if not self._done:
@@ -150,9 +155,9 @@ class AppendWaiters:
         """Park a fetch that ``fire()`` completes (no task; see ``ParkedFetch``), for the same
         events ``wait`` would wake it for, or until ``timeout_s``."""
         waiters = self._log_end if up_to_log_end else self._waiters
-        parked = ParkedFetch(waiters, tps, fire)
-        _register(waiters, tps, parked)
         loop = asyncio.get_running_loop()
+        parked = ParkedFetch(waiters, tps, fire, loop)
+        _register(waiters, tps, parked)
         parked._timer = loop.call_at(loop.time() + timeout_s, parked.set_result, None)
         return parked
 
