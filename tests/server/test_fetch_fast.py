@@ -296,6 +296,36 @@ def test_a_parked_fetch_whose_topic_is_deleted_gets_the_generic_error(pair: tupl
     assert _counters(pair[0]) == _counters(pair[1])
 
 
+def test_a_parked_fetch_whose_topic_is_created_again_reads_the_new_log(pair: tuple[Broker, Broker]) -> None:
+    """The parked fetch keeps its partition's log: when that log is closed (topic deleted) and
+    the topic is created again while it waits, the wake-up finds the new log, parks again on
+    an empty read, and answers the first append to it as the generic path does."""
+    tp = TopicPartition("empty", 0)
+    frame = fetch_frame([("empty", [(0, 0)])], max_wait_ms=30_000)
+
+    async def go() -> list[Any]:
+        tasks = [asyncio.create_task(_ask(b, frame)) for b in pair]
+        await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)  # parked: the log is empty
+        for broker in pair:
+            broker.logs.delete_topic("empty")
+            broker.logs.create_topic("empty", 1, {}, now_ms=NOW)
+            broker.waiters.notify(tp)
+        await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)  # parked again: nothing in the new log
+        for broker in pair:
+            plog = broker.logs.get_partition(tp)
+            assert plog is not None
+            append(plog, 2, value_size=40, timestamp=NOW)
+            broker.waiters.notify(tp)
+        return list(await asyncio.gather(*tasks))
+
+    got, want = asyncio.run(go())
+    assert got == want
+    assert pair[0].fast_fetch.taken == 1  # type: ignore[attr-defined]
+    assert _counters(pair[0]) == _counters(pair[1])
+
+
 def test_a_cancelled_parked_fetch_leaves_no_waiter(pair: tuple[Broker, Broker]) -> None:
     fast = pair[0]
 
