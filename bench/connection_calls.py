@@ -23,6 +23,7 @@ import cProfile
 import pstats
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def _feed(conn: KafkaConnection, data: bytes) -> None:
     conn.buffer_updated(len(data))
 
 
-async def _run(shape: str, n: int, verbose: bool) -> None:
+async def _run(shape: str, n: int, verbose: bool, timed: bool = False) -> None:
     with tempfile.TemporaryDirectory() as d:
         broker = _open(Path(d), True)
         conn = KafkaConnection(broker)
@@ -83,14 +84,18 @@ async def _run(shape: str, n: int, verbose: bool) -> None:
         frames = [
             (
                 frame(produce_frame([(TOPIC, [(0, batch(1))])], acks=-1 if wait else 1)),
-                frame(fetch_frame([(TOPIC, [(0, end + i + (0 if wait else 1))])], max_wait_ms=wait)),
+                frame(fetch_frame([(TOPIC, [(0, end + i)])], max_wait_ms=wait)),
             )
             for i in range(n + warm)
         ]
         prof = cProfile.Profile()
+        started = 0.0
         for i, (produce, fetch) in enumerate(frames):
             if i == warm:
-                prof.enable()
+                if timed:
+                    started = time.process_time()
+                else:
+                    prof.enable()
             if shape == "inline":
                 _feed(conn, produce)
                 _feed(conn, fetch)
@@ -102,6 +107,7 @@ async def _run(shape: str, n: int, verbose: bool) -> None:
             for _ in range(3):
                 await asyncio.sleep(0)
         prof.disable()
+        spent = time.process_time() - started
         conn.abort()
         consumer.abort()
         await task
@@ -110,6 +116,9 @@ async def _run(shape: str, n: int, verbose: bool) -> None:
         writes = transport.writes + consumer_transport.writes
         assert plog.log_end_offset == end + n + warm
         assert writes == 2 * (n + warm) if shape != "queued" else writes > 0
+        if timed:
+            print(f"{shape}: {spent / n * 1e6:.1f} CPU µs per exchange (process time, no profiler)")
+            return
         stats = pstats.Stats(prof)
         print(f"{shape}: {stats.total_calls / n:.1f} calls per exchange ({writes} writes)")  # type: ignore[attr-defined]
         if verbose:
@@ -120,9 +129,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("-v", action="store_true", help="print the most called functions")
+    ap.add_argument(
+        "--time",
+        action="store_true",
+        help="CPU time per exchange instead of calls (load-sensitive: alternate A/B)",
+    )
     args = ap.parse_args()
     for shape in ("inline", "queued", "woken"):
-        asyncio.run(_run(shape, args.n, args.v))
+        asyncio.run(_run(shape, args.n, args.v, args.time))
 
 
 if __name__ == "__main__":
