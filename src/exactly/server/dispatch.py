@@ -137,7 +137,8 @@ def fast_answer(
     broker: Broker, payload: bytearray, may_defer: bool, file_slices: bool
 ) -> list[Any] | Deferred[list[Any] | None] | None:
     """The answer of a request the fast paths take whole, without a coroutine (the connection
-    calls it from its read callback too); None: not one of theirs, nothing changed, the generic
+    calls it from its read callback and its request task, then ``handle_request`` when it
+    declines); None: not one of theirs, nothing changed, the generic
     path of ``dispatch`` answers it. The common single-broker Produce (server.produce_fast) and
     the common consumer Fetch, parked without a task when it waits (server.fetch_fast, only for
     a caller that takes a deferred answer), and on a cluster broker a follower's steady-state Fetch

@@ -14,10 +14,13 @@ sent, which at 1,000 acks=all produces/s queued each behind the previous one's r
 trip (about 1 ms here, so p50 4.5 ms with librdkafka's 5 in flight); the appends still happen one
 request at a time in arrival order, see ``handlers.produce``.
 
-A lone frame that a fast path takes whole (the common single-broker Produce and consumer Fetch,
-``dispatch.fast_answer``) is answered from the read callback itself when the request task sits
-idle with nothing held back or deferred: no future, no task step per request. A parked consumer
-Fetch of the fast path (``ExclusiveAnswer``) holds back every later request, as an awaited one.
+The frames of a read that a fast path takes whole (the common single-broker Produce and consumer
+Fetch, ``dispatch.fast_answer``) are answered from the read callback itself, in order and with one
+write, when the request task sits idle with nothing held back or deferred: no future, no task
+step per request. The first frame a fast path declines (or a large one) and everything behind it
+go to the request task, which calls ``fast_answer`` itself too (a plain call, no coroutine) and
+``dispatch.handle_request`` for the rest. A parked consumer Fetch of the fast path
+(``ExclusiveAnswer``) holds back every later request, as an awaited one.
 
 Sending: each response costs a ``send()``, and on loopback that syscall also runs the client's
 TCP input and wakes its thread. When small pipelined requests are already queued, their
