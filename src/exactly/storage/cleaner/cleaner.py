@@ -214,7 +214,7 @@ def build_offset_map(
     throttle: Throttle = _no_throttle,
     tick: Tick = no_tick,
 ) -> None:
-    offset_map.clear()
+    offset_map.clear(tick)
     start, end = job.first_dirty_offset, job.first_uncleanable_offset
     dirty = segments_between(job.segments, start, end)
     txn = CleanedTransactionMetadata()
