@@ -79,9 +79,9 @@ def test_never_sleeps_under_its_share() -> None:
     proc = FakeProcess()
     limit = proc.limiter(0.25)
     limit.start()
-    for _ in range(2000):
-        proc.work(0.0005)
-        proc.wait(0.0016)  # 0.5 ms of CPU per 2.1 ms: ~0.24 of a core
+    for _ in range(2000):  # runs within the burst cap, so only the share could make it sleep
+        proc.work(MAX_BURST_S * 0.8)
+        proc.wait(MAX_BURST_S * 2.6)  # 0.8 of CPU per 3.4: ~0.24 of a core
         limit()
     assert proc.sleeps == []
 

@@ -64,8 +64,9 @@ T = TypeVar("T")
 #: 1 MB batch of 100 B records is 8,000 records and 40 ms of CPU, a burst that holds a core the
 #: broker's clients are woken on (they wait for the scheduler's tick, 4 ms at HZ=250).
 Tick = Callable[[], None]
-#: About 0.5 ms of decoding at ~4 us a record: bursts stay near the duty cycle's own length.
-TICK_RECORDS = 128
+#: About 0.13 ms of decoding at ~4 us a record: bursts stay near the duty cycle's own length
+#: (0.25 ms, ``duty_cycle.MAX_BURST_S``); 128 before session 18. A tick is two clock reads.
+TICK_RECORDS = 32
 
 
 def no_tick() -> None:

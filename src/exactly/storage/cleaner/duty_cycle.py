@@ -27,7 +27,7 @@ Accounting (a leaky bucket over CPU): ``credit`` is CPU the worker may still use
 - a sleep is asked for only once the debt is worth ``min_sleep_s`` of wall time; it repays the
   debt exactly (``-credit / share``), so the worker never sleeps in sub-millisecond slices nor
   spins on the clock. Work runs in bursts of about ``share / (1 - share) * min_sleep_s`` of CPU
-  (1 ms at 0.2 and the 4 ms default), so over any window of ``window_s`` (100 ms) the CPU used
+  (0.25 ms at 0.2 and the 1 ms default), so over any window of ``window_s`` (100 ms) the CPU used
   is the share of it plus at most one burst and the work between two calls;
 - a sleep that overslept is credit up to ``burst_s`` only (lost, not banked); one that woke early
   leaves the rest of the debt, repaid at the next call.
@@ -35,7 +35,7 @@ Accounting (a leaky bucket over CPU): ``credit`` is CPU the worker may still use
 A cap on bursts, whatever the credit: a worker held back by a loaded box (it gets less CPU than
 its share) is always in credit and so never sleeps, and each time the scheduler picks it, it ran
 until the next tick (3-4.4 ms traced, ``bench/cleaner_burst_trace.py``) while tasks woken on its
-core waited. So after ``max_burst_s`` (1 ms) of CPU run without a break (no gap between the wall
+core waited. So after ``max_burst_s`` (0.25 ms) of CPU run without a break (no gap between the wall
 and CPU clocks since the previous call) it sleeps ``yield_s`` (0.2 ms): off the run queue, it
 lets whatever waits on its core run. A gap of ``off_cpu_gap_s`` or more (the worker was
 preempted, or waited on the disk) starts a new burst.
@@ -48,11 +48,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Shortest sleep asked for: a timer sleep shorter than this is mostly syscall and wake-up cost
-#: (250 sleeps a second at most: negligible). It sets the burst length (see the docstring); 10 ms
-#: (2.5 ms bursts) before 2026-11-25.
-MIN_SLEEP_S = 0.004
-#: Most CPU run without a break before a short sleep, whatever the credit (see the docstring).
-MAX_BURST_S = 0.001
+#: (1,000 sleeps a second at most, ~1% of a core). It sets the burst length (see the docstring):
+#: 10 ms (2.5 ms bursts) before 2026-11-25, then 4 ms (1 ms bursts); 1 ms since session 18, where
+#: the waits of tasks woken behind the worker made the busy windows' produce p99 (see
+#: ``bench/results/cleantail-s18.md``).
+MIN_SLEEP_S = 0.001
+#: Most CPU run without a break before a short sleep, whatever the credit (see the docstring):
+#: a task woken behind the worker waits at most about this long (1 ms before session 18).
+MAX_BURST_S = 0.00025
 #: That short sleep: long enough to leave the run queue, short against the bursts.
 YIELD_S = 0.0002
 #: Wall time beyond the CPU used between two calls that counts as a break (off the CPU).

@@ -52,9 +52,9 @@ broker's clients run: their run-queue wait, not the broker, then made the produc
 cleaning 3.7-46x the idle one (``bench/results/compaction-worker-session.md``). Each worker
 therefore holds its CPU to ``log.cleaner.cpu.max.share`` of one core (``duty_cycle.DutyCycle``:
 it reads its own CPU clock at each batch it reads or writes and every ``TICK_RECORDS`` records
-it decodes, and sleeps in >= 4 ms slices when over its share, so it runs in bursts of about a
-millisecond; and, under its share on a loaded box, it still breaks each run of 1 ms of CPU with
-a 0.2 ms sleep). The bursts' length matters as much as the share: a client woken on the core the
+it decodes, and sleeps in >= 1 ms slices when over its share, so it runs in bursts of about a
+quarter of a millisecond; and, under its share on a loaded box, it still breaks each run of
+0.25 ms of CPU with a 0.2 ms sleep). The bursts' length matters as much as the share: a client woken on the core the
 worker holds waits for the worker to sleep or for the scheduler's tick (4 ms at HZ=250), which
 is also why the worker takes the shortest EEVDF slice (above). With one check per batch a burst
 was a whole 1 MB batch of 100 B records, ~40 ms of CPU, and the busy windows' produce p99 sat at
