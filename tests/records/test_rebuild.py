@@ -9,7 +9,7 @@ from exactly.records.batch import (
     compute_crc,
     iter_batches,
 )
-from exactly.records.builder import COMPRESSION_GZIP, Record, build_batch, decode_batch
+from exactly.records.builder import COMPRESSION_GZIP, TICK_EVERY, Record, build_batch, decode_batch
 from exactly.records.rebuild import (
     build_empty_batch,
     build_retained_batch,
@@ -120,3 +120,20 @@ def test_record_key_states_tell_tombstones_and_keyless_records_without_decoding_
         header, decoded = decode_batch(data)
         assert list(record_key_states(data, header)) == [(r.offset, r.key, r.value is None) for r in decoded]
         assert [t for _o, _k, t in record_key_states(data, header)] == [False, True, False, False, True]
+
+
+def test_ticked_decode_and_rebuild_give_the_same_records_and_bytes() -> None:
+    """The cleaner's worker passes a ``tick`` (its CPU duty cycle) into decoding and re-encoding
+    a partly kept batch, called every TICK_EVERY records; it changes nothing decoded or built."""
+    records = [Record(key=b"k%d" % (i % 70), value=b"v" * (i % 13)) for i in range(1000)]
+    buf = build_batch(records, base_offset=5000, base_timestamp=1_700_000_000_000)
+    ticks: list[int] = []
+    header, plain = decode_batch(buf)
+    assert decode_batch(buf, tick=lambda: ticks.append(1)) == (header, plain)
+    assert len(ticks) == 1000 // TICK_EVERY
+    kept = plain[::3]
+    ticks.clear()
+    rebuilt = build_retained_batch(header, kept, delete_horizon_ms=None, tick=lambda: ticks.append(1))
+    assert rebuilt == build_retained_batch(header, kept, delete_horizon_ms=None)
+    assert len(ticks) == len(kept) // TICK_EVERY
+    assert decode_batch(rebuilt)[1] == kept

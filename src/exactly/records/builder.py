@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gzip
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -56,11 +56,26 @@ def _bytes_field(data: bytes | None, out: bytearray) -> None:
         out += data
 
 
-def encode_records(records: Sequence[Record], base_timestamp: int, base_offset: int | None = None) -> bytes:
+#: Records between two calls of a ``tick`` given to ``encode_records`` / ``decode_batch``.
+TICK_EVERY = 32
+
+
+def encode_records(
+    records: Sequence[Record],
+    base_timestamp: int,
+    base_offset: int | None = None,
+    *,
+    tick: Callable[[], None] | None = None,
+) -> bytes:
     """The records section of a batch. Offset deltas count from 0, or, with ``base_offset``, are
-    each record's ``offset - base_offset`` (a cleaned batch keeps its records' offsets)."""
+    each record's ``offset - base_offset`` (a cleaned batch keeps its records' offsets).
+
+    ``tick`` is called every ``TICK_EVERY`` records: the log cleaner's worker gives up its CPU
+    there when its duty cycle says so (a 1 MB batch of 100 B records is ~10 ms to encode)."""
     out = bytearray()
     for index, record in enumerate(records):
+        if tick is not None and index % TICK_EVERY == TICK_EVERY - 1:
+            tick()
         delta = index if base_offset is None else record.offset - base_offset
         body = bytearray(b"\x00")  # record attributes (unused)
         ts = base_timestamp if record.timestamp is None else record.timestamp
@@ -143,13 +158,19 @@ def record_payload(buf: bytes | memoryview, header: BatchHeader) -> bytes | memo
     return payload
 
 
-def decode_batch(buf: bytes | memoryview, position: int = 0) -> tuple[BatchHeader, list[Record]]:
-    """Decode every record of the batch at ``position`` (uncompressed or gzip)."""
+def decode_batch(
+    buf: bytes | memoryview, position: int = 0, *, tick: Callable[[], None] | None = None
+) -> tuple[BatchHeader, list[Record]]:
+    """Decode every record of the batch at ``position`` (uncompressed or gzip), calling ``tick``
+    every ``TICK_EVERY`` records (see ``encode_records``; a 1 MB batch of 100 B records is
+    ~40 ms to decode)."""
     header = BatchHeader.parse(buf, position)
     payload = bytes(record_payload(buf, header))  # the records' keys and values are bytes
     records: list[Record] = []
     pos = 0
-    for _ in range(header.record_count):
+    for index in range(header.record_count):
+        if tick is not None and index % TICK_EVERY == TICK_EVERY - 1:
+            tick()
         length, pos = read_varint(payload, pos)
         rec_end = pos + length
         pos += 1  # attributes

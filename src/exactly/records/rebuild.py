@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import gzip
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import crc32c
 
@@ -74,11 +74,16 @@ def _assemble(
 
 
 def build_retained_batch(
-    header: BatchHeader, records: Sequence[Record], *, delete_horizon_ms: int | None
+    header: BatchHeader,
+    records: Sequence[Record],
+    *,
+    delete_horizon_ms: int | None,
+    tick: Callable[[], None] | None = None,
 ) -> bytes:
     """The batch ``header`` describes, holding only ``records`` (decoded from it, with their
     offsets and absolute timestamps). Same compression as the original (uncompressed or gzip).
-    ``delete_horizon_ms`` sets bit 6 and the base timestamp; None leaves both unset."""
+    ``delete_horizon_ms`` sets bit 6 and the base timestamp; None leaves both unset. ``tick``:
+    called while the records are encoded (``builder.encode_records``)."""
     if not records:
         raise ValueError("a retained batch needs a record; use build_empty_batch")
     compression = header.attributes & COMPRESSION_MASK
@@ -95,7 +100,7 @@ def build_retained_batch(
         base_ts = timestamps[0]
     # LogAppendTime batches keep the broker's append time as their max timestamp.
     max_ts = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else max(timestamps)
-    payload = encode_records(records, base_ts, header.base_offset)
+    payload = encode_records(records, base_ts, header.base_offset, tick=tick)
     if compression == COMPRESSION_GZIP:
         payload = gzip.compress(payload)
     return _assemble(header, attributes, base_ts, max_ts, len(records), payload)

@@ -143,9 +143,9 @@ def control_type_of(buf: bytes | memoryview, header: BatchHeader) -> ControlType
         ) from None
 
 
-def decode_records(buf: bytes | memoryview, header: BatchHeader) -> list[Record]:
+def decode_records(buf: bytes | memoryview, header: BatchHeader, tick: Tick = no_tick) -> list[Record]:
     try:
-        return decode_batch(buf, header.position)[1]
+        return decode_batch(buf, header.position, tick=tick)[1]
     except (ValueError, IndexError, OSError, EOFError) as exc:
         raise UncleanableBatchError(f"cannot read the batch at offset {header.base_offset}: {exc}") from None
 
@@ -241,7 +241,7 @@ def filter_batch(
                 data = bytes(view[header.position : header.position + header.size])
             return FilteredBatch(data, read, read, False)
         if kept_count:
-            records = decode_records(buf, header)
+            records = decode_records(buf, header, ctx.tick)
             if len(records) != read:
                 raise UncleanableBatchError(f"garbled batch at offset {header.base_offset}")
             kept = [r for r, keep in zip(records, retain, strict=True) if keep]
@@ -257,7 +257,10 @@ def filter_batch(
             return FilteredBatch(data, read, len(kept), False)
         new_horizon = ctx.now_ms + ctx.delete_retention_ms if needs_horizon else horizon
         return FilteredBatch(
-            build_retained_batch(header, kept, delete_horizon_ms=new_horizon), read, len(kept), True
+            build_retained_batch(header, kept, delete_horizon_ms=new_horizon, tick=ctx.tick),
+            read,
+            len(kept),
+            True,
         )
     if retention is BatchRetention.RETAIN_EMPTY or (
         header.producer_id >= 0 and not ctx.replicated(header.last_offset)
