@@ -4,6 +4,7 @@ segments were deleted meanwhile is dropped (``runner``)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import queue
 import signal
@@ -20,7 +21,7 @@ from exactly.storage.cleaner.priority import WORKER_NICENESS
 from exactly.storage.cleaner.runner import CleanerConfig, LogCleaner
 from exactly.storage.cleaner.sched_slice import MIN_SLICE_NS, slice_ns
 from exactly.storage.cleaner.swap import SwapStep
-from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, Throttler
+from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP, Throttler, collector_paused
 from exactly.storage.partition_log import PartitionLog
 from tests.storage.cleaner.helpers import NOW, append_keyed, key_values, offsets_in, open_compacted
 
@@ -339,3 +340,24 @@ def test_a_swap_that_never_reached_the_owner_closes_the_segments_it_opened(tmp_p
     assert not list(tmp_path.glob("*.cleaned")) and not list(tmp_path.glob("*.swap"))
     assert key_values(log) == expected
     log.close()
+
+
+def test_a_pass_runs_with_the_cyclic_collector_paused() -> None:
+    """The worker runs each pass with the cyclic collector off (its full collections were 25 ms
+    stretches no duty-cycle tick could split) and restores it after, even on an error; a block
+    entered with the collector already off leaves it off."""
+    assert gc.isenabled()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+            raise ValueError("a failing pass")
+    except ValueError:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
