@@ -49,6 +49,7 @@ from exactly.server.inter_broker import InterBrokerClient
 from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
 from exactly.server.produce_fast import FastProduce
+from exactly.server.produce_fast_cluster import ClusterFastProduce
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.cleaner.cleaner import CleaningAbortedError
@@ -104,6 +105,7 @@ class Broker:
         self.metrics = Metrics()
         self.waiters = AppendWaiters()
         self.fast_produce = FastProduce(self)  # the common single-broker Produce (produce_fast)
+        self.cluster_produce = ClusterFastProduce(self)  # the same at a cluster leader (produce_fast_cluster)
         self.fast_fetch = FastFetch(self)  # the common single-broker consumer Fetch (fetch_fast)
         self.follower_fetch = FollowerFetch(self)  # a follower's Fetch at its leader (follower_fetch_fast)
         # Cluster mode (zookeeper.connect): roles, metadata and producer-id blocks from ZooKeeper.

@@ -146,6 +146,8 @@ def fast_answer(
     if len(payload) > 32 and not payload[0]:
         key = payload[1]
         if key == _PRODUCE:
+            if broker.replicas is not None:  # a Produce at a cluster leader (produce_fast_cluster)
+                return broker.cluster_produce.answer(payload, now_ms(), may_defer)
             return broker.fast_produce.answer(payload, now_ms())
         if key == _FETCH and may_defer:
             if broker.replicas is not None:  # a follower's Fetch at its leader (follower_fetch_fast)

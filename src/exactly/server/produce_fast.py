@@ -64,6 +64,89 @@ def _response_struct(name: str) -> tuple[struct.Struct, bytes]:
     return struct.Struct(f">iiB{len(prefix)}sihqqq{len(_TAIL)}s"), prefix
 
 
+CommonProduce = tuple[int, int, int, str, int, int, int, tuple[int, ...]]
+"""What ``read_common_produce`` reads: correlation id, acks, timeout ms, topic, partition, the
+batch's start and stop in the frame, and its header fields as ``_BATCH`` unpacks them."""
+
+
+def read_common_produce(payload: bytearray) -> CommonProduce | None:
+    """The common Produce's fields read in place (v9+, no transactional id, acks 1 or -1, one
+    topic, one partition, one v2 batch that is neither transactional nor control, whose sizes,
+    counts and CRC check out), or None: not that shape, or not valid (the generic path answers).
+    Reads only: shared by the single-broker path (``FastProduce``) and the cluster leader's
+    (``server.produce_fast_cluster``), so both take exactly the same requests."""
+    try:
+        return _read_common_produce(payload)
+    except (IndexError, struct.error):  # a length or byte past the end of the frame
+        return None
+
+
+def _read_common_produce(payload: bytearray) -> CommonProduce | None:
+    end = len(payload)
+    if end < 32:
+        return None
+    api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
+    if api_key != _PRODUCE or not _LOWEST_FLEXIBLE <= version <= _HIGHEST:
+        return None
+    pos = 10 + client_len if client_len > 0 else 10
+    # header tags, then the transactional id: both empty (one zero byte each)
+    if pos + 9 > end or payload[pos] or payload[pos + 1]:
+        return None
+    acks, timeout = _ACKS_TIMEOUT.unpack_from(payload, pos + 2)
+    if acks != 1 and acks != -1:  # acks=0 has no answer; others are refused: generic path
+        return None
+    pos += 8
+    n = payload[pos + 1]
+    if payload[pos] != _ONE or n < 2 or n >= 0x80:  # one topic, a name of 1-126 bytes
+        return None
+    name_at = pos + 2
+    pos = name_at + n - 1
+    if pos + 6 > end or payload[pos] != _ONE:  # one partition
+        return None
+    index = _I32.unpack_from(payload, pos + 1)[0]
+    pos += 5
+    # the records' compact length: an unsigned varint of size + 1 (3 bytes for 16 KB-2 MB)
+    size = shift = 0
+    while True:
+        byte = payload[pos]
+        pos += 1
+        size |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+        if shift > 28:
+            return None
+    size -= 1
+    start = pos
+    stop = start + size
+    # then the partition's, the topic's and the request's empty tag sections, and the end
+    if size < 61 or stop + 3 != end or payload[stop] or payload[stop + 1] or payload[stop + 2]:
+        return None
+    fields = _BATCH.unpack_from(payload, start)
+    # validate_produce_records' checks, in its order; any failure: the generic path answers
+    if fields[3] != 2 or fields[1] + 12 != size or fields[5] & _TXN_OR_CONTROL:
+        return None
+    count = fields[12]
+    if count <= 0 or fields[6] != count - 1:
+        return None
+    with memoryview(payload) as view:
+        crc_ok = crc32c.crc32c(view[start + 21 : stop]) == fields[4]
+        name = str(view[name_at : name_at + n - 1], "utf-8")
+    if not crc_ok:
+        return None
+    return correlation_id, acks, timeout, name, index, start, stop, fields
+
+
+def response_layout(name: str) -> tuple[struct.Struct, bytes]:
+    """The framed answer's struct for one topic (see ``_response_struct``) and its constant
+    prefix: ``answer.pack(answer.size - 4, correlation id, 0, prefix, partition, error, base
+    offset, log append time, log start offset, ANSWER_TAIL)``."""
+    return _response_struct(name)
+
+
+ANSWER_TAIL = _TAIL
+
+
 class FastProduce:
     """One broker's fast-path state: the partition logs and response structs by (topic,
     partition), so a request costs no ``TopicPartition`` and no dictionary of dataclass keys.
@@ -99,64 +182,19 @@ class FastProduce:
             return None
 
     def _answer(self, broker: Broker, payload: bytearray, now_ms: int) -> list[bytes] | None:
-        end = len(payload)
-        if end < 32:
+        common = read_common_produce(payload)
+        if common is None:
             return None
-        api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
-        if api_key != _PRODUCE or not _LOWEST_FLEXIBLE <= version <= _HIGHEST:
-            return None
-        pos = 10 + client_len if client_len > 0 else 10
-        # header tags, then the transactional id: both empty (one zero byte each)
-        if pos + 9 > end or payload[pos] or payload[pos + 1]:
-            return None
-        acks, _timeout = _ACKS_TIMEOUT.unpack_from(payload, pos + 2)
-        if acks != 1 and acks != -1:  # acks=0 has no answer; others are refused: generic path
-            return None
-        pos += 8
-        n = payload[pos + 1]
-        if payload[pos] != _ONE or n < 2 or n >= 0x80:  # one topic, a name of 1-126 bytes
-            return None
-        name_at = pos + 2
-        pos = name_at + n - 1
-        if pos + 6 > end or payload[pos] != _ONE:  # one partition
-            return None
-        index = _I32.unpack_from(payload, pos + 1)[0]
-        pos += 5
-        # the records' compact length: an unsigned varint of size + 1 (3 bytes for 16 KB-2 MB)
-        size = shift = 0
-        while True:
-            byte = payload[pos]
-            pos += 1
-            size |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-            if shift > 28:
-                return None
-        size -= 1
-        start = pos
-        stop = start + size
-        # then the partition's, the topic's and the request's empty tag sections, and the end
-        if size < 61 or stop + 3 != end or payload[stop] or payload[stop + 1] or payload[stop + 2]:
-            return None
-        fields = _BATCH.unpack_from(payload, start)
-        # validate_produce_records' checks, in its order; any failure: the generic path answers
-        if fields[3] != 2 or fields[1] + 12 != size or fields[5] & _TXN_OR_CONTROL:
-            return None
+        correlation_id, _acks, _timeout, name, index, start, stop, fields = common
         count = fields[12]
-        if count <= 0 or fields[6] != count - 1:
-            return None
+        cached = self._logs.get((name, index))
+        if cached is None or cached[0].closed:
+            cached = self._lookup(name, index)
+            if cached is None:
+                return None
+        plog, answer, prefix = cached
         with memoryview(payload) as view:
             records = view[start:stop]
-            if crc32c.crc32c(records[21:]) != fields[4]:
-                return None
-            name = str(view[name_at : name_at + n - 1], "utf-8")
-            cached = self._logs.get((name, index))
-            if cached is None or cached[0].closed:
-                cached = self._lookup(name, index)
-                if cached is None:
-                    return None
-            plog, answer, prefix = cached
             try:
                 base_offset = plog.append_plain(records, fields, now_ms)
             except OSError:
@@ -185,4 +223,4 @@ class FastProduce:
         return [response]
 
 
-__all__ = ["FastProduce"]
+__all__ = ["ANSWER_TAIL", "CommonProduce", "FastProduce", "read_common_produce", "response_layout"]

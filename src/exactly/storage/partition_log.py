@@ -279,7 +279,13 @@ class PartitionLog(LogMaintenance):
             duplicate=False,
         )
 
-    def append_plain(self, batch: bytearray | memoryview, fields: tuple[int, ...], now_ms: int) -> int | None:
+    def append_plain(
+        self,
+        batch: bytearray | memoryview,
+        fields: tuple[int, ...],
+        now_ms: int,
+        leader_epoch: int | None = None,
+    ) -> int | None:
         """``append`` of the usual client batch, or None (nothing changed: call ``append``).
 
         ``batch`` is exactly one validated, non-transactional, non-control batch and ``fields``
@@ -291,8 +297,13 @@ class PartitionLog(LogMaintenance):
         cache, flush.messages), returning the base offset. Why a second path: the profile of a
         100 B-record produce shows ~45 Python calls between the handler and the segment write
         (header properties, the staged ``ProducerAppendInfo``, ``AppendResult``), a third of the
-        Produce request's Python work; this takes ~12."""
+        Produce request's Python work; this takes ~12.
+
+        ``leader_epoch`` None: a single broker (epoch 0, the high watermark moves to the log end
+        here). A cluster leader passes its epoch and moves the high watermark by its replication
+        rules afterwards (``Broker.after_append``), as after ``append``."""
         config = self.config
+        epoch = 0 if leader_epoch is None else leader_epoch
         size = fields[1] + 12
         if size > config.max_message_bytes or config.message_timestamp_type != "CreateTime":
             return None
@@ -308,7 +319,7 @@ class PartitionLog(LogMaintenance):
             if entry is None:
                 return None
         header = BatchHeader(base_offset, fields[1], 0, 2, *fields[4:], 0)  # type: ignore[call-arg]
-        patch_offset_and_epoch(batch, header, base_offset, 0)  # single broker: leader epoch 0
+        patch_offset_and_epoch(batch, header, base_offset, epoch)
         if rolls_before_write(active, size, base_offset + offset_delta, fields[8], config, now_ms):
             self.roll(now_ms)
             active = self._segments[-1]
@@ -316,12 +327,13 @@ class PartitionLog(LogMaintenance):
         next_offset = base_offset + offset_delta + 1
         self.producer_state.apply_plain(entry, next_offset)
         epochs = self.leader_epochs.entries
-        if not epochs or epochs[-1].epoch != 0 or epochs[-1].start_offset > base_offset:
-            self.leader_epochs.assign(0, base_offset)
+        if not epochs or epochs[-1].epoch != epoch or epochs[-1].start_offset > base_offset:
+            self.leader_epochs.assign(epoch, base_offset)
         self._unflushed_messages += fields[12]
         if self._unflushed_messages >= config.flush_messages:
             self.flush(now_ms=now_ms)
-        self._high_watermark = next_offset  # single broker: the HW is the log end
+        if leader_epoch is None:
+            self._high_watermark = next_offset  # single broker: the HW is the log end
         return base_offset
 
     def append_as_follower(self, batch: bytearray | memoryview, header: BatchHeader, *, now_ms: int) -> None:
