@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Paired A/B of the acks=all replication round trip: one Produce in flight, closed loop.
 
-    PYTHONPATH=src .venv/bin/python bench/cluster_rtt_ab.py --base /tmp/base-s17/src [--pairs 6] [--requests 2000]
+    PYTHONPATH=src .venv/bin/python bench/cluster_rtt_ab.py --base /tmp/base-s17/src [--pairs 6] [--requests 2000] [--version 9]
 
 Why beside ``cluster_ab.py``: its 1,000 msg/s librdkafka loop batches records whenever the box is
 loaded (a late ack lets the client queue several records into one request), so its CPU per record
@@ -11,7 +11,8 @@ one 1 KB record (acks=all, not idempotent) to broker 0, the leader of a fresh RF
 replication round trip (leader append, both followers' fetch answers, their next fetches, HW,
 answer), whatever the load. Figures per side and round: round-trip p50/p99 (ms) and the three
 brokers' CPU per request (µs), with B/A per pair. Both clusters (A = ``--base`` src, B = this
-checkout's) stay up for the session; the order alternates per pair.
+checkout's) stay up for the session; the order alternates per pair. ``--version 9`` sends the
+flexible Produce v9 librdkafka sends (the shape the produce fast paths take) instead of v7.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import shutil
 import socket
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -31,18 +33,57 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(1, str(BENCH.parent / "src"))
 
 from benchlib import drivers  # noqa: E402
-from benchlib.batch_producer import _recv_frame, check_response, produce_request  # noqa: E402
+from benchlib.batch_producer import _recv_frame, produce_request  # noqa: E402
+from benchlib.batch_producer import check_response as check_v7  # noqa: E402
 from benchlib.cluster import DEFAULT_SESSION_TIMEOUT_MS, Cluster  # noqa: E402
 from benchlib.cluster_workloads import LEADER, _place  # noqa: E402
+from exactly.protocol.primitives import write_uvarint  # noqa: E402
 from exactly.records.builder import Record, build_batch  # noqa: E402
 
 _CORRELATION_AT = 8
 
 
-def one(cluster: Cluster, requests: int, value: bytes) -> dict[str, float]:
+def produce_v9(topic: str, batch: bytes, acks: int, client_id: bytes = b"batch-producer") -> bytearray:
+    """A whole Produce v9 request frame (size prefix included) for ``batch`` to partition 0, as
+    librdkafka writes it: flexible, no transactional id, empty tag sections; correlation id 0."""
+    name = topic.encode()
+    body = (
+        b"\x00"  # header tags
+        + b"\x00"  # transactional id: null
+        + struct.pack(">hi", acks, 30_000)
+        + bytes([2, len(name) + 1])
+        + name
+        + bytes([2])
+        + struct.pack(">i", 0)
+        + write_uvarint(len(batch) + 1)
+        + batch
+        + b"\x00\x00\x00"  # partition, topic and request tags
+    )
+    frame = bytearray(struct.pack(">ihhih", 0, 0, 9, 0, len(client_id)) + client_id + body)
+    struct.pack_into(">i", frame, 0, len(frame) - 4)
+    return frame
+
+
+def check_response_v9(payload: bytes, correlation: int, topic: str) -> int:
+    """The error code of a Produce v9 answer to one partition (ValueError on the wrong id)."""
+    got = int.from_bytes(payload[0:4], "big")
+    if got != correlation:
+        raise ValueError(f"correlation id {got}, expected {correlation}")
+    at = 4 + 1 + 1 + 1 + len(topic.encode()) + 1 + 4  # header tags, topics, name, partitions, index
+    return int.from_bytes(payload[at : at + 2], "big", signed=True)
+
+
+def one(cluster: Cluster, requests: int, value: bytes, version: int) -> dict[str, float]:
     topic = _place(cluster, "rtt", 3)
     host, port = cluster.brokers[LEADER].bootstrap.rsplit(":", 1)
-    frame = produce_request(topic, build_batch([Record(value)], base_timestamp=int(time.time() * 1000)), -1)
+    batch = build_batch([Record(value)], base_timestamp=int(time.time() * 1000))
+    frame = produce_v9(topic, batch, -1) if version == 9 else produce_request(topic, batch, -1)
+
+    def check_response(answer: bytes, correlation: int) -> int:
+        if version == 9:
+            return check_response_v9(answer, correlation, topic)
+        return check_v7(answer, correlation)
+
     rtts: list[float] = []
     with socket.create_connection((host, int(port))) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -80,6 +121,7 @@ def main() -> int:
     ap.add_argument("--base", type=Path, required=True)
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--version", type=int, choices=(7, 9), default=7, help="the Produce version sent")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="exactly-bench-rtt-ab-"))
     sides = {"A": args.base.resolve(), "B": BENCH.parent / "src"}
@@ -92,7 +134,7 @@ def main() -> int:
             print(f"-- {side}: {src}", flush=True)
         for rep in range(args.pairs):
             for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
-                row = one(clusters[side], args.requests, value)
+                row = one(clusters[side], args.requests, value, args.version)
                 rows[side].append(row)
                 print(f"{rep} {side} " + " ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
     finally:
