@@ -76,15 +76,21 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+def _connected(broker: Broker) -> tuple[KafkaConnection, _Transport, asyncio.Task[None]]:
+    """A connection to ``broker`` on a recording transport, its request task started."""
+    conn = KafkaConnection(broker)
+    transport = _Transport()
+    conn.transport = transport  # type: ignore[assignment]
+    task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+    return conn, transport, task
+
+
 def test_a_lone_produce_is_answered_inside_the_read_callback(pair: tuple[Broker, Broker]) -> None:
     fast, generic = pair
     request = produce_frame([(TOPIC, [(0, batch(2))])], acks=1)
 
     async def main() -> None:
-        conn = KafkaConnection(fast)
-        transport = _Transport()
-        conn.transport = transport  # type: ignore[assignment]
-        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        conn, transport, task = _connected(fast)
         await _settle()  # _process waits for a frame
         _arrive(conn, request)
         assert len(transport.writes) == 1  # written in the call, before any task ran
@@ -104,10 +110,7 @@ def test_a_produce_behind_a_parked_fetch_waits_for_its_answer(pair: tuple[Broker
     produce = produce_frame([(TOPIC, [(0, batch(2))])], acks=1)
 
     async def main() -> None:
-        conn = KafkaConnection(fast)
-        transport = _Transport()
-        conn.transport = transport  # type: ignore[assignment]
-        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        conn, transport, task = _connected(fast)
         await _settle()
         end = plog.log_end_offset
         _arrive(conn, fetch)  # parks (nothing past the end)
@@ -136,10 +139,7 @@ def test_frames_the_fast_paths_decline_go_through_process(pair: tuple[Broker, Br
     request = fetch_frame([(TOPIC, [(0, 0)])])
 
     async def main() -> None:
-        conn = KafkaConnection(fast)
-        transport = _Transport()
-        conn.transport = transport  # type: ignore[assignment]
-        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        conn, transport, task = _connected(fast)
         await _settle()
         _arrive(conn, request)
         assert not transport.writes  # not taken inline: _process answers it on its turn
@@ -168,10 +168,7 @@ def test_several_fast_frames_of_one_read_are_answered_inline_in_one_write(
     fetch = fetch_frame([(TOPIC, [(0, plog.log_end_offset)])], max_wait_ms=0)
 
     async def main() -> None:
-        conn = KafkaConnection(fast)
-        transport = _Transport()
-        conn.transport = transport  # type: ignore[assignment]
-        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        conn, transport, task = _connected(fast)
         await _settle()
         data = frame(first) + frame(second) + frame(fetch)
         conn.get_buffer(-1)[: len(data)] = data
@@ -202,10 +199,7 @@ def test_a_declined_frame_stops_the_inline_answers_and_process_keeps_the_order(
     last = produce_frame([(TOPIC, [(0, batch(1))])], acks=1, correlation_id=23)
 
     async def main() -> None:
-        conn = KafkaConnection(fast)
-        transport = _Transport()
-        conn.transport = transport  # type: ignore[assignment]
-        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        conn, transport, task = _connected(fast)
         await _settle()
         end = plog.log_end_offset
         data = frame(first) + frame(metadata) + frame(last)
@@ -237,10 +231,7 @@ def test_a_parked_fetch_in_a_read_holds_back_the_frames_behind_it(pair: tuple[Br
     last = produce_frame([(TOPIC, [(0, batch(1))])], acks=1, correlation_id=33)
 
     async def main() -> None:
-        conn = KafkaConnection(fast)
-        transport = _Transport()
-        conn.transport = transport  # type: ignore[assignment]
-        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        conn, transport, task = _connected(fast)
         await _settle()
         end = plog.log_end_offset
         data = frame(first) + frame(fetch) + frame(last)
