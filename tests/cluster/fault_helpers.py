@@ -5,9 +5,11 @@ socket queues, not guessed times)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from kio.static.primitive import i32, i64
 
 from exactly.cluster.zk import ClusterZk
 from exactly.protocol.apis import ApiKey, build, schema
+from exactly.records.batch import iter_batches
+from exactly.records.builder import decode_batch
 from exactly.types import TopicPartition
 from tests.cluster.helpers import bootstrap, by_id, wait_for, watermarks
 from tests.support.broker import Broker
@@ -105,6 +109,23 @@ def read_partitions(brokers: list[Broker], partitions: int) -> dict[int, list[in
         consumer.close()
 
 
+def _debug_config() -> dict[str, Any]:
+    """librdkafka's own log (``debug=eos,msg,protocol``, or ``EXACTLY_TEST_RDKAFKA_DEBUG``'s
+    contexts) into the file named by ``EXACTLY_TEST_RDKAFKA_LOG``, to keep the producer's side of
+    a failure (ids, epochs, sequences, epoch bumps, retries); nothing when unset."""
+    path = os.environ.get("EXACTLY_TEST_RDKAFKA_LOG")
+    if not path:
+        return {}
+    logger = logging.getLogger(f"rdkafka-{path}")
+    if not logger.handlers:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+    return {"debug": os.environ.get("EXACTLY_TEST_RDKAFKA_DEBUG", "eos,msg,protocol"), "logger": logger}
+
+
 @dataclass
 class ContinuousProducer:
     """An idempotent acks=all producer writing ``i`` to partition ``i % partitions`` until stopped
@@ -151,6 +172,7 @@ class ContinuousProducer:
                 "linger.ms": 5,
                 "request.timeout.ms": self.request_timeout_ms,
                 "socket.timeout.ms": max(self.request_timeout_ms, 10_000),
+                **_debug_config(),
             }
         )
         i = 0
@@ -319,3 +341,37 @@ def latest_offset(broker: Broker, version: int) -> tuple[int, int]:
 
 def segment_size(broker: Broker) -> int:
     return sum(p.stat().st_size for p in broker.partition_dir(TOPIC, 0).glob("*.log"))
+
+
+def duplicate_report(data_dirs: list[Path], topic: str, partition: int) -> str:
+    """Every value stored more than once in ``topic-partition``, read from each replica's segment
+    files on disk (after the brokers stopped): for each copy, the batch's offsets, producer id,
+    epoch, base sequence and the leader epoch that appended it. What a duplicate's failure
+    message needs to say where the second copy came from."""
+    lines: list[str] = []
+    for data_dir in data_dirs:
+        copies: dict[bytes | None, list[str]] = {}
+        for segment in sorted((data_dir / f"{topic}-{partition}").glob("*.log")):
+            buf = segment.read_bytes()
+            for header in iter_batches(buf):
+                _, records = decode_batch(buf, header.position)
+                where = (
+                    f"offsets {header.base_offset}-{header.base_offset + header.last_offset_delta}"
+                    f" pid {header.producer_id} epoch {header.producer_epoch}"
+                    f" seq {header.base_sequence} leader_epoch {header.partition_leader_epoch}"
+                )
+                for record in records:
+                    copies.setdefault(record.value, []).append(f"@{record.offset} in {where}")
+        for value, where_all in copies.items():
+            if len(where_all) > 1:
+                lines.append(f"{data_dir.name} {topic}-{partition} value {value!r}: " + "; ".join(where_all))
+    return "\n".join(lines) or f"no value stored twice in {topic}-{partition} on disk"
+
+
+def describe_difference(read: list[int], acked: list[int]) -> str:
+    """What a read of a partition has that its acknowledgements do not (and the reverse)."""
+    counts = Counter(read)
+    twice = sorted(v for v, n in counts.items() if n > 1)
+    missing = sorted(set(acked) - set(counts))
+    extra = sorted(set(counts) - set(acked))
+    return f"read twice {twice[:20]}, acked but not read {missing[:20]}, read but not acked {extra[:20]}"

@@ -34,6 +34,8 @@ from tests.cluster.fault_helpers import (
     bootstrap,
     by_id,
     create_topic,
+    describe_difference,
+    duplicate_report,
     fail_over,
     freeze_without_parked_fetch,
     isr_full,
@@ -104,7 +106,13 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(
     assert producer.errors == []
     seen = read_partitions(cluster, partitions)
     for p in range(partitions):
-        assert seen[p] == producer.acked[p], f"partition {p}: read differs from what was acknowledged"
+        if seen[p] != producer.acked[p]:
+            # keep the evidence: where each copy of a duplicate came from (batch headers on disk)
+            for b in cluster:
+                b.stop()
+            report = duplicate_report([b.data_dir for b in cluster], TOPIC, p)
+            difference = describe_difference(seen[p], producer.acked[p])
+            pytest.fail(f"partition {p}: read differs from what was acknowledged: {difference}\n{report}")
         assert seen[p] == sorted(seen[p])
     assert sum(len(v) for v in seen.values()) == producer.count()
     verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
