@@ -375,3 +375,50 @@ def describe_difference(read: list[int], acked: list[int]) -> str:
     missing = sorted(set(acked) - set(counts))
     extra = sorted(set(counts) - set(acked))
     return f"read twice {twice[:20]}, acked but not read {missing[:20]}, read but not acked {extra[:20]}"
+
+
+def epoch_bump_duplicates(data_dir: Path, topic: str, partition: int) -> tuple[set[bytes | None], list[str]]:
+    """The values stored twice in the shape librdkafka's KIP-360 epoch bump produces (the same
+    producer id, the second copy under a higher producer epoch), and a description of every
+    other duplicate (which no client behaviour explains: a dedup hole). Read from one replica's
+    segment files, brokers stopped.
+
+    Why the bump shape exists (bench/results/dupbounce-s18.md): after a failover to a leader whose
+    ISR is below min.insync.replicas, the retry of a batch that leader already holds is refused
+    with NOT_ENOUGH_REPLICAS before the dedup check (Kafka's order), librdkafka files it as "not
+    persisted", and when the ISR grows before its next pipelined request, that one gets
+    OUT_OF_ORDER_SEQUENCE, on which librdkafka bumps the epoch and re-sends every unacknowledged
+    record, the durable one included, renumbered from 0."""
+    copies: dict[bytes | None, list[tuple[int, int, int]]] = {}  # value -> (offset, pid, epoch)
+    for segment in sorted((data_dir / f"{topic}-{partition}").glob("*.log")):
+        buf = segment.read_bytes()
+        for header in iter_batches(buf):
+            _, records = decode_batch(buf, header.position)
+            for record in records:
+                copies.setdefault(record.value, []).append(
+                    (record.offset, header.producer_id, header.producer_epoch)
+                )
+    bumped: set[bytes | None] = set()
+    other: list[str] = []
+    for value, where in copies.items():
+        if len(where) == 1:
+            continue
+        (_, pid1, epoch1), *rest = sorted(where)
+        if len(rest) == 1 and rest[0][1] == pid1 and rest[0][2] > epoch1:
+            bumped.add(value)
+        else:
+            other.append(f"{value!r}: {where}")
+    return bumped, other
+
+
+def without_second_copies(read: list[int], values: set[bytes | None]) -> list[int]:
+    """``read`` with the second occurrence of each of ``values`` (as stored bytes) removed."""
+    wanted = {int(v) for v in values if v is not None}
+    seen: set[int] = set()
+    out: list[int] = []
+    for v in read:
+        if v in wanted and v in seen:
+            continue
+        seen.add(v)
+        out.append(v)
+    return out

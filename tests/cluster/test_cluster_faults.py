@@ -36,6 +36,7 @@ from tests.cluster.fault_helpers import (
     create_topic,
     describe_difference,
     duplicate_report,
+    epoch_bump_duplicates,
     fail_over,
     freeze_without_parked_fetch,
     isr_full,
@@ -47,6 +48,7 @@ from tests.cluster.fault_helpers import (
     request_queued,
     segment_size,
     wait_deregistered,
+    without_second_copies,
 )
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
 from tests.support.broker import Broker
@@ -76,7 +78,9 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(
     """ReplicationTest's hard_bounce: RF 3, min.insync.replicas 2, three partitions; the leader of
     partition 0 is killed with SIGKILL, its registration awaited gone, restarted, five times, while
     an idempotent acks=all producer (5 in flight) writes. Every acknowledged record is then read
-    exactly once and in order per partition, and the replicas are byte-identical.
+    exactly once and in order per partition, and the replicas are byte-identical. One exception,
+    which Kafka shares: a record stored a second time under a higher epoch of the same producer id,
+    re-sent by librdkafka's epoch bump (the comment at the check says when; ~1 run in 35 here).
 
     ``chasing`` is Kafka's exact shape: the next bounce does not wait for the restarted broker to
     be back in the ISR, only for partition 0 to take acks=all writes again (so at least two ISR
@@ -105,18 +109,28 @@ def test_leader_hard_bounced_five_times_under_idempotent_producer(
         producer.stop()
     assert producer.errors == []
     seen = read_partitions(cluster, partitions)
-    for p in range(partitions):
-        if seen[p] != producer.acked[p]:
-            # keep the evidence: where each copy of a duplicate came from (batch headers on disk)
-            for b in cluster:
-                b.stop()
+    verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
+    assert [v.compared_up_to for v in verdicts] == [len(seen[p]) for p in range(partitions)]
+    mismatched = [p for p in range(partitions) if seen[p] != producer.acked[p]]
+    if mismatched:
+        # Read the copies from disk (brokers stopped; the replicas were just found identical).
+        for b in cluster:
+            b.stop()
+    for p in mismatched:
+        # librdkafka's KIP-360 epoch bump re-sends a record Kafka already holds when a failover
+        # leaves the new leader's ISR below min.insync.replicas (bench/results/dupbounce-s18.md):
+        # Kafka's order of checks and librdkafka's documented recovery, not a dedup hole of the
+        # broker. Only that shape is excused (second copy under a higher epoch of the same
+        # producer id); anything else fails with where each copy came from.
+        bumped, other = epoch_bump_duplicates(cluster[0].data_dir, TOPIC, p)
+        if other or without_second_copies(seen[p], bumped) != producer.acked[p]:
             report = duplicate_report([b.data_dir for b in cluster], TOPIC, p)
             difference = describe_difference(seen[p], producer.acked[p])
             pytest.fail(f"partition {p}: read differs from what was acknowledged: {difference}\n{report}")
+        seen[p] = without_second_copies(seen[p], bumped)
+    for p in range(partitions):
         assert seen[p] == sorted(seen[p])
     assert sum(len(v) for v in seen.values()) == producer.count()
-    verdicts = await_replicas_identical(bootstrap(cluster), [TOPIC])
-    assert [v.compared_up_to for v in verdicts] == [len(seen[p]) for p in range(partitions)]
 
 
 # ---------------------------------------------------------------------------- truncation pitfalls
