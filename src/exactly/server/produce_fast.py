@@ -37,6 +37,7 @@ from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
     from exactly.server.broker import Broker
+    from exactly.server.metrics import Metrics
     from exactly.storage.partition_log import PartitionLog
 
 # api key, api version, correlation id, client id length (request header v2 up to the client id)
@@ -139,12 +140,28 @@ def _read_common_produce(payload: bytearray) -> CommonProduce | None:
 
 def response_layout(name: str) -> tuple[struct.Struct, bytes]:
     """The framed answer's struct for one topic (see ``_response_struct``) and its constant
-    prefix: ``answer.pack(answer.size - 4, correlation id, 0, prefix, partition, error, base
-    offset, log append time, log start offset, ANSWER_TAIL)``."""
+    prefix, as ``pack_answer`` takes them."""
     return _response_struct(name)
 
 
-ANSWER_TAIL = _TAIL
+def pack_answer(
+    metrics: Metrics,
+    answer: struct.Struct,
+    prefix: bytes,
+    correlation_id: int,
+    index: int,
+    code: int,
+    base_offset: int,
+    log_start: int,
+) -> bytes:
+    """The framed one-partition answer, counted in bytes_out (as the generic path counts what
+    it writes). An error's offsets are -1 (as ``ProducePartitionResult(index, code, -1, -1,
+    -1)``); log append time is always -1, since a LogAppendTime topic takes the generic path.
+    Shared by ``FastProduce`` and ``server.produce_fast_cluster`` so both write the same bytes."""
+    metrics.bytes_out += answer.size
+    return answer.pack(
+        answer.size - 4, correlation_id, 0, prefix, index, code, base_offset, -1, log_start, _TAIL
+    )
 
 
 class FastProduce:
@@ -207,20 +224,9 @@ class FastProduce:
         metrics.requests[_PRODUCE] += 1
         metrics.messages_in += count
         broker.waiters.notify(plog.tp)
-        response = answer.pack(
-            answer.size - 4,
-            correlation_id,
-            0,
-            prefix,
-            index,
-            0,
-            base_offset,
-            -1,
-            plog.log_start_offset,
-            _TAIL,
-        )
-        metrics.bytes_out += answer.size
-        return [response]
+        return [
+            pack_answer(metrics, answer, prefix, correlation_id, index, 0, base_offset, plog.log_start_offset)
+        ]
 
 
-__all__ = ["ANSWER_TAIL", "CommonProduce", "FastProduce", "read_common_produce", "response_layout"]
+__all__ = ["CommonProduce", "FastProduce", "pack_answer", "read_common_produce", "response_layout"]

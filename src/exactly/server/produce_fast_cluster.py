@@ -43,7 +43,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.replication.leader import AckOutcome
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.delayed_produce import Parked
-from exactly.server.produce_fast import ANSWER_TAIL, read_common_produce, response_layout
+from exactly.server.produce_fast import pack_answer, read_common_produce, response_layout
 from exactly.topics import INTERNAL_TOPICS
 from exactly.types import TopicPartition
 
@@ -93,7 +93,7 @@ class ClusterFastProduce:
                 self._layouts.clear()
             layout = (TopicPartition(name, index), *response_layout(name))
             self._layouts[(name, index)] = layout
-        tp = layout[0]
+        tp, shape, prefix = layout
         plog = broker.logs.get_partition(tp)
         # handlers.produce._append's checks, in its order (leadership, then min.insync.replicas)
         _code, leader = replicas.leader_for_write(tp)
@@ -118,24 +118,25 @@ class ClusterFastProduce:
         metrics.messages_in += fields[12]
         broker.after_append(plog)
         if acks == 1:
-            return [self._pack(layout, correlation_id, index, _NONE, base_offset, log_start)]
+            return [pack_answer(metrics, shape, prefix, correlation_id, index, _NONE, base_offset, log_start)]
         # acks=-1: handlers.produce._record's tryCompleteElseWatch
         leader = replicas.leaders.get(tp)
         if leader is None:  # cannot happen within this call; the generic _record answers then
-            return [self._pack(layout, correlation_id, index, _NONE, base_offset, log_start)]
+            return [pack_answer(metrics, shape, prefix, correlation_id, index, _NONE, base_offset, log_start)]
         required = base_offset + fields[6] + 1
         outcome = leader.check_acks_all(required, min_isr)
         if outcome is _DONE:
-            return [self._pack(layout, correlation_id, index, _NONE, base_offset, log_start)]
+            return [pack_answer(metrics, shape, prefix, correlation_id, index, _NONE, base_offset, log_start)]
         if outcome is not _WAIT:  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
             metrics.error(_PRODUCE, _AFTER_APPEND)
-            return [self._pack(layout, correlation_id, index, _AFTER_APPEND, -1, -1)]
+            return [pack_answer(metrics, shape, prefix, correlation_id, index, _AFTER_APPEND, -1, -1)]
         return Deferred(
             self._park(
                 replicas,
                 tp,
                 leader,
-                layout,
+                shape,
+                prefix,
                 correlation_id,
                 index,
                 base_offset,
@@ -151,7 +152,8 @@ class ClusterFastProduce:
         replicas: ReplicaManager,
         tp: TopicPartition,
         leader: LeaderPartition,
-        layout: tuple[TopicPartition, struct.Struct, bytes],
+        shape: struct.Struct,
+        prefix: bytes,
         correlation_id: int,
         index: int,
         base_offset: int,
@@ -169,9 +171,12 @@ class ClusterFastProduce:
         def settle(code: ErrorCode) -> None:
             if code != _NONE:
                 metrics.error(_PRODUCE, code)
-                answer.set_result([self._pack(layout, correlation_id, index, code, -1, -1)])
+                frame = pack_answer(metrics, shape, prefix, correlation_id, index, code, -1, -1)
             else:
-                answer.set_result([self._pack(layout, correlation_id, index, _NONE, base_offset, log_start)])
+                frame = pack_answer(
+                    metrics, shape, prefix, correlation_id, index, _NONE, base_offset, log_start
+                )
+            answer.set_result([frame])
 
         entry = replicas.park_for_acks(tp, leader, required, min_isr, timeout_ms / 1000, settle)
         if isinstance(entry, Parked):
@@ -179,32 +184,6 @@ class ClusterFastProduce:
         else:
             settle(entry)
         return answer
-
-    def _pack(
-        self,
-        layout: tuple[TopicPartition, struct.Struct, bytes],
-        correlation_id: int,
-        index: int,
-        code: ErrorCode,
-        base_offset: int,
-        log_start: int,
-    ) -> bytes:
-        """The framed answer, counted in bytes_out; an error's offsets are -1 (as
-        ``ProducePartitionResult(index, code, -1, -1, -1)``)."""
-        _tp, answer, prefix = layout
-        self._broker.metrics.bytes_out += answer.size
-        return answer.pack(
-            answer.size - 4,
-            correlation_id,
-            0,
-            prefix,
-            index,
-            int(code),
-            base_offset,
-            -1,
-            log_start,
-            ANSWER_TAIL,
-        )
 
 
 __all__ = ["ClusterFastProduce"]
