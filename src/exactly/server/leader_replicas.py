@@ -84,8 +84,12 @@ class LeaderReplicas:
 
     def after_leader_append(self, plog: PartitionLog) -> None:
         leader = self.leaders.get(plog.tp)
-        if leader is None:
-            return
+        if leader is not None:
+            self.leader_appended(plog, leader)
+
+    def leader_appended(self, plog: PartitionLog, leader: LeaderPartition) -> None:
+        """``after_leader_append`` for a caller that holds ``plog``'s current leader already
+        (looked up within the same synchronous call: the produce fast path)."""
         if leader.on_leader_append(plog.log_end_offset, now_ms()):  # an ISR of one
             plog.update_high_watermark(leader.high_watermark)
             self.delayed_produces.wake(plog.tp)

@@ -14,8 +14,9 @@ path's own rules, in its order:
    (NOT_ENOUGH_REPLICAS: declined);
 3. ``PartitionLog.append_plain`` at the leader's epoch (declined, nothing written, for a
    duplicate, a producer-state error, LogAppendTime, a batch over max.message.bytes);
-4. ``Broker.after_append``: the leader's LEO, the HW for an ISR of one, parked follower Fetches
-   and consumers woken (``broker.waiters``), delayed produces completed;
+4. ``Broker.after_append`` (as ``LeaderReplicas.leader_appended``, with the leader of step 1:
+   nothing awaits in between, so it still leads): the leader's LEO, the HW for an ISR of one,
+   parked follower Fetches and consumers woken (``broker.waiters``), delayed produces completed;
 5. acks=1: the answer at once. acks=-1: ``check_acks_all`` as the handler's ``_record``, and a
    wait that must happen goes to the same DelayedProduce (``park_for_acks``), whose completion
    resolves a ``PendingAnswer`` the connection writes within that call (the same ``Deferred``
@@ -116,13 +117,12 @@ class ClusterFastProduce:
         metrics = broker.metrics
         metrics.requests[_PRODUCE] += 1
         metrics.messages_in += fields[12]
-        broker.after_append(plog)
+        # Broker.after_append, with the leader looked up above: no await since, so it still leads
+        replicas.leading.leader_appended(plog, leader)
         if acks == 1:
             return [pack_answer(metrics, shape, prefix, correlation_id, index, _NONE, base_offset, log_start)]
-        # acks=-1: handlers.produce._record's tryCompleteElseWatch
-        leader = replicas.leaders.get(tp)
-        if leader is None:  # cannot happen within this call; the generic _record answers then
-            return [pack_answer(metrics, shape, prefix, correlation_id, index, _NONE, base_offset, log_start)]
+        # acks=-1: handlers.produce._record's tryCompleteElseWatch (which looks the leader up
+        # again: the same object here, since nothing since leader_for_write awaited)
         required = base_offset + fields[6] + 1
         outcome = leader.check_acks_all(required, min_isr)
         if outcome is _DONE:
