@@ -182,7 +182,7 @@ class Broker:
                 hook=_swap_fault_hook(os.environ.get("EXACTLY_FAULT", "")),
                 worker_fault=_worker_fault(os.environ.get("EXACTLY_FAULT", "")),
                 # a cluster's replica floors gate tombstone and marker removal (replica_floors)
-                replica_floor=None if self.replicas is None else self.replicas.compaction_floor,
+                replica_floor=None if self.replicas is None else self.replicas.floors.compaction_floor,
             )
             if cleaner_config.enable and cleaner_config.num_threads > 0
             else None

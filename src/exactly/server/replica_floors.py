@@ -1,5 +1,7 @@
 """Cluster mode's replica floors on the event loop: what the log cleaner may remove below
-(``replication.compaction_floor`` decides, ``cluster.zk_floors`` does the ZooKeeper I/O).
+(``replication.compaction_floor`` decides, ``cluster.zk_floors`` does the ZooKeeper I/O); and
+beside them the other offset bound a replica persists in the background, its high watermarks
+(``high_watermark_checkpoint_loop``: what a restart resumes from).
 
 * ``compaction_floor(tp)``: called by the cleaner (on the loop) when it describes a pass. As the
   leader: from the ``LeaderPartition``'s follower log end offsets and high watermark. As a follower:
@@ -8,6 +10,8 @@
 * ``publish_loop``: every ``PUBLISH_INTERVAL_MS`` the leader writes the changed floors of the
   compacted partitions it leads (in the executor; a failed write is retried next round).
 * ``on_published`` (from the floor watches of ``replica_watches``) and ``topic_gone`` feed the rest.
+
+* ``high_watermark_checkpoint_loop``: Kafka's highwatermark-checkpoint task, for every hosted log.
 
 Invariant: every value handed to the cleaner is a lower bound of every assigned replica's log end
 offset and of this replica's high watermark, or 0.
@@ -146,4 +150,28 @@ class ReplicaFloors:
                     self.floors.on_written(tp, floor, now)
 
 
-__all__ = ["PUBLISH_INTERVAL_MS", "ReplicaFloors"]
+async def high_watermark_checkpoint_loop(logs: LogManager, interval_ms: int) -> None:
+    """Kafka's highwatermark-checkpoint task: every ``replica.high.watermark.checkpoint.interval.ms``
+    the HWs go to ``replication-offset-checkpoint``, where a restart takes them from (the log
+    manager also writes it at close)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        # The values now, the file written off the loop: its fsyncs took 15-35 ms here, a
+        # stop of every produce, fetch and acks=all answer on this broker every interval.
+        write = logs.high_watermark_checkpoint()
+        if write is None:
+            continue
+        written = loop.run_in_executor(None, write)
+        try:
+            await asyncio.shield(written)
+        except asyncio.CancelledError:
+            # stopping: a thread cannot be stopped, and the log manager's own last write at
+            # close must come after this one
+            await asyncio.gather(written, return_exceptions=True)
+            raise
+        except OSError:  # a full or failing disk: the next round retries, the broker serves on
+            log.exception("high watermark checkpoint failed")
+
+
+__all__ = ["PUBLISH_INTERVAL_MS", "ReplicaFloors", "high_watermark_checkpoint_loop"]

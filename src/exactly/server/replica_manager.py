@@ -53,7 +53,7 @@ from exactly.server.isr_writer import IsrWriter
 from exactly.server.leader_replicas import LeaderReplicas
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.server.replica_fetcher import LeaderFetcher
-from exactly.server.replica_floors import ReplicaFloors
+from exactly.server.replica_floors import ReplicaFloors, high_watermark_checkpoint_loop
 from exactly.server.replica_watches import ReplicaWatches
 from exactly.topics import INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC
 from exactly.types import TopicPartition
@@ -128,7 +128,6 @@ class ReplicaManager:
             leaders=self.leaders,
             logs=broker.logs,
         )
-        self.compaction_floor = self.floors.compaction_floor
         # Kazoo threads: the broker and topic sets, assignments, partition states and floors (replica_watches).
         # SCRAM credentials in /config/users, watched into a copy the event loop reads
         self.scram = ZkScramStore()
@@ -170,7 +169,8 @@ class ReplicaManager:
         await loop.run_in_executor(None, self._start_watches)
         shrink = loop.create_task(self.isr_writer.expiration_loop(), name="isr-expiration")
         self._background.add(shrink)
-        self._spawn(self._high_watermark_checkpoint_loop(), "highwatermark-checkpoint")
+        interval_ms = self.broker.config.get_int("replica.high.watermark.checkpoint.interval.ms")
+        self._spawn(high_watermark_checkpoint_loop(self.broker.logs, interval_ms), "highwatermark-checkpoint")
         self._spawn(self.floors.publish_loop(), "replica-floors")
         log.info(
             "broker %d joined the cluster at %s (broker epoch %d)", self.broker_id, self.zk.connect, epoch
@@ -234,30 +234,6 @@ class ReplicaManager:
             self.controller.stop()
         finally:
             self.zk.stop()
-
-    async def _high_watermark_checkpoint_loop(self) -> None:
-        """Kafka's highwatermark-checkpoint task: every ``replica.high.watermark.checkpoint.interval.ms``
-        the HWs go to ``replication-offset-checkpoint``, where a restart takes them from (the log
-        manager also writes it at close)."""
-        interval_s = self.broker.config.get_int("replica.high.watermark.checkpoint.interval.ms") / 1000
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(interval_s)
-            # The values now, the file written off the loop: its fsyncs took 15-35 ms here, a
-            # stop of every produce, fetch and acks=all answer on this broker every interval.
-            write = self.broker.logs.high_watermark_checkpoint()
-            if write is None:
-                continue
-            written = loop.run_in_executor(None, write)
-            try:
-                await asyncio.shield(written)
-            except asyncio.CancelledError:
-                # stopping: a thread cannot be stopped, and the log manager's own last write at
-                # close must come after this one
-                await asyncio.gather(written, return_exceptions=True)
-                raise
-            except OSError:  # a full or failing disk: the next round retries, the broker serves on
-                log.exception("high watermark checkpoint failed")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """A background task of this broker's cluster role (ISR writes, auto-creations):
