@@ -21,6 +21,7 @@ from exactly.protocol.fetch_response import parse_fetch_response
 from exactly.replication.truncation import TruncationDecision
 from exactly.server.replica_channel import ReplicaChannel
 from exactly.server.replica_fetcher import FETCH_VERSION, LeaderFetcher
+from exactly.server.replica_truncation import apply_truncation
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
@@ -68,7 +69,7 @@ def _fetcher(directory: Path) -> LeaderFetcher:
     fetcher = LeaderFetcher(_Manager(_Broker(_Logs(logs))), leader=0)  # type: ignore[arg-type]
     for tp in TPS:
         fetcher.follow(tp, EPOCH)  # an empty log: truncating to its HW first, as the task does
-        fetcher._apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))
+        apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))
     return fetcher
 
 

@@ -42,7 +42,8 @@ fetcher cuts its log where ``truncation_offset`` says (``PartitionLog.truncate_t
 cache, producer state) and fetches on (truncation on fetch). When that cut is incomplete (the
 follower lacks the leader's epoch, KIP-279) or the log has no epoch at all, the partition is
 TRUNCATING: OffsetsForLeaderEpoch for its latest epoch, asked again until the answer is complete
-(a follower without any epoch truncates to its HW); only then does it fetch records.
+(a follower without any epoch truncates to its HW); only then does it fetch records. The cuts
+and the OffsetsForLeaderEpoch questions and answers are ``replica_truncation``'s.
 """
 
 from __future__ import annotations
@@ -50,29 +51,25 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from kio.schema.offset_for_leader_epoch.v3 import request as epoch_request
-from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import i32
 
 from exactly.client.wire import decode_response, encode_request
 from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate
 from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_response
 from exactly.records.batch import InvalidRecordError, iter_batches
-from exactly.replication.truncation import (
-    FetchState,
-    FollowerPartition,
-    TruncationDecision,
-    epoch_to_ask,
-    truncation_offset,
-)
+from exactly.replication.truncation import FollowerPartition, epoch_to_ask
 from exactly.server.clock import now_ms
 from exactly.server.inter_broker import is_refusal, refused_backoff_s
 from exactly.server.replica_channel import ReplicaChannel
-from exactly.storage.leader_epoch import EpochEndOffset, latest_epoch
+from exactly.server.replica_truncation import (
+    FollowedPartition,
+    apply_epoch_answers,
+    epoch_questions,
+    truncate_on_fetch,
+)
+from exactly.storage.leader_epoch import latest_epoch
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import ProducerStateError
 from exactly.types import TopicPartition
@@ -98,21 +95,6 @@ class _Step(enum.Enum):
     IDLE = "no partition active: the task returns and waits for one"
     TRUNCATE = "a partition truncates first: OffsetsForLeaderEpoch"
     NO_LOG = "no active partition has a log: back off"
-
-
-@dataclass(slots=True)
-class FollowedPartition:
-    tp: TopicPartition
-    state: FollowerPartition
-    failed: bool = False  # stopped after an error, until the next role change
-
-    @property
-    def leader_epoch(self) -> int:
-        return self.state.leader_epoch
-
-    @property
-    def truncating(self) -> bool:
-        return self.state.state is FetchState.TRUNCATING
 
 
 class LeaderFetcher:
@@ -324,94 +306,13 @@ class LeaderFetcher:
     async def _truncate(self, channel: ReplicaChannel, truncating: list[FollowedPartition]) -> None:
         """One OffsetsForLeaderEpoch round for every truncating partition; each answer cuts the
         log and either completes the truncation or asks again next round (KIP-279)."""
-        asks: dict[str, list[Any]] = {}
-        asked_for: dict[TopicPartition, int] = {}  # the leader epoch each question was asked in
-        for followed in truncating:
-            plog = self.manager.broker.logs.get_partition(followed.tp)
-            if plog is None:
-                continue
-            epoch = epoch_to_ask(plog.leader_epochs.entries)
-            if epoch is None:  # nothing to ask with: Kafka's fallback is the high watermark
-                self._apply_truncation(followed, plog, TruncationDecision(plog.high_watermark, True))
-                continue
-            asked_for[followed.tp] = followed.leader_epoch
-            asks.setdefault(followed.tp.topic, []).append(
-                epoch_request.OffsetForLeaderPartition(
-                    partition=i32(followed.tp.partition),
-                    current_leader_epoch=i32(followed.leader_epoch),
-                    leader_epoch=i32(epoch),
-                )
-            )
-        if not asks:
+        logs = self.manager.broker.logs
+        request, asked_for = epoch_questions(self.manager.broker_id, truncating, logs)
+        if request is None:
             return
-        request = epoch_request.OffsetForLeaderEpochRequest(
-            replica_id=BrokerId(self.manager.broker_id),
-            topics=tuple(
-                epoch_request.OffsetForLeaderTopic(topic=TopicName(t), partitions=tuple(parts))
-                for t, parts in asks.items()
-            ),
-        )
         response = await self._call(channel, request, EPOCH_API_KEY, EPOCH_VERSION)
-        backoff = False
-        for topic in response.topics:
-            for part in topic.partitions:
-                tp = TopicPartition(str(topic.topic), int(part.partition))
-                current = self.partitions.get(tp)
-                plog = self.manager.broker.logs.get_partition(tp)
-                if current is None or plog is None or not current.truncating:
-                    continue
-                if asked_for.get(tp) != current.leader_epoch:
-                    continue  # answered for an older epoch: ask again in the new one
-                if int(part.error_code) != ErrorCode.none:
-                    backoff = True  # the leader moves on: wait for the next observed state
-                    continue
-                decision = truncation_offset(
-                    plog.leader_epochs.entries,
-                    EpochEndOffset(int(part.leader_epoch), int(part.end_offset)),
-                    log_end_offset=plog.log_end_offset,
-                    high_watermark=plog.high_watermark,
-                )
-                self._apply_truncation(current, plog, decision)
-        if backoff:
+        if apply_epoch_answers(response, asked_for, self.partitions, logs):
             await asyncio.sleep(BACKOFF_S)
-
-    def _apply_truncation(
-        self, followed: FollowedPartition, plog: PartitionLog, decision: TruncationDecision
-    ) -> None:
-        removed = plog.truncate_to(decision.offset)
-        if removed:
-            log.info(
-                "%s: truncated to %d (%d bytes) for leader epoch %d",
-                plog.tp,
-                decision.offset,
-                removed,
-                followed.leader_epoch,
-            )
-        followed.state.on_truncated(decision, followed.leader_epoch)
-
-    def _truncate_on_fetch(
-        self, followed: FollowedPartition, plog: PartitionLog, diverging: tuple[int, int]
-    ) -> None:
-        """The leader answered a DivergingEpoch (no records, nothing about our fetch recorded):
-        the same rule as an OffsetsForLeaderEpoch answer; incomplete -> TRUNCATING (ask)."""
-        decision = truncation_offset(
-            plog.leader_epochs.entries,
-            EpochEndOffset(*diverging),
-            log_end_offset=plog.log_end_offset,
-            high_watermark=plog.high_watermark,
-        )
-        removed = plog.truncate_to(decision.offset)
-        log.info(
-            "%s: truncated to %d (%d bytes) for leader epoch %d on fetch: diverging epoch %d ends at %d%s",
-            plog.tp,
-            decision.offset,
-            removed,
-            followed.leader_epoch,
-            diverging[0],
-            diverging[1],
-            "" if decision.completed else ", asking OffsetsForLeaderEpoch",
-        )
-        followed.state.on_diverging_epoch(decision, followed.leader_epoch)
 
     def _build(self, active: list[FollowedPartition]) -> bytearray | None:
         """The Fetch request frame for every active partition, or None when none has a log:
@@ -490,7 +391,7 @@ class LeaderFetcher:
         if diverging is not None:  # the tagged field is present
             if followed.truncating or self._sent_epochs.get(tp) != followed.leader_epoch:
                 return True  # asked in an older epoch: the new epoch's own check decides
-            self._truncate_on_fetch(followed, plog, diverging)
+            truncate_on_fetch(followed, plog, diverging)
             return True
         if part.records_end > part.records_start:
             try:
