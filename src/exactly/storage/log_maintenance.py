@@ -1,5 +1,5 @@
-"""The operations that change a partition's log other than by appending: flushes, retention,
-moves of the log start offset (DeleteRecords) and a follower's truncation.
+"""The operations that change a partition's log other than by appending: segment rolls, flushes,
+retention, moves of the log start offset (DeleteRecords) and a follower's truncation.
 
 :class:`LogMaintenance` is the base of :class:`~exactly.storage.partition_log.PartitionLog`, which
 owns every attribute declared here (it sets them in its constructor, from recovery); the split is by
@@ -17,16 +17,17 @@ from pathlib import Path
 from exactly.storage.cleaner.swap import SwapHook, commit_segment_groups, replace_segment_groups
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
-from exactly.storage.log_loader import rebuild_producer_state
+from exactly.storage.log_loader import new_segment, rebuild_producer_state
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.producer_state import ProducerStateManager
 from exactly.storage.retention import deletable_segments, segments_below_log_start
+from exactly.storage.roll_policy import rolls_when_idle
 from exactly.storage.segment import LogSegment
 from exactly.types import TopicPartition
 
 
 class LogMaintenance:
-    """Flush, retention, log-start moves and truncation over the attributes ``PartitionLog`` owns."""
+    """Rolls, flushes, retention, log-start moves and truncation over the attributes ``PartitionLog`` owns."""
 
     tp: TopicPartition
     directory: Path
@@ -47,6 +48,25 @@ class LogMaintenance:
     @property
     def log_end_offset(self) -> int:
         return self._segments[-1].next_offset
+
+    def roll(self, now_ms: int) -> LogSegment:
+        """Start a new active segment at the log end offset and snapshot producer state there
+        (so recovery never replays more than one segment). The old segment is not fsynced here:
+        ``flush_rolled_segments`` (log manager maintenance) does that off the append path."""
+        active = self._segments[-1]
+        if active.is_empty:
+            return active
+        active.on_become_inactive()
+        segment = new_segment(self.directory, self.log_end_offset, self.config, now_ms)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        self.producer_state.take_snapshot()
+        return segment
+
+    def maybe_roll(self, now_ms: int) -> None:
+        """Roll by age (segment.ms) an active segment nothing is appended to (see ``roll_policy``)."""
+        if rolls_when_idle(self._segments[-1], self.config, now_ms):
+            self.roll(now_ms)
 
     def flush(self, *, now_ms: int | None = None) -> None:
         """fsync every segment with unflushed data and advance the recovery point to the LEO."""

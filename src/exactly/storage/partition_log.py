@@ -63,7 +63,7 @@ from exactly.records.batch import (
 from exactly.records.control import marker_of
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
-from exactly.storage.log_loader import LoadResult, load_log, new_segment
+from exactly.storage.log_loader import LoadResult, load_log
 from exactly.storage.log_maintenance import LogMaintenance
 from exactly.storage.log_read import (
     AbortedTxn,
@@ -81,7 +81,7 @@ from exactly.storage.producer_state import (
     ProducerAppendInfo,
     ProducerStateManager,
 )
-from exactly.storage.roll_policy import rolls_before_append, rolls_before_write, rolls_when_idle
+from exactly.storage.roll_policy import rolls_before_append, rolls_before_write
 from exactly.storage.segment import LogSegment
 from exactly.storage.txn_index import AbortedTxnEntry
 from exactly.types import TopicPartition
@@ -411,25 +411,6 @@ class PartitionLog(LogMaintenance):
         if self._unflushed_messages >= self.config.flush_messages:
             self.flush(now_ms=now_ms)
 
-    def roll(self, now_ms: int) -> LogSegment:
-        """Start a new active segment at the log end offset and snapshot producer state there
-        (so recovery never replays more than one segment). The old segment is not fsynced here:
-        ``flush_rolled_segments`` (log manager maintenance) does that off the append path."""
-        active = self._segments[-1]
-        if active.is_empty:
-            return active
-        active.on_become_inactive()
-        segment = new_segment(self.directory, self.log_end_offset, self.config, now_ms)
-        self._segments.append(segment)
-        self._bases.append(segment.base_offset)
-        self.producer_state.take_snapshot()
-        return segment
-
-    def maybe_roll(self, now_ms: int) -> None:
-        """Roll by age (segment.ms) an active segment nothing is appended to (see ``roll_policy``)."""
-        if rolls_when_idle(self._segments[-1], self.config, now_ms):
-            self.roll(now_ms)
-
     # --- reads ----------------------------------------------------------------------------
     def read(
         self,
@@ -487,7 +468,7 @@ class PartitionLog(LogMaintenance):
     def producers(self) -> dict[int, ProducerStateEntry]:
         return self.producer_state.active_producers()
 
-    # --- maintenance: inherited from LogMaintenance (log_maintenance) -----------------
+    # --- maintenance (rolls, flushes, retention, truncation): inherited from LogMaintenance ---
 
     def close(self) -> None:
         """Flush, snapshot producer state; the caller then writes the recovery checkpoint."""
