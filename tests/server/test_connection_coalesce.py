@@ -32,7 +32,7 @@ class _Broker:
     connections: set = field(default_factory=set)
     metrics: _Metrics = field(default_factory=_Metrics)
     replicas: None = None  # single broker: no cluster replica manager
-    # the fast paths decline every frame: the fake ``handle_request`` answers them all
+    # the fast paths decline every frame: the fake ``dispatch`` answers them all
     fast_produce: Off = field(default_factory=Off)
     fast_fetch: Off = field(default_factory=Off)
 
@@ -89,6 +89,8 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
         file_slices: bool = False,
         principal: str = "User:ANONYMOUS",
         listener: str = "PLAINTEXT",
+        *,
+        fast_paths: bool = True,
     ) -> list[bytes] | None:
         key, _version, tag = struct.unpack_from(">hhi", payload)
         started.append((tag, len(transport.writes)))
@@ -107,7 +109,7 @@ def _make(monkeypatch: pytest.MonkeyPatch, park: asyncio.Future[None] | None = N
             await park
         return None if tag < 0 else [b"r%d" % tag]
 
-    monkeypatch.setattr(task_mod, "handle_request", fake_dispatch)
+    monkeypatch.setattr(task_mod, "dispatch", fake_dispatch)
     conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
     conn.transport = transport  # type: ignore[assignment]
     return conn, transport, started
@@ -241,13 +243,14 @@ def test_referenced_buffer_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> Non
         before_park: Callable[[], None] = lambda: None,
         may_defer: bool = False,
         file_slices: bool = False,
+        **_: Any,
     ) -> list[bytes] | None:
         kept.append(memoryview(payload))
         return [b"ok"]
 
     async def main() -> None:
         conn, _transport, _ = _make(monkeypatch)
-        monkeypatch.setattr(task_mod, "handle_request", keeping_dispatch)
+        monkeypatch.setattr(task_mod, "dispatch", keeping_dispatch)
         conn._frames.append(_request(ApiKey.PRODUCE, 1, 200_000))
         task = conn._task = asyncio.get_running_loop().create_task(conn._process())
         await asyncio.sleep(0.01)
@@ -401,7 +404,7 @@ def test_an_answer_resolved_by_a_call_is_written_in_that_call_in_order(
         return Deferred(answers[tag])
 
     async def main() -> None:
-        monkeypatch.setattr(task_mod, "handle_request", fake_dispatch)
+        monkeypatch.setattr(task_mod, "dispatch", fake_dispatch)
         conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
         transport = _Transport()
         conn.transport = transport  # type: ignore[assignment]

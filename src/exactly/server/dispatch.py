@@ -137,8 +137,8 @@ def fast_answer(
     broker: Broker, payload: bytearray, may_defer: bool, file_slices: bool
 ) -> list[Any] | Deferred[list[Any] | None] | None:
     """The answer of a request the fast paths take whole, without a coroutine (the connection
-    calls it from its read callback and its request task, then ``handle_request`` when it
-    declines); None: not one of theirs, nothing changed, the generic
+    calls it from its read callback and its request task, then ``dispatch(...,
+    fast_paths=False)`` when it declines); None: not one of theirs, nothing changed, the generic
     path of ``dispatch`` answers it. The common single-broker Produce (server.produce_fast) and
     the common consumer Fetch, parked without a task when it waits (server.fetch_fast, only for
     a caller that takes a deferred answer), and on a cluster broker a follower's steady-state Fetch
@@ -165,33 +165,20 @@ async def dispatch(
     file_slices: bool = False,
     principal: str = "User:ANONYMOUS",
     listener: str = "PLAINTEXT",
+    *,
+    fast_paths: bool = True,
 ) -> list[Any] | Deferred[list[Any] | None] | None:
     """Handle one request frame; returns the response as chunks for ``writelines`` (None: no
     response), or with ``may_defer`` a ``Deferred`` of them. Raises CloseConnection where Kafka
     closes the connection. ``principal`` is the connection's authenticated principal; nothing
     in the request itself can change it. The fast paths first (``fast_answer``), then the
-    generic path (``handle_request``)."""
-    fast = fast_answer(broker, payload, may_defer, file_slices)
-    if fast is not None:
-        return fast
-    return await handle_request(
-        broker, payload, peer, before_park, may_defer, file_slices, principal=principal, listener=listener
-    )
-
-
-async def handle_request(
-    broker: Broker,
-    payload: bytearray,
-    peer: str,
-    before_park: Callable[[], None] = _nothing,
-    may_defer: bool = False,
-    file_slices: bool = False,
-    principal: str = "User:ANONYMOUS",
-    listener: str = "PLAINTEXT",
-) -> list[Any] | Deferred[list[Any] | None] | None:
-    """``dispatch`` without the fast paths: the generic path, for a frame ``fast_answer`` declined
-    (the connection calls ``fast_answer`` itself, without a coroutine, and this only when it
-    declines)."""
+    generic path. ``fast_paths=False``: the generic path only, for a frame ``fast_answer``
+    declined (the connection's request task calls ``fast_answer`` itself, as a plain call
+    without a coroutine, and this only when it declines)."""
+    if fast_paths:
+        fast = fast_answer(broker, payload, may_defer, file_slices)
+        if fast is not None:
+            return fast
     try:
         header, pos = parse_request_header(payload)
     except HeaderError as exc:

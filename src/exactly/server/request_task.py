@@ -19,7 +19,7 @@ Fetch, ``dispatch.fast_answer``) are answered from the read callback itself, in 
 write, when the request task sits idle with nothing held back or deferred: no future, no task
 step per request. The first frame a fast path declines (or a large one) and everything behind it
 go to the request task, which calls ``fast_answer`` itself too (a plain call, no coroutine) and
-``dispatch.handle_request`` for the rest. A parked consumer Fetch of the fast path
+``dispatch.dispatch`` (``fast_paths=False``) for the rest. A parked consumer Fetch of the fast path
 (``ExclusiveAnswer``) holds back every later request, as an awaited one.
 
 Sending: each response costs a ``send()``, and on loopback that syscall also runs the client's
@@ -52,7 +52,7 @@ from exactly.protocol.apis import ApiKey
 from exactly.protocol.framing import LARGE_FRAME
 from exactly.security.sasl import Action
 from exactly.server.deferred_response import Deferred, ExclusiveAnswer, PendingAnswer
-from exactly.server.dispatch import CloseConnection, fast_answer, handle_request
+from exactly.server.dispatch import CloseConnection, dispatch, fast_answer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -253,7 +253,7 @@ class RequestTask:
                 if result is None:
                     self.in_request = True
                     try:
-                        result = await handle_request(
+                        result = await dispatch(
                             broker,
                             payload,
                             self.peer,
@@ -262,6 +262,7 @@ class RequestTask:
                             file_slices,
                             principal=self.principal,
                             listener=listener_name,
+                            fast_paths=False,
                         )
                     except CloseConnection as exc:
                         if pending and not self._closing:
