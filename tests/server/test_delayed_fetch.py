@@ -121,8 +121,8 @@ def test_a_parked_fetch_answers_inside_the_append_that_completes_it() -> None:
         w.notify_appended(A)
         assert fired == ["fired", "fired"]
         assert w._log_end == {}
-        loop = asyncio.get_running_loop()
-        assert all(h.cancelled() for h in loop._scheduled)  # type: ignore[attr-defined]
+        # their deadlines may stay in the heap until due, but as fired entries (skipped)
+        assert all(entry[2].done() for entry in w._deadlines)
 
     asyncio.run(main())
 
@@ -181,5 +181,66 @@ def test_an_append_prepares_every_parked_follower_fetch_before_sending_any() -> 
         assert sorted(steps[:2]) == ["prepare f1", "prepare f2"]
         assert sorted(steps[2:]) == ["send f1", "send f2"]
         assert w._log_end == {}
+
+    asyncio.run(main())
+
+
+def test_parked_fetches_share_one_timer_and_each_fires_at_its_own_max_wait() -> None:
+    """``park`` keeps one loop timer, armed for the earliest deadline: a fetch parked later with
+    a shorter max_wait re-arms it, and each fires at its own max_wait, in deadline order."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        fired: dict[str, float] = {}
+        done = loop.create_future()
+
+        def fire(name: str) -> Callable[[], None]:
+            def record() -> None:
+                fired[name] = loop.time() - t0
+                if len(fired) == 3:
+                    done.set_result(None)
+
+            return record
+
+        w.park([A], 0.15, fire("slow"), up_to_log_end=False)
+        w.park([B], 0.05, fire("fast"), up_to_log_end=False)  # earlier: the timer moves up
+        w.park([C], 0.10, fire("middle"), up_to_log_end=False)
+        live = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        assert len(live) == 1 and live[0].when() == min(entry[0] for entry in w._deadlines)
+        await asyncio.wait_for(done, 5.0)
+        assert list(fired) == ["fast", "middle", "slow"]
+        assert fired["fast"] >= 0.045 and fired["middle"] >= 0.095 and fired["slow"] >= 0.145
+        assert w._waiters == {} and w._deadlines == []
+
+    asyncio.run(main())
+
+
+def test_woken_fetches_leave_a_bounded_deadline_heap_and_no_timer_per_fetch() -> None:
+    """At latency-1k each record parks a Fetch and wakes it: the woken fetches' deadline entries
+    are compacted away (the heap stays O(parked fetches)), one timer stays armed, and a fetch
+    still parked among them fires at its max_wait."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        w.park([C], 0.05, lambda: done.set_result(None), up_to_log_end=False)
+        woken = 0
+
+        def fire() -> None:
+            nonlocal woken
+            woken += 1
+
+        for _ in range(1000):
+            w.park([A], 30.0, fire, up_to_log_end=False)
+            w.notify_high_watermark(A)
+        assert woken == 1000
+        assert len(w._deadlines) <= 2 * 64 + 1
+        live = [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        assert len(live) == 1
+        await asyncio.wait_for(done, 5.0)
+        assert w._waiters == {}
 
     asyncio.run(main())

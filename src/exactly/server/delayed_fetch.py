@@ -19,12 +19,19 @@ later (on a loaded 2-core box that turn is where other processes' and connection
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
+import math
 from collections.abc import Callable, Iterable
 
 from exactly.types import TopicPartition
 
 log = logging.getLogger(__name__)
+
+# ``AppendWaiters._deadlines`` is compacted once it holds more entries than this (and than twice
+# its live entries at the last compaction)
+_COMPACT_MIN = 64
 
 # A parked fetch's completion: prepares its answer, returns what sends it (None: nothing to send).
 Fire = Callable[[], Callable[[], None] | None]
@@ -48,7 +55,7 @@ class ParkedFetch:
     changes, epoch bumps, a single broker's append) fires it on the next loop turn, as a woken task
     would run, so it never reads a partition in the middle of a role change."""
 
-    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets", "_timer")
+    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets")
 
     def __init__(
         self,
@@ -61,7 +68,6 @@ class ParkedFetch:
         self._fire = fire
         self._keys = keys
         self._sets = sets
-        self._timer: asyncio.TimerHandle | None = None
         # the loop it was parked on (its timer's): ``fire_soon`` schedules there without
         # ``asyncio.get_running_loop()``, which costs a getpid system call per call
         self._loop = loop
@@ -79,8 +85,9 @@ class ParkedFetch:
         """Leave the sets and prepare the answer; the caller sends it with the result."""
         if self._done:
             return None
+        fire = self._fire
         self._detach()
-        return self._fire()
+        return fire()
 
     def fire_soon(self) -> None:
         if not self._done:
@@ -93,9 +100,14 @@ class ParkedFetch:
 
     def _detach(self) -> None:
         self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
+        # its deadline entry stays in ``AppendWaiters._deadlines`` until due or compacted: keep
+        # nothing of the fetch alive through it
+        self._fire = _fired
         _unregister(self._sets, self._keys, self)
+
+
+def _fired() -> None:
+    """A detached ``ParkedFetch``'s ``fire`` (never called: ``prepare`` checks ``done`` first)."""
 
 
 _Waiter = asyncio.Future[None] | ParkedFetch
@@ -122,7 +134,7 @@ class AppendWaiters:
     broker (``Broker.waiters``), for the broker's life. Spurious wake-ups are harmless: the Fetch
     handler re-reads whatever woke it.
 
-    A parked fetch is a bare future plus one ``loop.call_at`` timer: ``asyncio.wait_for`` would
+    A waiting fetch is a bare future plus one ``loop.call_at`` timer: ``asyncio.wait_for`` would
     add a Task and a second future per wait, which showed up in the 1,000 msg/s latency profile
     (every record wakes the consumer's parked Fetch). The notifies run after every append, so
     they return before hashing anything when no fetch is parked (the usual case while
@@ -131,6 +143,13 @@ class AppendWaiters:
     def __init__(self) -> None:
         self._waiters: dict[TopicPartition, set[_Waiter]] = {}
         self._log_end: dict[TopicPartition, set[_Waiter]] = {}
+        # ``park``'s deadlines, one loop timer for the earliest (see ``park``)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deadlines: list[tuple[float, int, ParkedFetch]] = []  # a heap
+        self._seq = itertools.count()  # ties: no ParkedFetch comparison
+        self._compact_at = _COMPACT_MIN
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     async def wait(
         self, tps: Iterable[TopicPartition], timeout_s: float, *, up_to_log_end: bool = False
@@ -155,11 +174,68 @@ class AppendWaiters:
         """Park a fetch that ``fire()`` completes (no task; see ``ParkedFetch``), for the same
         events ``wait`` would wake it for, or until ``timeout_s``."""
         waiters = self._log_end if up_to_log_end else self._waiters
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or not loop.is_running():  # first park, or a new loop (tests)
+            loop = self._loop = asyncio.get_running_loop()
+            self._timer, self._timer_at = None, math.inf  # a closed loop's timer never runs
         parked = ParkedFetch(waiters, tps, fire, loop)
         _register(waiters, tps, parked)
-        parked._timer = loop.call_at(loop.time() + timeout_s, parked.set_result, None)
+        deadline = loop.time() + timeout_s
+        deadlines = self._deadlines
+        heapq.heappush(deadlines, (deadline, next(self._seq), parked))
+        if deadline < self._timer_at:
+            self._arm(loop, deadline)
+        if len(deadlines) > self._compact_at:
+            self._compact()
         return parked
+
+    # Why one timer for every parked fetch and not a ``call_at`` each: at latency-1k each record
+    # parks the consumer's Fetch and its wake-up cancelled the timer; a cancelled uvloop timer is
+    # a handle closed on the next loop turn, and a pending close makes that turn's epoll_pwait
+    # return at once (timeout 0): a system call, a loop turn and a timer handle per record (a
+    # getpid too: ``asyncio.get_running_loop()`` costs one per call; the loop is kept here).
+    # A deadline is a heap entry instead; a woken fetch leaves its entry behind (done, skipped),
+    # and the heap is compacted when stale entries pile up (more than half of it), so it holds
+    # O(parked fetches) entries. Deadlines are kept as before: each fetch fires when its own
+    # max_wait is over, through the timer armed for the earliest one.
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._expire)
+        self._timer_at = when
+
+    def _expire(self) -> None:
+        """The timer: fire every parked fetch whose max_wait is over, re-arm for the next."""
+        self._timer, self._timer_at = None, math.inf
+        loop = self._loop
+        if loop is None:
+            return
+        # uvloop rounds a timer's delay to whole milliseconds: one armed for a deadline may run
+        # up to half a millisecond before it, and that deadline is due
+        now = loop.time() + 0.0005
+        deadlines = self._deadlines
+        due: list[ParkedFetch] = []
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][2].done()):
+            parked = heapq.heappop(deadlines)[2]
+            if not parked.done():
+                due.append(parked)
+        for parked in due:  # in deadline order; one may park again (and arm the timer)
+            try:
+                parked.set_result(None)
+            except Exception:  # one fetch's failure must not keep the others parked
+                log.exception("answering a parked fetch at its max_wait failed")
+        while deadlines and deadlines[0][2].done():
+            heapq.heappop(deadlines)
+        if deadlines and deadlines[0][0] < self._timer_at:
+            self._arm(loop, deadlines[0][0])
+
+    def _compact(self) -> None:
+        """Drop the entries of fetches no longer parked (woken or cancelled)."""
+        live = [entry for entry in self._deadlines if not entry[2].done()]
+        heapq.heapify(live)
+        self._deadlines = live
+        self._compact_at = max(_COMPACT_MIN, 2 * len(live))
 
     def notify(self, tp: TopicPartition) -> None:
         """Both bounds may have moved (or the partition's role changed)."""
