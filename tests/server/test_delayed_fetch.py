@@ -12,6 +12,8 @@ from exactly.server.delayed_fetch import AppendWaiters
 from exactly.types import TopicPartition
 
 A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+# the waiter sets' keys (``delayed_fetch._Key``)
+KA, KB = ("t", 0), ("t", 1)
 
 
 def test_notify_wakes_the_parked_fetch() -> None:
@@ -45,7 +47,7 @@ def test_one_append_wakes_every_fetch_parked_on_it() -> None:
         w = AppendWaiters()
         tasks = [asyncio.create_task(w.wait([A], 5.0)) for _ in range(3)]
         await asyncio.sleep(0.01)
-        assert len(w._waiters[A]) == 3
+        assert len(w._waiters[KA]) == 3
         w.notify(A)
         await asyncio.wait_for(asyncio.gather(*tasks), 1.0)
         assert w._waiters == {}
@@ -79,7 +81,7 @@ def test_an_append_wakes_follower_fetches_and_a_high_watermark_move_consumer_fet
         consumer = asyncio.create_task(w.wait([A], 30.0))
         follower = asyncio.create_task(w.wait([A], 30.0, up_to_log_end=True))
         await asyncio.sleep(0)  # both parked
-        assert set(w._waiters) == {A} and set(w._log_end) == {A}
+        assert set(w._waiters) == {KA} and set(w._log_end) == {KA}
         w.notify_appended(A)
         await asyncio.wait_for(follower, 5.0)
         assert not consumer.done()
@@ -117,7 +119,7 @@ def test_a_parked_fetch_answers_inside_the_append_that_completes_it() -> None:
         assert fired == []
         w.notify_appended(B)
         assert fired == ["fired"]  # inside the call
-        assert set(w._log_end) == {A, B}  # parked again
+        assert set(w._log_end) == {KA, KB}  # parked again
         w.notify_appended(A)
         assert fired == ["fired", "fired"]
         assert w._log_end == {}
@@ -152,7 +154,7 @@ def test_a_parked_fetch_fires_at_its_max_wait_and_a_cancelled_one_never() -> Non
         w.park([A], 0.02, lambda: done.set_result(None), up_to_log_end=True)
         gone = w.park([A, C], 0.02, lambda: done.set_exception(AssertionError("fired")), up_to_log_end=False)
         gone.cancel()
-        assert set(w._waiters) == set() and set(w._log_end) == {A}
+        assert set(w._waiters) == set() and set(w._log_end) == {KA}
         await asyncio.wait_for(done, 5.0)
         await asyncio.sleep(0.05)
         assert w._log_end == {} and w._waiters == {}
