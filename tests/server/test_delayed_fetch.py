@@ -138,8 +138,9 @@ def test_a_role_change_fires_a_parked_fetch_on_the_next_loop_turn() -> None:
         fired: list[int] = []
         w.park([A], 30.0, lambda: fired.append(1), up_to_log_end=True)
         w.notify(A)
-        w.notify(A)  # twice before it runs: fired once
+        w.notify(A)  # twice before it runs: fired once, scheduled once
         assert fired == []
+        assert len(asyncio.get_running_loop()._ready) == 1  # type: ignore[attr-defined]
         await asyncio.sleep(0)
         assert fired == [1]
         assert w._log_end == {}

@@ -60,7 +60,7 @@ class ParkedFetch:
     changes, epoch bumps, a single broker's append) fires it on the next loop turn, as a woken task
     would run, so it never reads a partition in the middle of a role change."""
 
-    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets")
+    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets", "_soon")
 
     def __init__(
         self,
@@ -70,6 +70,7 @@ class ParkedFetch:
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._done = False
+        self._soon = False  # ``fire_soon`` scheduled it: several appends in one turn, one read
         self._fire = fire
         self._keys = keys
         self._sets = sets
@@ -95,7 +96,8 @@ class ParkedFetch:
         return fire()
 
     def fire_soon(self) -> None:
-        if not self._done:
+        if not self._done and not self._soon:
+            self._soon = True
             loop = self._loop if self._loop is not None else asyncio.get_running_loop()
             loop.call_soon(self.set_result, None)
 
@@ -221,23 +223,23 @@ class AppendWaiters:
         now = loop.time() + 0.0005
         deadlines = self._deadlines
         due: list[ParkedFetch] = []
-        while deadlines and (deadlines[0][0] <= now or deadlines[0][2].done()):
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][2]._done):
             parked = heapq.heappop(deadlines)[2]
-            if not parked.done():
+            if not parked._done:
                 due.append(parked)
         for parked in due:  # in deadline order; one may park again (and arm the timer)
             try:
                 parked.set_result(None)
             except Exception:  # one fetch's failure must not keep the others parked
                 log.exception("answering a parked fetch at its max_wait failed")
-        while deadlines and deadlines[0][2].done():
+        while deadlines and deadlines[0][2]._done:
             heapq.heappop(deadlines)
         if deadlines and deadlines[0][0] < self._timer_at:
             self._arm(loop, deadlines[0][0])
 
     def _compact(self) -> None:
         """Drop the entries of fetches no longer parked (woken or cancelled)."""
-        live = [entry for entry in self._deadlines if not entry[2].done()]
+        live = [entry for entry in self._deadlines if not entry[2]._done]
         heapq.heapify(live)
         self._deadlines = live
         self._compact_at = max(_COMPACT_MIN, 2 * len(live))
@@ -295,16 +297,17 @@ def _wake_all(waiters: dict[_Key, set[_Waiter]], key: _Key, *, now: bool) -> Non
     # a fired ParkedFetch leaves the set (and may park again) while this loop runs
     sends: list[Callable[[], None]] = []
     for waiter in tuple(parked):
-        if waiter.done():
-            continue
-        if not isinstance(waiter, ParkedFetch):
+        if type(waiter) is ParkedFetch:
+            if waiter._done:
+                continue
+            if now:
+                send = waiter.prepare()
+                if send is not None:
+                    sends.append(send)
+            else:
+                waiter.fire_soon()
+        elif not waiter.done():
             waiter.set_result(None)
-        elif now:
-            send = waiter.prepare()
-            if send is not None:
-                sends.append(send)
-        else:
-            waiter.fire_soon()
     for send in sends:  # every answer ready: written back to back (see ParkedFetch)
         try:
             send()
