@@ -12,7 +12,7 @@ connection wakes the Fetch parked at the log end on another, whose answer goes o
 loop turn). The frames are built before the profiler starts (s18; before, their building was
 counted too); the event loop's own calls are counted, so compare two checkouts, not absolute
 figures: run it with the other checkout's ``src`` on PYTHONPATH. A count, not a time: steady on
-a busy box.
+a busy box. ``--uvloop`` runs it on the broker's loop (whose own calls are C, so not counted).
 """
 
 from __future__ import annotations
@@ -130,11 +130,20 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("-v", action="store_true", help="print the most called functions")
     ap.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run on uvloop (the broker's loop: its timers and call_soon are C, not counted)",
+    )
+    ap.add_argument(
         "--time",
         action="store_true",
         help="CPU time per exchange instead of calls (load-sensitive: alternate A/B)",
     )
     args = ap.parse_args()
+    if args.uvloop:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     for shape in ("inline", "queued", "woken"):
         asyncio.run(_run(shape, args.n, args.v, args.time))
 
