@@ -247,3 +247,33 @@ def test_woken_fetches_leave_a_bounded_deadline_heap_and_no_timer_per_fetch() ->
         assert w._waiters == {}
 
     asyncio.run(main())
+
+
+def test_fetches_that_park_again_at_their_max_wait_all_fire_again() -> None:
+    """A fetch whose max_wait ends parks again when its own deadline is not over yet (the fast
+    path's re-read): 100 of them re-parking from inside one expiry (which compacts the heap on
+    the way) each fire a second time."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        fired: dict[int, int] = {}
+
+        def fetch(i: int) -> Callable[[], None]:
+            def fire() -> None:
+                fired[i] = fired.get(i, 0) + 1
+                if fired[i] == 1:
+                    w.park([A], 0.02, fetch(i), up_to_log_end=False)
+                elif sum(fired.values()) == 200:
+                    done.set_result(None)
+
+            return fire
+
+        for i in range(100):
+            w.park([A], 0.02, fetch(i), up_to_log_end=False)
+        await asyncio.wait_for(done, 5.0)
+        assert set(fired.values()) == {2}
+        assert w._waiters == {} and all(entry[2].done() for entry in w._deadlines)
+
+    asyncio.run(main())

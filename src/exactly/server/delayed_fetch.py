@@ -232,6 +232,7 @@ class AppendWaiters:
                 parked.set_result(None)
             except Exception:  # one fetch's failure must not keep the others parked
                 log.exception("answering a parked fetch at its max_wait failed")
+        deadlines = self._deadlines  # a fetch that parked again may have compacted the heap
         while deadlines and deadlines[0][2]._done:
             heapq.heappop(deadlines)
         if deadlines and deadlines[0][0] < self._timer_at:
