@@ -61,6 +61,7 @@ from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_respon
 from exactly.records.batch import InvalidRecordError, iter_batches
 from exactly.replication.truncation import FollowerPartition, epoch_to_ask
 from exactly.server.clock import now_ms
+from exactly.server.follower_response_fast import PlannedAnswer, PlannedPartition, ResponsePlan, read_planned
 from exactly.server.inter_broker import is_refusal, refused_backoff_s
 from exactly.server.replica_channel import ReplicaChannel
 from exactly.server.replica_truncation import (
@@ -114,6 +115,8 @@ class LeaderFetcher:
         self._backoff_after_frame = False  # ``_on_frame`` took a response that asks for a back-off
         self._template: ReplicaFetchTemplate | None = None  # the Fetch for ``_template_key``
         self._template_key: tuple[tuple[TopicPartition, int], ...] = ()
+        # the template's partitions, for reading a plain answer in place (follower_response_fast)
+        self._plan: ResponsePlan | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -245,6 +248,13 @@ class LeaderFetcher:
         """A Fetch response, in the channel's receive callback (module docstring): False (the
         task handles it; nothing was changed) unless every partition is plain, then handled as
         the task would and, when the task would go straight on fetching, the next request."""
+        plan = self._plan
+        if plan is not None:  # the steady state: the plain answer to the request in flight
+            answers = read_planned(frame, plan, self._correlation)
+            if answers is not None:
+                if self._still_planned(answers):
+                    return self._take_planned(frame, answers)
+                self._template = None  # a partition moved on: the next request builds a new plan
         response = parse_fetch_response(frame, FETCH_VERSION)
         if response.correlation_id != self._correlation or response.error_code != 0:
             return False
@@ -270,6 +280,40 @@ class LeaderFetcher:
             if not self._handle_partition(frame, part):
                 backoff = True  # a batch the log refused: that partition stopped
         del response
+        return self._after_frame(backoff)
+
+    def _still_planned(self, answers: list[PlannedAnswer]) -> bool:
+        """``_on_frame``'s checks for a planned answer: each partition still followed by the same
+        ``FollowedPartition``, not stopped or truncating, in the epoch it was asked in, with the
+        same log."""
+        partitions = self.partitions
+        sent = self._sent_epochs
+        get_partition = self.manager.broker.logs.get_partition
+        for planned, _hw, _start, _end in answers:
+            followed = planned.followed
+            tp = planned.tp
+            if (
+                partitions.get(tp) is not followed
+                or followed.failed
+                or followed.truncating
+                or sent.get(tp) != followed.leader_epoch
+                or get_partition(tp) is not planned.plog
+            ):
+                return False
+        return True
+
+    def _take_planned(self, frame: bytearray, answers: list[PlannedAnswer]) -> bytearray | bool:
+        """A checked planned answer: each partition taken as ``_handle_partition`` takes a plain one."""
+        self._connect_failures = 0
+        backoff = False
+        for planned, hw, start, end in answers:
+            if not self._take_records(planned.followed, planned.plog, frame, start, end, hw):
+                backoff = True
+        return self._after_frame(backoff)
+
+    def _after_frame(self, backoff: bool) -> bytearray | bool:
+        """``_on_frame``'s outcome after its partitions were handled: a back-off for the task, or
+        the next request (True: the task decides what comes instead)."""
         if backoff:
             self._backoff_after_frame = True
             return True
@@ -320,12 +364,14 @@ class LeaderFetcher:
         (``exactly.protocol.fetch_request``), with each log's current positions."""
         get_partition = self.manager.broker.logs.get_partition
         logs: list[PartitionLog] = []
+        fetched: list[FollowedPartition] = []
         key: list[tuple[TopicPartition, int]] = []
         for followed in active:
             plog = get_partition(followed.tp)
             if plog is None:
                 continue
             logs.append(plog)
+            fetched.append(followed)
             key.append((followed.tp, followed.leader_epoch))
         if not logs:
             return None
@@ -334,7 +380,10 @@ class LeaderFetcher:
         if template is None or sent != self._template_key:
             template = self._template = self._new_template(sent)
             self._template_key = sent
-        self._sent_epochs = dict(sent)
+            self._sent_epochs = dict(sent)  # unchanged while the template is
+            self._plan = ResponsePlan.of(
+                [PlannedPartition(f.tp, f, plog) for f, plog in zip(fetched, logs, strict=True)]
+            )
         self._correlation += 1
         return template.fill(
             self._correlation,
@@ -393,17 +442,30 @@ class LeaderFetcher:
                 return True  # asked in an older epoch: the new epoch's own check decides
             truncate_on_fetch(followed, plog, diverging)
             return True
-        if part.records_end > part.records_start:
+        return self._take_records(
+            followed, plog, frame, part.records_start, part.records_end, part.high_watermark
+        )
+
+    def _take_records(
+        self, followed: FollowedPartition, plog: PartitionLog, frame: bytearray, start: int, end: int, hw: int
+    ) -> bool:
+        """A plain partition answer (no error, no DivergingEpoch): its batches appended, then the
+        follower's HW; False when the partition stopped (needs a back-off)."""
+        if end > start:
             try:
-                self._append(plog, frame, part.records_start, part.records_end)
+                self._append(plog, frame, start, end)
             except (InvalidRecordError, ProducerStateError) as exc:
                 # A batch this log cannot take (an unreadable marker, data inside an open
                 # transaction): stop this partition, not the fetcher of every other one.
                 followed.failed = True
-                log.error("%s: replicated batch refused, replication of this partition stopped: %s", tp, exc)
+                log.error(
+                    "%s: replicated batch refused, replication of this partition stopped: %s",
+                    followed.tp,
+                    exc,
+                )
                 return False
-        plog.update_high_watermark(min(part.high_watermark, plog.log_end_offset))
-        self.manager.broker.waiters.notify(tp)
+        plog.update_high_watermark(min(hw, plog.log_end_offset))
+        self.manager.broker.waiters.notify(followed.tp)
         return True
 
     def _append(self, plog: PartitionLog, frame: bytearray, start: int, end: int) -> None:
