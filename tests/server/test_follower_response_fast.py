@@ -80,7 +80,7 @@ def _fetcher(directory: Path, generic: bool) -> LeaderFetcher:
         fetcher._apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))
     fetcher._build(_active(fetcher))
     if generic:
-        fetcher._plan = None  # rebuilt only with a new template, which these tests keep
+        fetcher._plan = None  # and again before every answer (``_both``)
     return fetcher
 
 
@@ -138,6 +138,7 @@ def _both(fast: LeaderFetcher, slow: LeaderFetcher, parts: dict[TopicPartition, 
     """One answer to each (the same bytes, each fetcher's own correlation id): the outcomes, which
     must be equal (a next request is compared byte for byte)."""
     a = fast._on_frame(_frame(fast._correlation, parts))
+    slow._plan = None  # ``_build`` makes one with every request: the reference reads generically
     b = slow._on_frame(_frame(slow._correlation, parts))
     assert a == b
     assert _state(fast) == _state(slow)
@@ -172,6 +173,14 @@ def test_plain_answers_read_in_place_match_the_generic_route(
 ) -> None:
     fast, slow = _fetcher(tmp_path / "fast", False), _fetcher(tmp_path / "slow", True)
     calls = _counting(monkeypatch)
+    builds: list[int] = []
+    build = fast._build
+
+    def counted_build(active: list[Any]) -> Any:
+        builds.append(1)
+        return build(active)
+
+    monkeypatch.setattr(fast, "_build", counted_build)
     offsets = [0, 0, 0]
     generic_calls = 0
     for step in range(8):
@@ -185,6 +194,7 @@ def test_plain_answers_read_in_place_match_the_generic_route(
         generic_calls += 1  # the slow fetcher's
         assert isinstance(outcome, bytearray)  # the next request
     assert len(calls) == generic_calls  # the fast fetcher never used the generic reader
+    assert builds == []  # nor ``_build``: each next request was the plan's template refilled
     assert [s[0] for s in _state(fast)] == offsets
 
 
@@ -225,6 +235,7 @@ def test_unusual_answers_go_to_the_generic_route(tmp_path: Path, case: str) -> N
     if case == "trailing byte":
         frame.append(0)
     assert read_planned(frame, plan, fast._correlation) is None
+    slow._plan = None
     slow_frame = bytearray(frame)
     slow_frame[0:4] = (slow._correlation + (1 if case == "correlation" else 0)).to_bytes(4, "big")
 
@@ -291,6 +302,34 @@ def test_a_refused_batch_stops_the_partition_as_the_generic_route_does(tmp_path:
         except Exception as exc:
             return type(exc)
 
-    assert outcome(fast) == outcome(slow)
+    fast_outcome = outcome(fast)
+    slow._plan = None
+    assert fast_outcome == outcome(slow)
     assert _state(fast) == _state(slow)
     assert [p.failed for p in fast.partitions.values()] == [p.failed for p in slow.partitions.values()]
+
+
+def test_a_partition_followed_meanwhile_gets_the_generic_next_step(tmp_path: Path) -> None:
+    """The answer is read in place (its partitions are still the planned ones), but the next
+    request is no longer the plan's: a newly followed partition must be in it (here: truncating
+    first, so the task takes over), as the generic route decides."""
+    extra = TopicPartition("u", 1)
+    fast, slow = _fetcher(tmp_path / "fast", False), _fetcher(tmp_path / "slow", True)
+    for fetcher in (fast, slow):
+        fetcher.manager.broker.logs.logs[extra] = _open(tmp_path / str(id(fetcher)), extra)
+        fetcher.follow(extra, EPOCH)
+    parts = {tp: _part(tp, _batch(0, 1), hw=0) for tp in TPS}
+    assert _both(fast, slow, parts) is True  # truncation first: the task's turn
+    fast._apply_truncation(
+        fast.partitions[extra], fast.manager.broker.logs.logs[extra], TruncationDecision(0, True)
+    )
+    slow._apply_truncation(
+        slow.partitions[extra], slow.manager.broker.logs.logs[extra], TruncationDecision(0, True)
+    )
+    request = fast._next_step()
+    assert isinstance(request, bytearray)
+    assert request == slow._next_step()
+    parts = {tp: _part(tp, _batch(1, 1, seq=1), hw=1) for tp in TPS} | {
+        extra: _part(extra, _batch(0, 2), hw=1)
+    }
+    assert isinstance(_both(fast, slow, parts), bytearray)

@@ -117,6 +117,11 @@ class LeaderFetcher:
         self._template_key: tuple[tuple[TopicPartition, int], ...] = ()
         # the template's partitions, for reading a plain answer in place (follower_response_fast)
         self._plan: ResponsePlan | None = None
+        # ``_refill``: the plan's logs in the template's order, when they were every active
+        # partition's, and the ``partitions`` membership (``_version``) they were taken at
+        self._plan_logs: tuple[PartitionLog, ...] | None = None
+        self._plan_version = -1
+        self._version = 0  # bumped by every follow / unfollow
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -141,10 +146,12 @@ class LeaderFetcher:
         elif current is None or leader_epoch > current.leader_epoch:
             state = FollowerPartition(self.leader, leader_epoch, truncate_on_fetch=on_fetch)
             self.partitions[tp] = FollowedPartition(tp, state)
+        self._version += 1
         self._changed.set()
 
     def unfollow(self, tp: TopicPartition) -> None:
         self.partitions.pop(tp, None)
+        self._version += 1
 
     async def _run(self) -> None:
         while True:
@@ -309,7 +316,26 @@ class LeaderFetcher:
         for planned, hw, start, end in answers:
             if not self._take_records(planned.followed, planned.plog, frame, start, end, hw):
                 backoff = True
-        return self._after_frame(backoff)
+        logs = self._plan_logs
+        if backoff or logs is None or self._plan_version != self._version:
+            return self._after_frame(backoff)
+        # No follow / unfollow since the plan, which held every active partition, each checked
+        # plain just now (not stopped, not truncating, same epoch and log): ``_next_step`` would
+        # build this same template and fill it from these same logs.
+        self._correlation += 1
+        return self._template_fill(logs)
+
+    def _template_fill(self, logs: tuple[PartitionLog, ...] | list[PartitionLog]) -> bytearray:
+        """The current template, with each log's positions (in the template's partition order)."""
+        template = self._template
+        assert template is not None
+        return template.fill(
+            self._correlation,
+            [
+                (plog.log_end_offset, latest_epoch(plog.leader_epochs.entries), plog.log_start_offset)
+                for plog in logs
+            ],
+        )
 
     def _after_frame(self, backoff: bool) -> bytearray | bool:
         """``_on_frame``'s outcome after its partitions were handled: a back-off for the task, or
@@ -365,6 +391,7 @@ class LeaderFetcher:
         get_partition = self.manager.broker.logs.get_partition
         logs: list[PartitionLog] = []
         fetched: list[FollowedPartition] = []
+        version = self._version
         key: list[tuple[TopicPartition, int]] = []
         for followed in active:
             plog = get_partition(followed.tp)
@@ -378,20 +405,18 @@ class LeaderFetcher:
         sent = tuple(key)
         template = self._template
         if template is None or sent != self._template_key:
-            template = self._template = self._new_template(sent)
+            self._template = self._new_template(sent)
             self._template_key = sent
             self._sent_epochs = dict(sent)  # unchanged while the template is
+            self._plan = None
+        if self._plan is None or self._plan_version != version:
             self._plan = ResponsePlan.of(
                 [PlannedPartition(f.tp, f, plog) for f, plog in zip(fetched, logs, strict=True)]
             )
+            self._plan_logs = tuple(logs) if len(logs) == len(active) else None
+            self._plan_version = version
         self._correlation += 1
-        return template.fill(
-            self._correlation,
-            [
-                (plog.log_end_offset, latest_epoch(plog.leader_epochs.entries), plog.log_start_offset)
-                for plog in logs
-            ],
-        )
+        return self._template_fill(logs)
 
     def _new_template(self, sent: tuple[tuple[TopicPartition, int], ...]) -> ReplicaFetchTemplate:
         """The request's fixed part for these partitions; the template's partition order is that
