@@ -356,3 +356,93 @@ def test_a_follower_behind_in_an_older_epoch_is_checked_for_divergence() -> None
             out.append(_state(broker))
 
     assert _compare(script) == 1
+
+
+# ---- the wake-up re-check (ReplicaManager.role_changes) ---------------------------------------
+
+
+def test_an_append_wake_up_repeats_only_the_log_checks() -> None:
+    """A parked follower Fetch woken by an append with no role change in between is not put
+    through ``check_follower_read`` again (its answer is the generic one: the steady-state test
+    above compares them)."""
+
+    async def run(data_dir: Path) -> None:
+        broker, _ = _open(data_dir, True, (0, 1, 2))
+        rm = broker.replicas
+        assert isinstance(rm, ReplicaManager)
+        checks: list[TopicPartition] = []
+        check = rm.check_follower_read
+
+        def counted(tp: TopicPartition, replica_id: int, epoch: int) -> ErrorCode:
+            checks.append(tp)
+            return check(tp, replica_id, epoch)
+
+        rm.check_follower_read = counted  # type: ignore[method-assign]
+        _produce(broker, TP0, 2)
+        answer = await _send(broker, _fetch(1, [(0, 2, EPOCH), (1, 0, EPOCH)]))
+        assert isinstance(answer, PendingAnswer) and not answer.done()
+        assert checks == [TP0, TP1]  # on arrival
+        _produce(broker, TP0, 1)
+        assert answer.done()
+        assert checks == [TP0, TP1]  # not again at the wake-up
+        broker.logs.close()
+
+    with tempfile.TemporaryDirectory() as d:
+        asyncio.run(run(Path(d)))
+
+
+def _parked_then(change: Callable[[ReplicaManager], None], wake: bool) -> Script:
+    """A fetch parked at the log end, ``change`` applied, then (``wake``) an append."""
+
+    async def script(broker: Broker, out: list[Any]) -> None:
+        rm = broker.replicas
+        assert isinstance(rm, ReplicaManager)
+        _produce(broker, TP0, 2)
+        answer = await _send(broker, _fetch(1, [(0, 2, EPOCH)]))
+        out.append(isinstance(answer, PendingAnswer) and not answer.done())
+        before = rm.role_changes
+        change(rm)
+        out.append(rm.role_changes > before)
+        if wake:
+            plog = broker.logs.get_partition(TP0)
+            assert plog is not None
+            append(plog, 1, leader_epoch=EPOCH, advance_hw=False)
+            rm.after_leader_append(plog)  # as the produce path would, whatever the role now
+        for _ in range(3):
+            await asyncio.sleep(0)  # ``notify`` fires on a later loop turn
+        out.append(await _done(answer))
+
+    return script
+
+
+def _reassigned(rm: ReplicaManager) -> None:
+    """Replica 1 moved out of partition 0's assignment: no wake-up by itself."""
+    assignment = TopicAssignment({0: (0, 2, 3), 1: (0, 1, 2)}, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
+    rm._set_topic(CachedTopic(TOPIC, assignment, {}))
+
+
+def test_a_change_between_park_and_wake_up_is_checked_again() -> None:
+    """Every way a follower read's replica checks can change counts in ``role_changes`` first,
+    so the woken fetch gets the generic path's answer (an error), never records it would refuse:
+    an assignment that no longer holds the fetcher (then an append wakes it), this broker turned
+    follower, leaderships resigned at shutdown."""
+    follower = ObservedState(PartitionState(LeaderAndIsr(1, EPOCH + 1, (1, 2), 1), 2), 2)
+    changes: list[tuple[Callable[[ReplicaManager], None], bool]] = [
+        (_reassigned, True),
+        (lambda rm: rm._on_state(TP0, follower), False),
+        (lambda rm: rm.resign_leaderships(), False),
+    ]
+    for change, wake in changes:
+        transcripts = []
+        for fast in (True, False):
+            with tempfile.TemporaryDirectory() as d:
+                broker, _ = _open(Path(d), fast, (0, 1, 2))
+                out: list[Any] = []
+                asyncio.run(_parked_then(change, wake)(broker, out))
+                transcripts.append(
+                    (out, broker.metrics.requests[int(ApiKey.FETCH)], broker.metrics.bytes_out)
+                )
+                assert broker.follower_fetch.taken == (1 if fast else 0)  # type: ignore[attr-defined]
+                broker.logs.close()
+        assert transcripts[0] == transcripts[1]
+        assert transcripts[0][0][-1] != transcripts[0][0][0]  # answered

@@ -100,6 +100,7 @@ def resign_leaderships(manager: ReplicaManager) -> None:
     produces are answered NOT_LEADER_OR_FOLLOWER before the connections close rather than dropped
     with them, and its parked reads re-check."""
     for tp in list(manager.leaders):
+        manager.role_changes += 1  # before the wake-ups below re-check parked follower fetches
         del manager.leaders[tp]
         manager.delayed_produces.wake(tp)
         manager.broker.waiters.notify(tp)

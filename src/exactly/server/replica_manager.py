@@ -108,6 +108,10 @@ class ReplicaManager:
         self.park_for_acks = self.leading.park_for_acks
         self.wait_for_acks = self.leading.wait_for_acks
         self.max_lag_ms = config.get_int("replica.lag.time.max.ms")
+        # Bumped *before* every change to what ``check_follower_read`` reads (topic assignments,
+        # partition roles and epochs, leaderships): a parked follower Fetch whose checks passed at
+        # the current count needs no second pass when an append wakes it (follower_fetch_fast).
+        self.role_changes = 0
         # how long a fetcher waits for one response before it drops the connection and reconnects
         self.fetch_timeout_s = config.get_int("replica.socket.timeout.ms") / 1000
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -280,10 +284,12 @@ class ReplicaManager:
         self._changed()
 
     def _set_topic(self, topic: CachedTopic) -> None:
+        self.role_changes += 1
         self.cache.set_topic(topic)
         self._changed()
 
     def _topic_gone(self, name: str) -> None:
+        self.role_changes += 1
         partitions = [p.partition for p in self.cache.partitions(name)]
         for partition in partitions:
             self._on_state(TopicPartition(name, partition), None)
@@ -298,6 +304,7 @@ class ReplicaManager:
         self._changed()
 
     def _on_state(self, tp: TopicPartition, observed: ObservedState | None) -> None:
+        self.role_changes += 1  # first: the role change below wakes parked reads synchronously
         state = observed.state if observed is not None else None
         self.cache.set_state(tp, state)
         self._changed()
