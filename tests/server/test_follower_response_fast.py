@@ -23,6 +23,7 @@ from exactly.replication.truncation import TruncationDecision
 from exactly.server import replica_fetcher
 from exactly.server.follower_response_fast import read_planned
 from exactly.server.replica_fetcher import FETCH_VERSION, LeaderFetcher
+from exactly.server.replica_truncation import apply_truncation
 from exactly.storage.config import LogConfig
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
@@ -77,7 +78,7 @@ def _fetcher(directory: Path, generic: bool) -> LeaderFetcher:
     fetcher = LeaderFetcher(_Manager(_Broker(_Logs(logs))), leader=0)  # type: ignore[arg-type]
     for tp in TPS:
         fetcher.follow(tp, EPOCH)
-        fetcher._apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))
+        apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))
     fetcher._build(_active(fetcher))
     if generic:
         fetcher._plan = None  # and again before every answer (``_both``)
@@ -320,10 +321,10 @@ def test_a_partition_followed_meanwhile_gets_the_generic_next_step(tmp_path: Pat
         fetcher.follow(extra, EPOCH)
     parts = {tp: _part(tp, _batch(0, 1), hw=0) for tp in TPS}
     assert _both(fast, slow, parts) is True  # truncation first: the task's turn
-    fast._apply_truncation(
+    apply_truncation(
         fast.partitions[extra], fast.manager.broker.logs.logs[extra], TruncationDecision(0, True)
     )
-    slow._apply_truncation(
+    apply_truncation(
         slow.partitions[extra], slow.manager.broker.logs.logs[extra], TruncationDecision(0, True)
     )
     request = fast._next_step()

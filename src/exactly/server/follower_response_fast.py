@@ -27,6 +27,7 @@ Equivalence: tests/server/test_follower_response_fast.py.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ from exactly.protocol.primitives import WireFormatError, read_uvarint
 from exactly.types import TopicPartition
 
 if TYPE_CHECKING:
-    from exactly.server.replica_fetcher import FollowedPartition
+    from exactly.server.replica_truncation import FollowedPartition
     from exactly.storage.partition_log import PartitionLog
 
 _HEAD = struct.Struct(">iBihiB")  # correlation id, header tags, throttle, error, session id, topics + 1
@@ -110,4 +111,27 @@ def read_planned(frame: bytearray, plan: ResponsePlan, correlation_id: int) -> l
     return out
 
 
-__all__ = ["PlannedAnswer", "PlannedPartition", "ResponsePlan", "read_planned"]
+def still_planned(
+    answers: list[PlannedAnswer],
+    partitions: Mapping[TopicPartition, FollowedPartition],
+    sent_epochs: Mapping[TopicPartition, int],
+    get_partition: Callable[[TopicPartition], PartitionLog | None],
+) -> bool:
+    """The generic ``_on_frame``'s checks for a planned answer: each partition still followed by
+    the same ``FollowedPartition`` (``partitions``), not stopped or truncating, in the epoch it was
+    asked in (``sent_epochs``), with the same log."""
+    for planned, _hw, _start, _end in answers:
+        followed = planned.followed
+        tp = planned.tp
+        if (
+            partitions.get(tp) is not followed
+            or followed.failed
+            or followed.truncating
+            or sent_epochs.get(tp) != followed.leader_epoch
+            or get_partition(tp) is not planned.plog
+        ):
+            return False
+    return True
+
+
+__all__ = ["PlannedAnswer", "PlannedPartition", "ResponsePlan", "read_planned", "still_planned"]

@@ -61,7 +61,13 @@ from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_respon
 from exactly.records.batch import InvalidRecordError, iter_batches
 from exactly.replication.truncation import FollowerPartition, epoch_to_ask
 from exactly.server.clock import now_ms
-from exactly.server.follower_response_fast import PlannedAnswer, PlannedPartition, ResponsePlan, read_planned
+from exactly.server.follower_response_fast import (
+    PlannedAnswer,
+    PlannedPartition,
+    ResponsePlan,
+    read_planned,
+    still_planned,
+)
 from exactly.server.inter_broker import is_refusal, refused_backoff_s
 from exactly.server.replica_channel import ReplicaChannel
 from exactly.server.replica_truncation import (
@@ -259,7 +265,9 @@ class LeaderFetcher:
         if plan is not None:  # the steady state: the plain answer to the request in flight
             answers = read_planned(frame, plan, self._correlation)
             if answers is not None:
-                if self._still_planned(answers):
+                if still_planned(
+                    answers, self.partitions, self._sent_epochs, self.manager.broker.logs.get_partition
+                ):
                     return self._take_planned(frame, answers)
                 self._template = None  # a partition moved on: the next request builds a new plan
         response = parse_fetch_response(frame, FETCH_VERSION)
@@ -288,26 +296,6 @@ class LeaderFetcher:
                 backoff = True  # a batch the log refused: that partition stopped
         del response
         return self._after_frame(backoff)
-
-    def _still_planned(self, answers: list[PlannedAnswer]) -> bool:
-        """``_on_frame``'s checks for a planned answer: each partition still followed by the same
-        ``FollowedPartition``, not stopped or truncating, in the epoch it was asked in, with the
-        same log."""
-        partitions = self.partitions
-        sent = self._sent_epochs
-        get_partition = self.manager.broker.logs.get_partition
-        for planned, _hw, _start, _end in answers:
-            followed = planned.followed
-            tp = planned.tp
-            if (
-                partitions.get(tp) is not followed
-                or followed.failed
-                or followed.truncating
-                or sent.get(tp) != followed.leader_epoch
-                or get_partition(tp) is not planned.plog
-            ):
-                return False
-        return True
 
     def _take_planned(self, frame: bytearray, answers: list[PlannedAnswer]) -> bytearray | bool:
         """A checked planned answer: each partition taken as ``_handle_partition`` takes a plain one."""
