@@ -5,8 +5,9 @@ Why: at RF 3 every replicated message costs each follower one Fetch answer, read
 channel's receive callback (``LeaderFetcher._on_frame``). The generic reader walks the answer field
 by field (varints, tagged-field sections, a ``FetchedPartition`` per partition), then the fetcher
 looks every partition up again by a new ``TopicPartition`` (``partitions``, ``sent epochs``, the log
-manager: a Python-level hash each) and once more to append. In a one-partition steady state that was
-~9 µs of the follower's ~47 µs of Python per answer (``bench/results/rf3p99-s19.md``). The fetcher
+manager: a Python-level hash each) and once more to append. With the next request refilled from the
+plan (``LeaderFetcher._take_planned``), a one-record answer costs ~36 µs of follower CPU instead of ~55
+(``bench/follower_answer_micro.py``, ``bench/results/rf3p99-s19.md``). The fetcher
 knows what the answer must look like: the partitions of the request in flight, in the order the
 request wrote them. ``ResponsePlan`` is that list, built with the request template, holding each
 partition's ``FollowedPartition`` and log; ``read_planned`` checks the frame against it
