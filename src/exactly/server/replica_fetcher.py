@@ -33,7 +33,10 @@ written from there: no task wake-up, future or timer per round trip, and no even
 between the leader's answer and the follower's next Fetch, which is what moves the leader's HW
 for an acks=all produce. Anything else is declined *before* any partition is touched and takes
 the task's path below; the appends, HW updates and the next request are the same functions
-either way (``tests/server/test_replica_fetcher_fast.py`` compares the two).
+either way (``tests/server/test_replica_fetcher_fast.py`` compares the two). The answer itself is
+read in place against the request in flight (``follower_response_fast``: no per-field reader, no
+lookups by a new ``TopicPartition``), and the next Fetch is that request's template refilled while
+no partition was followed or unfollowed since; any other answer takes the generic reader here.
 
 Truncation (KIP-101/279), as Kafka does since IBP 2.7 (``replication.truncation``): a partition
 whose log has epochs starts every new leader epoch FETCHING, and the leader's answer carries a
@@ -123,8 +126,8 @@ class LeaderFetcher:
         self._template_key: tuple[tuple[TopicPartition, int], ...] = ()
         # the template's partitions, for reading a plain answer in place (follower_response_fast)
         self._plan: ResponsePlan | None = None
-        # ``_refill``: the plan's logs in the template's order, when they were every active
-        # partition's, and the ``partitions`` membership (``_version``) they were taken at
+        # ``_take_planned``'s next request: the plan's logs in the template's order, when they
+        # were every active partition's, and the ``partitions`` membership (``_version``) then
         self._plan_logs: tuple[PartitionLog, ...] | None = None
         self._plan_version = -1
         self._version = 0  # bumped by every follow / unfollow
