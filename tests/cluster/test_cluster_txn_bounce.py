@@ -104,10 +104,23 @@ def seed(brokers: list[Broker], count: int, partitions: int) -> dict[int, int]:
     return {p: len(range(p, count, partitions)) for p in range(partitions)}
 
 
+# ListOffsets answers a reader retries: the leader moved (a preferred leader election -- the new
+# controller's first automatic check, 5 s after a bounce moved the controller -- can land after
+# the bounces; the reader's metadata is then stale), or the new leader's high watermark has not
+# caught up with its epoch's start yet (Kafka's rule). librdkafka's get_watermark_offsets raises
+# them without its retriable flag.
+LIST_OFFSETS_RETRIED = frozenset(
+    {
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    }
+)
+
+
 def read_committed_when_available(brokers: list[Broker], topic: str, partitions: int) -> list[Got]:
-    """``read_to_end`` read_committed, asked again while ListOffsets fails retriably: right
-    after a leader change the new leader answers OFFSET_NOT_AVAILABLE until its high watermark
-    caught up with its epoch's start (Kafka's rule), and the bounces end with such changes."""
+    """``read_to_end`` read_committed, asked again while ListOffsets fails retriably (a leader
+    change at the end of the bounces, ``LIST_OFFSETS_RETRIED``)."""
     got: list[Got] = []
 
     def read() -> bool:
@@ -117,7 +130,7 @@ def read_committed_when_available(brokers: list[Broker], topic: str, partitions:
             )
         except KafkaException as exc:
             err = exc.args[0]
-            if not (err.retriable() or err.code() == KafkaError.OFFSET_NOT_AVAILABLE):
+            if not (err.retriable() or err.code() in LIST_OFFSETS_RETRIED):
                 raise
             return False
         return True

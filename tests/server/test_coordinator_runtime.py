@@ -14,11 +14,12 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.result import AppendOutcome, CoordinatorResult, Record, Reply, RequestToken, Write
+from exactly.coordinator.txn.config import TxnCoordinatorConfig
 from exactly.coordinator.txn.coordinator import TransactionCoordinator
 from exactly.records.control import ControlType
 from exactly.server.coordinator_runtime import CoordinatorRuntime, LoadStats
 from exactly.server.internal_topics import AppendFailed, InternalTopics, ReplayedBatch
-from exactly.types import ProducerId
+from exactly.types import ProducerId, TopicPartition
 
 TOPIC = "__test_state"
 
@@ -415,5 +416,52 @@ def test_a_txn_coordinator_that_resigned_every_partition_lists_no_transactions_w
         assert coordinator.list_transactions(now_ms=0).error == ErrorCode.none
         await rt.reload(dict)
         assert coordinator.list_transactions(now_ms=0).error == ErrorCode.none
+
+    asyncio.run(scenario())
+
+
+def test_a_txn_request_queued_behind_a_resigning_reload_gets_not_coordinator() -> None:
+    """The hard-bounce copier's INVALID_PRODUCER_ID_MAPPING, deterministically. A request checks
+    ownership when it arrives (``owner_error``) and then waits for the operation lock; here an
+    AddPartitionsToTxn holds the lock (its append waits for the ISR), the broker loses
+    ``__transaction_state-0`` (its reload queues for the lock), and an AddOffsetsToTxn arrives,
+    passes the ownership check and queues behind the reload. Once it runs, the coordinator holds
+    no partition: it must answer NOT_COORDINATOR (Kafka's ``getTransactionState``), which the
+    client follows to the new coordinator -- not INVALID_PRODUCER_ID_MAPPING from an empty map."""
+
+    async def scenario() -> None:
+        coordinator = TransactionCoordinator(
+            lambda: ProducerId(7), config=TxnCoordinatorConfig(transaction_state_partitions=1)
+        )
+        topic = FakeTopic(replicated=True)
+        rt = CoordinatorRuntime("txn", TOPIC, cast(InternalTopics, topic), coordinator)
+        await rt.reload(lambda: {0: None})
+        init = await rt.execute(lambda: coordinator.init_producer_id("copier", 60_000, now_ms=0))
+        assert init is not None and init.error == ErrorCode.none
+        pid, epoch = init.producer_id, init.producer_epoch
+        topic.acks = asyncio.Event()
+        adding = asyncio.ensure_future(
+            rt.execute(
+                lambda: coordinator.add_partitions_to_txn(
+                    "copier", pid, epoch, [TopicPartition("out", 0)], now_ms=0
+                )
+            )
+        )
+        await asyncio.sleep(0.01)
+        resigning = asyncio.ensure_future(rt.reload(dict))
+        await asyncio.sleep(0.01)
+        assert rt.owner_error(0) == ErrorCode.none  # what the AddOffsetsToTxn handler sees
+        offsets = asyncio.ensure_future(
+            rt.execute(lambda: coordinator.add_offsets_to_txn("copier", pid, epoch, "group", now_ms=0))
+        )
+        await asyncio.sleep(0.01)
+        topic.acks.set()
+        added = await adding
+        assert added is not None and added.error == ErrorCode.none
+        assert await resigning == LoadStats(0, 0)
+        answer = await offsets
+        assert answer is not None and answer.error == ErrorCode.not_coordinator
+        ended = await rt.execute(lambda: coordinator.end_txn("copier", pid, epoch, False, now_ms=0))
+        assert ended is not None and ended.error == ErrorCode.not_coordinator
 
     asyncio.run(scenario())

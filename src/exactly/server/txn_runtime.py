@@ -186,7 +186,7 @@ class TxnRuntime:
             epochs.update({p: lp.leader_epoch for p, lp in leaderships.items()})
             return leaderships
 
-        def changed(_owned: frozenset[int]) -> None:
+        def changed(owned: frozenset[int]) -> None:
             for task in list(self._marker_tasks):
                 task.cancel()
             self._generation += 1
@@ -194,7 +194,9 @@ class TxnRuntime:
             self._owed_at_load = 0
             # The coordinator's own epoch only tells its stale appends apart; markers carry the
             # partition's leader epoch (``_send_markers``).
-            self.coordinator.begin_load(max(epochs.values(), default=0))
+            # ``owned``: ids of other partitions get NOT_COORDINATOR from the coordinator itself,
+            # also a request that passed ``owner_error`` before this reload took the lock.
+            self.coordinator.begin_load(max(epochs.values(), default=0), partitions=owned)
 
         stats = await self.runtime.reload(target, changed)
         if stats is None:

@@ -361,6 +361,39 @@ def test_append_reported_after_reload_is_not_applied() -> None:
     assert shell.txn(TID).state is S.EMPTY
 
 
+def test_ids_of_partitions_not_loaded_get_not_coordinator_not_a_mapping_error() -> None:
+    """Kafka's ``getTransactionState``: an id whose ``__transaction_state`` partition this
+    coordinator does not own is answered NOT_COORDINATOR, checked when the request runs. A
+    cluster broker that resigned the partition (a reload with no partitions) while a request
+    waited for the operation lock must not answer it from the now empty map: INVALID_PRODUCER_ID
+    _MAPPING on AddOffsetsToTxn made librdkafka abort and bump the epoch, and its EndTxn(ABORT)
+    then met INVALID_TXN_STATE at the real coordinator (a fatal error) -- nor may InitProducerId
+    hand out a fresh producer id for an id it merely does not hold."""
+    config = TxnCoordinatorConfig(transaction_state_partitions=4)
+    shell = Shell(config=config)
+    r = started(shell)
+    ours = partition_for(TID, 4)
+    calls = shell.pids.calls
+    # resigned everything: unload, then the runtime ends the empty load
+    shell.coord.unload(T0)
+    shell.coord.end_load(T0)
+    assert shell.add_offsets(TID, r.producer_id, r.producer_epoch, "group").error == E.not_coordinator
+    assert shell.add(TID, r.producer_id, r.producer_epoch, tp("q")).error == E.not_coordinator
+    assert shell.end(TID, r.producer_id, r.producer_epoch, False).error == E.not_coordinator
+    assert shell.init(TID).error == E.not_coordinator
+    verified = shell.coord.verify_partitions_in_txn(TID, r.producer_id, r.producer_epoch, [tp("q")])
+    assert verified == AddPartitionsResult(((tp("q"), E.not_coordinator),))
+    assert shell.pids.calls == calls  # no producer id handed out
+    # a load of another partition: still not ours
+    shell.coord.begin_load(2, partitions=[(ours + 1) % 4])
+    shell.coord.end_load(T0)
+    assert shell.end(TID, r.producer_id, r.producer_epoch, False).error == E.not_coordinator
+    # a load of the id's own partition: an id it does not hold is unknown there (Kafka's answer)
+    shell.coord.begin_load(3, partitions=[ours])
+    shell.coord.end_load(T0)
+    assert shell.end(TID, r.producer_id, r.producer_epoch, False).error == E.invalid_producer_id_mapping
+
+
 def test_replay_of_tombstone_and_unknown_records() -> None:
     shell = Shell()
     shell.init(TID)

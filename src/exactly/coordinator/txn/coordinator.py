@@ -147,8 +147,8 @@ class TransactionCoordinator(TransactionStateManager):
             transaction_timeout_ms = TWO_PHASE_COMMIT_TIMEOUT_MS
         elif not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
             return fail(E.invalid_transaction_timeout)
-        if self._loading:
-            return fail(E.coordinator_load_in_progress)
+        if (owner := self.owner_error(transactional_id)) is not None:
+            return fail(owner)
         if (producer_id == NO_PRODUCER_ID) != (producer_epoch == NO_PRODUCER_EPOCH):
             return fail(E.invalid_request)
         expected = None if producer_id == NO_PRODUCER_ID else (producer_id, ProducerEpoch(producer_epoch))
@@ -251,8 +251,8 @@ class TransactionCoordinator(TransactionStateManager):
     ) -> tuple[ErrorCode | None, TransactionMetadata | None]:
         if not transactional_id:
             return E.invalid_request, None
-        if self._loading:
-            return E.coordinator_load_in_progress, None
+        if (owner := self.owner_error(transactional_id)) is not None:
+            return owner, None
         md = self._txns.get(transactional_id)
         if md is None or md.producer_id != producer_id:
             return E.invalid_producer_id_mapping, None
@@ -280,8 +280,8 @@ class TransactionCoordinator(TransactionStateManager):
         requested = tuple(dict.fromkeys(partitions))
         if not transactional_id:
             return AddPartitionsResult.uniform(requested, E.invalid_request)
-        if self._loading:
-            return AddPartitionsResult.uniform(requested, E.coordinator_load_in_progress)
+        if (owner := self.owner_error(transactional_id)) is not None:
+            return AddPartitionsResult.uniform(requested, owner)
         md = self._txns.get(transactional_id)
         if md is None or md.producer_id != producer_id:
             return AddPartitionsResult.uniform(requested, E.invalid_producer_id_mapping)
@@ -320,8 +320,8 @@ class TransactionCoordinator(TransactionStateManager):
 
         if not transactional_id:
             return fail(E.invalid_request)
-        if self._loading:
-            return fail(E.coordinator_load_in_progress)
+        if (owner := self.owner_error(transactional_id)) is not None:
+            return fail(owner)
         md = self._txns.get(transactional_id)
         if md is None or md.producer_id != producer_id:
             return fail(E.invalid_producer_id_mapping)
@@ -433,9 +433,10 @@ class TransactionCoordinator(TransactionStateManager):
 
     def unload(self, now_ms: int) -> CoordinatorResult[Response]:
         """Stop owning ``__transaction_state``: forget all state (as :meth:`begin_load` does, so
-        requests get COORDINATOR_LOAD_IN_PROGRESS until the next load). Writes still in flight
-        complete as stale and their requests are answered NOT_COORDINATOR."""
-        self.begin_load()
+        requests get COORDINATOR_LOAD_IN_PROGRESS until the next load, and NOT_COORDINATOR if
+        that load is ended without a :meth:`begin_load` naming partitions). Writes still in
+        flight complete as stale and their requests are answered NOT_COORDINATOR."""
+        self.begin_load(partitions=())
         return CoordinatorResult()
 
     def poll(self, now_ms: int) -> CoordinatorResult[Response]:

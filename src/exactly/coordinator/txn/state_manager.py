@@ -18,6 +18,10 @@ Invariants
   a report whose transit is not that object (e.g. from before a reload) is stale and ignored.
 * While loading, every request is answered COORDINATOR_LOAD_IN_PROGRESS and periodic tasks do
   nothing; replay may run at any time but is meant for loading.
+* A request for an id of a partition outside ``_owned`` (the partitions of the last load; None:
+  all of them, the single broker) is answered NOT_COORDINATOR, checked when the request runs
+  (:meth:`TransactionStateManager.owner_error`), never INVALID_PRODUCER_ID_MAPPING: an id
+  missing from ``_txns`` means "never initialized" only for a partition this coordinator loaded.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class TransactionStateManager:
         # The transit of the one append in flight per id: a report for anything else is stale.
         self._in_flight: dict[str, TxnTransitMetadata] = {}
         self._loading = False
+        # The __transaction_state partitions of the last load (None: every one, a single broker).
+        self._owned: frozenset[int] | None = None
         self.skipped_records = 0  # replayed records of unknown key/value versions
 
     # -- introspection ------------------------------------------------------------------------
@@ -118,16 +124,39 @@ class TransactionStateManager:
     def loading(self) -> bool:
         return self._loading
 
+    def owner_error(self, transactional_id: str) -> ErrorCode | None:
+        """Kafka's ``getTransactionState`` check, made when a request runs: LOAD_IN_PROGRESS
+        while loading, NOT_COORDINATOR when the id's partition is not one this coordinator
+        loaded, else None (go on; an id absent from the map is then really unknown).
+
+        Why here and not only in the runtime: a cluster request checks ownership when it
+        arrives, then waits for the operation lock; a reload that resigned the partition can
+        run in between (the broker lost ``__transaction_state`` leadership while an append
+        held the lock). The request must then meet NOT_COORDINATOR, which a client follows to
+        the new coordinator, and not an empty map's INVALID_PRODUCER_ID_MAPPING, which
+        librdkafka takes for a lost producer id (abortable with an epoch bump) and which
+        Kafka never answers for a partition it does not own."""
+        if self._loading:
+            return E.coordinator_load_in_progress
+        if self._owned is not None and self.partition_for(transactional_id) not in self._owned:
+            return E.not_coordinator
+        return None
+
     # -- loading ------------------------------------------------------------------------------
 
-    def begin_load(self, coordinator_epoch: int | None = None) -> None:
+    def begin_load(
+        self, coordinator_epoch: int | None = None, partitions: Iterable[int] | None = None
+    ) -> None:
         """Forget all state and answer COORDINATOR_LOAD_IN_PROGRESS until :meth:`end_load`.
 
+        ``partitions``: the ``__transaction_state`` partitions this load replays (None: every
+        one); requests for ids of other partitions get NOT_COORDINATOR once the load ended.
         Appends still in flight from before are ignored when reported (their ids are gone or
         have no matching pending state) and their requests answered NOT_COORDINATOR.
         """
         if coordinator_epoch is not None:
             self.coordinator_epoch = coordinator_epoch
+        self._owned = None if partitions is None else frozenset(partitions)
         self._txns.clear()
         self._completions.clear()
         self._in_flight.clear()
