@@ -41,6 +41,13 @@ COORDINATOR_MOVED = frozenset(
     }
 )
 API_TIMEOUT_S = 30.0
+# Abortable for librdkafka, but never a right answer in these tests: Kafka's coordinator answers
+# INVALID_PRODUCER_ID_MAPPING only for an id it owns and does not know (or knows under another
+# producer id: expiry, epoch exhaustion), none of which happens to a copier. A coordinator that
+# lost its partition answers NOT_COORDINATOR. Once answered by a coordinator that had just
+# resigned (txnbounce-s19.md); the abort that followed then met the real coordinator with no
+# open transaction (fatal INVALID_TXN_STATE), which _abort excuses for librdkafka's own case.
+NEVER_HERE = frozenset({KafkaError.INVALID_PRODUCER_ID_MAPPING})
 
 
 def _debug_config(name: str, variable: str = "TXN_BOUNCE_RDKAFKA_DEBUG") -> dict[str, Any]:
@@ -200,6 +207,8 @@ class TxnCopier(threading.Thread):
         except KafkaException as exc:
             err = exc.args[0]
             if not isinstance(err, KafkaError) or not err.txn_requires_abort():
+                raise
+            if err.code() in NEVER_HERE:
                 raise
             self.stats.errors.append(err.str())
             self._abort(after_error=True)
