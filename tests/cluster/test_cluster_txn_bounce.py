@@ -27,7 +27,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from exactly.cluster.zk import ClusterZk
 from tests.cluster.helpers import await_replicas_identical, running_cluster, wait_for
-from tests.cluster.txn_bounce_helpers import ConcurrentReader, TxnCopier, all_isrs_full, partition_isrs
+from tests.cluster.txn_bounce_helpers import (
+    ConcurrentReader,
+    TxnCopier,
+    all_isrs_full,
+    deregistered,
+    partition_isrs,
+)
 from tests.support.broker import Broker
 from tests.support.clients import Got
 from tests.support.txn_helpers import read_to_end, wire_produce
@@ -173,7 +179,7 @@ def bounce(
         else:
             broker.kill()
             gone = broker_id_of(broker)
-            wait_for(lambda b=gone: b not in zk.live_brokers(), timeout=30, what="deregistration")
+            wait_for(lambda b=gone: deregistered(zk, b), timeout=30, what="deregistration")
         broker.start(port=broker.port or 0)
     wait_for(lambda: all_isrs_full(zk, topics), timeout=60, what="full ISRs after the bounces")
     return during

@@ -388,6 +388,15 @@ def partition_isrs(
     return states
 
 
+def deregistered(zk: ClusterZk, broker_id: int) -> bool:
+    """``broker_id`` is gone from ZooKeeper's live brokers; False (ask again) when the test's own
+    session was lost (see :func:`all_isrs_full`)."""
+    try:
+        return broker_id not in zk.live_brokers()
+    except (SessionExpiredError, ConnectionLoss):
+        return False
+
+
 def all_isrs_full(zk: ClusterZk, topics: Iterable[str], brokers: int = 3) -> bool:
     """Every partition of ``topics`` led with all ``brokers`` in its ISR. False (ask again) when
     the test's own ZooKeeper session was lost: its 2 s timeout expires on a loaded box (seen at
