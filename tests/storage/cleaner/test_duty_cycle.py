@@ -179,3 +179,55 @@ def test_clocks_going_backwards_do_not_add_credit() -> None:
     duty.start(5.0, 5.0)
     assert duty.observe(4.0, 4.0) == 0.0
     assert duty.credit == 0.0
+
+
+class YieldCounter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+@pytest.mark.parametrize("share", [0.2, 1.0])
+def test_yields_the_core_at_every_hook_point_it_does_not_sleep(share: float) -> None:
+    """A task woken onto the worker's core runs at the next hook point (``CpuLimiter``'s
+    docstring): every call either sleeps or yields, never both, never neither."""
+    proc = FakeProcess()
+    yields = YieldCounter()
+    limit = CpuLimiter(
+        share, cpu_clock=lambda: proc.cpu, clock=lambda: proc.now, sleep=proc.sleep, yield_core=yields
+    )
+    limit.start()
+    calls = 0
+    while proc.now < 0.5:
+        proc.work(0.00005)
+        limit()
+        calls += 1
+    assert yields.calls == limit.yields
+    assert yields.calls + len(proc.sleeps) == calls
+    if share < 1.0:
+        assert proc.sleeps  # held to its share: it slept, and did not yield then
+        assert 0 < yields.calls < calls
+    else:
+        assert yields.calls == calls and not proc.sleeps
+
+
+def test_the_yield_does_not_change_the_share() -> None:
+    """Yielding is not sleeping: the CPU used over a run is the same with and without it."""
+    used = []
+    for yield_core in (lambda: None, YieldCounter()):
+        proc = FakeProcess()
+        limit = CpuLimiter(
+            0.2,
+            cpu_clock=lambda p=proc: p.cpu,  # type: ignore[misc]
+            clock=lambda p=proc: p.now,  # type: ignore[misc]
+            sleep=proc.sleep,
+            yield_core=yield_core,
+        )
+        limit.start()
+        while proc.now < 1.0:
+            proc.work(0.00005)
+            limit()
+        used.append((proc.cpu, proc.now, tuple(proc.sleeps)))
+    assert used[0] == used[1]

@@ -163,9 +163,29 @@ class Throttler:
             self._sleep(pause)
 
 
+def _yield_core() -> None:
+    """``sched_yield()`` where there is one (POSIX); nothing elsewhere."""
+    sched_yield = getattr(os, "sched_yield", None)
+    if sched_yield is not None:
+        sched_yield()
+
+
 class CpuLimiter:
-    """The worker's CPU duty cycle at its hook points: asks ``DutyCycle`` and sleeps what it says
-    (the clocks and the sleep are parameters for tests)."""
+    """The worker's CPU duty cycle at its hook points: asks ``DutyCycle`` and sleeps what it says;
+    at every hook point where it does not sleep it yields its core (``sched_yield``) to whatever
+    is queued on it (the clocks, the sleep and the yield are parameters for tests).
+
+    Why the yield (``bench/results/cleanerp99-s19.md``): a task woken onto the core the worker
+    holds does not run at once. The scheduler protects the running entity's slice at wake-up
+    (EEVDF's ``RUN_TO_PARITY``: at least the worker's 0.1 ms, ``sched_slice``) and, once that has
+    passed, nothing looks at the queue again until the worker sleeps (the end of its burst, up to
+    ``duty_cycle.MAX_BURST_S`` plus the work between two hook points) or the scheduler's tick
+    (4 ms at HZ=250). ``sched_yield`` is such a look, every hook point (every
+    ``batch_filter.TICK_RECORDS`` records, ~50-120 us of work): a waiting task then runs within a
+    hook point's work of the slice's end. With nothing else queued on the core it returns at once
+    (a system call, ~1 us: ~1 % of the worker's CPU), so an uncontended worker cleans as fast as
+    before; a contended one was going to be preempted anyway, a little later. Unlimited workers
+    (share 1.0) yield too: it is about the core's waiting tasks, not the share."""
 
     def __init__(
         self,
@@ -174,23 +194,27 @@ class CpuLimiter:
         cpu_clock: Callable[[], float] = time.process_time,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        yield_core: Callable[[], None] = _yield_core,
     ) -> None:
         self.duty = DutyCycle(share)
         self._cpu_clock = cpu_clock
         self._clock = clock
         self._sleep = sleep
+        self._yield = yield_core
         self.slept_s = 0.0
+        self.yields = 0
 
     def start(self) -> None:
         self.duty.start(self._cpu_clock(), self._clock())
 
     def __call__(self) -> None:
-        if self.duty.unlimited:
-            return
-        pause = self.duty.observe(self._cpu_clock(), self._clock())
+        pause = 0.0 if self.duty.unlimited else self.duty.observe(self._cpu_clock(), self._clock())
         if pause > 0:
             self._sleep(pause)
             self.slept_s += pause
+        else:  # a sleep already leaves the core; otherwise let whatever waits on it run now
+            self._yield()
+            self.yields += 1
 
 
 # --- the worker's side ---------------------------------------------------------------------------
