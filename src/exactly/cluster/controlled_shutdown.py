@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 
+from exactly.cluster.zk_base import ensure_path
 from exactly.cluster.znodes import ZnodeFormatError
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class ShutdownRequests:
     def watch(self, callback: Callable[[frozenset[int]], None]) -> None:
         """``callback(ids of brokers with a request)`` now and after every change (kazoo thread).
         Ids only: whether a request is current is the controller's business (broker epochs)."""
-        self.client.ensure_path(CONTROLLED_SHUTDOWN)
+        ensure_path(self.client, CONTROLLED_SHUTDOWN)
 
         def on_children(children: list[str]) -> None:
             ids = (broker_of_child(name) for name in children)
@@ -144,7 +145,7 @@ class ShutdownRequests:
         (kazoo thread): what leaders need, since a request marks its broker's registration as
         leaving for good (``replication.isr_eligibility``). One read per child, only when the
         children change (at shutdowns)."""
-        self.client.ensure_path(CONTROLLED_SHUTDOWN)
+        ensure_path(self.client, CONTROLLED_SHUTDOWN)
 
         def on_children(children: list[str]) -> None:
             try:

@@ -46,6 +46,7 @@ from exactly.cluster.zk_base import (
     ObservedState,
     StateWriteResult,
     TopicExistsError,
+    ensure_path,
     raise_first_failure,
     split_connect,
 )
@@ -110,7 +111,7 @@ class ClusterZk(ZkTopics, ZkPartitionStates):
         self.client.add_listener(self._on_state)
         self.client.start(self.connection_timeout_s)
         for path in zn.PERSISTENT_PATHS:
-            self.client.ensure_path(path)
+            ensure_path(self.client, path)
 
     def stop(self) -> None:
         """Close the session: ephemerals (registration, /controller) disappear at once."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from exactly.cluster.zk_base import ensure_path
 from exactly.security.acl import (
     AccessControlEntry,
     AclBinding,
@@ -139,7 +140,7 @@ class ZkAclStore:
     def watch(self) -> None:
         """Reload now and on every change notification (kazoo thread)."""
         for path in (LITERAL_CHANGES, EXTENDED_CHANGES):
-            self.client.ensure_path(path)
+            ensure_path(self.client, path)
 
             def on_change(_children: list[str]) -> None:
                 try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import RolledBackError
+from kazoo.retry import KazooRetry
 
 from exactly.cluster.znodes import PartitionState
 from exactly.controller.decisions import StateChange
@@ -79,3 +80,30 @@ def raise_first_failure(results: list[Any], path: str) -> None:
     failure = first_failure(results)
     if failure is not None:
         raise ClusterZkError(f"{path}: {failure!r}") from failure
+
+
+# How long a start-up path creation keeps retrying through a lost connection: longer than a
+# session (a broker restarted after kill -9 may meet ZooKeeper dropping it, under load, while its
+# previous session expires), short enough that a ZooKeeper that is really gone still stops the
+# start with an error rather than a hang.
+ENSURE_PATH_DEADLINE_S = 60.0
+
+
+def ensure_path(client: KazooClient, path: str, deadline_s: float = ENSURE_PATH_DEADLINE_S) -> None:
+    """``client.ensure_path(path)``, retried through ConnectionLoss, OperationTimeout and session
+    expiry (kazoo's ``KazooRetry``: the call is idempotent).
+
+    Why: a plain ``ensure_path`` raises on the first lost connection, and the broker's start-up
+    calls it from the executor that registers the broker and starts its watches: one dropped
+    connection at load ~18 made a restarting broker exit with code 1 before it listened
+    (``bench/results/txnbounce-s19.md``). Kafka's ``KafkaZkClient`` retries its requests until
+    the connection is back. The watch recipes retry on their own (``client.retry``)."""
+    retry = KazooRetry(
+        max_tries=-1,
+        delay=0.1,
+        backoff=2,
+        max_delay=1.0,
+        deadline=deadline_s,
+        sleep_func=client.handler.sleep_func,
+    )
+    retry(client.ensure_path, path)

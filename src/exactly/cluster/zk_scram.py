@@ -25,6 +25,7 @@ from typing import Any
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from exactly.cluster import znodes as zn
+from exactly.cluster.zk_base import ensure_path
 from exactly.security.credentials import CredentialWriteError
 from exactly.security.scram import ScramCredential, ScramMechanism
 
@@ -115,7 +116,7 @@ class ZkScramStore:
     def start(self, client: Any, hop: Callable[..., None]) -> None:
         """Watch ``/config/users``; ``hop(fn, *args)`` runs ``fn`` on the event loop."""
         self._client = client
-        client.ensure_path(CONFIG_USERS)
+        ensure_path(client, CONFIG_USERS)
 
         def on_users(children: list[str]) -> None:
             for user in children:

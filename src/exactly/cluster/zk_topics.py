@@ -18,6 +18,7 @@ from exactly.cluster.zk_base import (
     ControllerMovedError,
     TopicExistsError,
     ZkClientHolder,
+    ensure_path,
     first_failure,
 )
 from exactly.cluster.znodes import TopicAssignment
@@ -37,7 +38,7 @@ class ZkTopics(ZkClientHolder):
             return zn.decode_cluster_id(data)
         except NoNodeError:
             pass
-        self.client.ensure_path("/cluster")
+        ensure_path(self.client, "/cluster")
         try:
             self.client.create(zn.CLUSTER_ID, zn.encode_cluster_id(candidate))
             return candidate
