@@ -427,3 +427,54 @@ def test_an_answer_resolved_by_a_call_is_written_in_that_call_in_order(
         assert transport.writes == [[b"r1", b"r2"]]
 
     asyncio.run(main())
+
+
+def test_an_answer_resolved_by_a_call_is_checked_once_and_a_none_answer_keeps_process_parked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``_answered`` asks the head ``done()`` once per answer it takes (s19: it asked twice), and
+    a head resolved with nothing to send (None) is taken without waking ``_process`` when no
+    frame waits, as a written one is."""
+    checks: list[int] = []
+
+    class Counted(PendingAnswer[list[bytes] | None]):
+        __slots__ = ()
+
+        def done(self) -> bool:
+            checks.append(1)
+            return super().done()
+
+    answers: dict[int, Counted] = {}
+
+    async def fake_dispatch(broker: Any, payload: bytearray, *args: Any, **kwargs: Any) -> Any:
+        _key, _version, tag = struct.unpack_from(">hhi", payload)
+        answers[tag] = Counted()
+        return Deferred(answers[tag])
+
+    async def main() -> None:
+        monkeypatch.setattr(task_mod, "dispatch", fake_dispatch)
+        conn = KafkaConnection(_Broker())  # type: ignore[arg-type]
+        transport = _Transport()
+        conn.transport = transport  # type: ignore[assignment]
+        conn._frames.append(_request(ApiKey.PRODUCE, 1))
+        task = conn._task = asyncio.get_running_loop().create_task(conn._process())
+        await _settle()
+        wakeup = conn._wakeup
+        assert wakeup is not None and not wakeup.done() and conn._idle
+        checks.clear()
+        answers[1].set_result([b"r1"])
+        assert transport.writes == [[b"r1"]] and not conn._deferred
+        assert len(checks) == 1  # one answer taken, one done() asked
+        assert not wakeup.done()  # nothing else to do: _process stays parked
+        conn._frames.append(_request(ApiKey.PRODUCE, 2))
+        conn._wake()
+        await _settle()
+        wakeup = conn._wakeup
+        assert wakeup is not None and not wakeup.done() and sorted(answers) == [1, 2]
+        answers[2].set_result(None)  # nothing to send (an acks=0 answer's shape)
+        assert transport.writes == [[b"r1"]] and not conn._deferred
+        assert not wakeup.done()  # taken here, _process not woken for it
+        conn.abort()
+        await task
+
+    asyncio.run(main())

@@ -333,16 +333,20 @@ class RequestTask:
         writable = self._writable is None or self._writable.done()
         transport = self.transport
         idle = self._idle and writable and not self._closing and transport is not None
-        if idle and transport is not None and deferred and deferred[0].done():
-            chunks: list[Any] = []
+        if idle and transport is not None and deferred:
+            # one ``done()`` per answer taken (this loop's own check is the head's only one)
+            chunks: list[Any] | None = None
             while deferred and deferred[0].done():
                 answered = deferred.popleft().result()
+                if chunks is None:
+                    chunks = []
                 if answered is not None:
                     chunks.extend(answered)
-            if chunks:
-                self._write(transport, chunks)
-            if not self._frames and not self._draining:
-                return  # nothing for _process to do: it stays parked
+            if chunks is not None:  # the head was finished: what it freed is written here
+                if chunks:
+                    self._write(transport, chunks)
+                if not self._frames and not self._draining:
+                    return  # nothing for _process to do: it stays parked
         self._wake()
 
 
