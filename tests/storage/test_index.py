@@ -70,6 +70,45 @@ def test_offset_index_full(tmp_path: Path) -> None:
     index.close()
 
 
+def test_is_full_follows_the_entries_through_every_change(tmp_path: Path) -> None:
+    """``is_full`` is a plain attribute (the roll check reads it per Produce): after appends,
+    truncations, a reset and a load it equals the rule ``len >= max_entries``."""
+    for max_entries in (1, 2, 3):
+        offsets = OffsetIndex(tmp_path / f"{max_entries}.index", 0, max_entries)
+        times = TimeIndex(tmp_path / f"{max_entries}.timeindex", 0, max_entries)
+
+        def check() -> None:
+            for index in (offsets, times):
+                assert index.is_full == (len(index) >= index.max_entries), (max_entries, len(index))
+
+        offsets.reset()
+        times.reset()
+        check()
+        for i in range(1, 4):
+            offsets.append(i, 10 * i)
+            times.maybe_append(1000 + i, i)
+            check()
+        offsets.truncate_to_position(20)
+        times.truncate_to_offset(2)
+        check()
+        assert len(offsets) == 1 and len(times) == 1
+        offsets.close()
+        times.close()
+        reopened_offsets = OffsetIndex(tmp_path / f"{max_entries}.index", 0, max_entries)
+        reopened_times = TimeIndex(tmp_path / f"{max_entries}.timeindex", 0, max_entries)
+        assert not reopened_offsets.is_full and not reopened_times.is_full  # nothing loaded yet
+        assert reopened_offsets.load(10**6) and reopened_times.load()
+        offsets, times = reopened_offsets, reopened_times
+        check()
+        assert offsets.is_full == (max_entries == 1)
+        offsets.reset()
+        times.reset()
+        check()
+        assert not offsets.is_full and not times.is_full
+        offsets.close()
+        times.close()
+
+
 def test_time_index_only_records_new_maxima(tmp_path: Path) -> None:
     path = tmp_path / "00000000000000000000.timeindex"
     index = TimeIndex(path, 0, 100)

@@ -91,3 +91,8 @@ def test_rolls_before_write_is_the_unfolded_rule(tmp_path: Path) -> None:
                         )
                         got = rolls_before_write(segment, 150, last_offset, timestamp, config, now_ms)
                         assert got == spelled, (segment_bytes, segment_ms, timestamp, now_ms, last_offset)
+                        # a reopened segment has not read its first timestamp yet: same answer
+                        known = segment.known_first_batch_timestamp
+                        segment.known_first_batch_timestamp = None
+                        got = rolls_before_write(segment, 150, last_offset, timestamp, config, now_ms)
+                        assert got == spelled and segment.known_first_batch_timestamp == known

@@ -174,3 +174,25 @@ def test_bulk_appends_reserve_blocks_that_roll_and_truncation_free(tmp_path: Pat
     st = os.stat(segment.log_path)
     assert st.st_size == segment.size and st.st_blocks * 512 < segment.size + 64 * 1024
     segment.close()
+
+
+def test_append_skips_before_write_only_when_it_would_do_nothing(tmp_path: Path) -> None:
+    """``append`` calls ``BlockReserve.before_write`` only for a write of PREALLOCATE_MIN_WRITE or
+    more (a call saved per Produce): the reservation it leaves equals one fed every write, for
+    writes just below, at and above that size."""
+    from exactly.storage.file_write import BlockReserve
+
+    overhead = len(make_batch(1, value_size=PREALLOCATE_MIN_WRITE)) - PREALLOCATE_MIN_WRITE
+    at = make_batch(1, value_size=PREALLOCATE_MIN_WRITE - overhead)
+    below = make_batch(1, value_size=PREALLOCATE_MIN_WRITE - overhead - 1)
+    assert len(at) == PREALLOCATE_MIN_WRITE and len(below) == PREALLOCATE_MIN_WRITE - 1
+    segment = new_segment(tmp_path, interval=1 << 30)
+    reference = BlockReserve()
+    for batch in (make_batch(3, value_size=40), below, at, below, make_batch(1, value_size=2 * PREALLOCATE_AHEAD)):
+        patch_base_offset(batch, 0, segment.next_offset)
+        position = segment.size
+        reference.before_write(segment._fd, position, len(batch))
+        segment.append(batch, BatchHeader.parse(batch))
+        assert segment._reserve._upto == reference._upto, len(batch)
+    assert reference._upto != 0  # the at-size write did reserve (or the file system refused: -1)
+    segment.close()

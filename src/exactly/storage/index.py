@@ -73,7 +73,7 @@ class _IndexFile:
     segment's ``flush``, closed with the segment.
     """
 
-    __slots__ = ("_fd", "_loaded", "_written", "base_offset", "max_entries", "path")
+    __slots__ = ("_fd", "_loaded", "_written", "base_offset", "is_full", "max_entries", "path")
     ENTRY: struct.Struct
 
     def __init__(self, path: Path, base_offset: int, max_entries: int) -> None:
@@ -83,9 +83,19 @@ class _IndexFile:
         self._fd = -1
         self._loaded = False
         self._written = 0  # entries in the file; the rest of the columns are pending
+        # Whether the index holds ``max_entries`` (the segment rolls before its next append). A
+        # plain attribute, not a property: the roll check reads it on every Produce
+        # (``roll_policy.rolls_before_write``), and entries change only every
+        # index.interval.bytes. Invariant: ``is_full == (len(self) >= max_entries)``, kept by
+        # ``_sized`` after every change of the entries (the rule's one place).
+        self.is_full = False
 
     def __len__(self) -> int:
         raise NotImplementedError
+
+    def _sized(self) -> None:
+        """The entries changed: recompute ``is_full``."""
+        self.is_full = len(self) >= self.max_entries
 
     def _encode(self, start: int) -> bytes:
         """Entries ``start`` onwards as they are stored in the file."""
@@ -123,6 +133,7 @@ class _IndexFile:
         self._close_fd()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         self._written = 0
+        self._sized()
         self.write_pending()
 
     def write_pending(self) -> None:
@@ -178,6 +189,7 @@ class OffsetIndex(_IndexFile):
         if positions and positions[-1] >= log_size:
             return False
         self._offsets, self._positions = offsets, positions
+        self._sized()
         self._written = len(offsets)
         return True
 
@@ -192,10 +204,6 @@ class OffsetIndex(_IndexFile):
     def __len__(self) -> int:
         return len(self._offsets)
 
-    @property
-    def is_full(self) -> bool:
-        return len(self._offsets) >= self.max_entries
-
     def last_entry(self) -> tuple[int, int]:
         """(offset, position) of the last entry, or (base_offset, 0) when empty."""
         if not self._offsets:
@@ -208,6 +216,7 @@ class OffsetIndex(_IndexFile):
             raise ValueError(f"index entry ({offset}, {position}) does not follow the last one")
         self._offsets.append(rel)
         self._positions.append(position)
+        self._sized()
         if len(self._offsets) - self._written >= MAX_PENDING:
             self.write_pending()
 
@@ -262,6 +271,7 @@ class TimeIndex(_IndexFile):
         if not _strictly_increasing(timestamps) or any(a > b for a, b in itertools.pairwise(offsets)):
             return False
         self._timestamps, self._offsets = timestamps, offsets
+        self._sized()
         self._written = len(offsets)
         return True
 
@@ -273,10 +283,6 @@ class TimeIndex(_IndexFile):
 
     def __len__(self) -> int:
         return len(self._timestamps)
-
-    @property
-    def is_full(self) -> bool:
-        return len(self._timestamps) >= self.max_entries
 
     def last_entry(self) -> tuple[int, int] | None:
         """(timestamp, offset) of the last entry."""
@@ -294,6 +300,7 @@ class TimeIndex(_IndexFile):
             return
         self._timestamps.append(timestamp)
         self._offsets.append(rel)
+        self._sized()
         if len(self._offsets) - self._written >= MAX_PENDING:
             self.write_pending()
 

@@ -27,15 +27,17 @@ def rolls_before_write(
 ) -> bool:
     """``rolls_before_append`` from the batch's size, last offset and max timestamp as plain
     numbers: the Produce fast path (``PartitionLog.append_plain``) has them unpacked, and this
-    runs once per Produce request, so it takes three calls rather than nine (``is_empty``,
-    ``waited_for_roll`` and the header properties inlined; ``test_roll_policy`` checks it
-    against them)."""
+    runs once per Produce request, so it takes no call rather than nine (``is_empty``,
+    ``waited_for_roll`` and the header properties inlined, the first batch's timestamp and the
+    indexes' ``is_full`` read as plain numbers; ``test_roll_policy`` checks it against them)."""
     position = active.size
     if not position:  # an empty segment never rolls
         return False
     if position + size > config.segment_bytes:
         return True
-    first = active.first_batch_timestamp
+    first = active.known_first_batch_timestamp  # the property's number without its call
+    if first is None:
+        first = active.first_batch_timestamp
     if first >= 0 and max_timestamp >= 0:  # waited_for_roll
         waited = max_timestamp - first
     else:

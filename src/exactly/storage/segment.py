@@ -39,7 +39,7 @@ from pathlib import Path
 
 from exactly.records.batch import HEADER_SIZE, MIN_BATCH_LENGTH, BatchHeader
 from exactly.storage.file_slice import FileSlice
-from exactly.storage.file_write import BlockReserve, write_whole
+from exactly.storage.file_write import PREALLOCATE_MIN_WRITE, BlockReserve, write_whole
 from exactly.storage.index import OFFSET_ENTRY, TIME_ENTRY, OffsetIndex, TimeIndex
 from exactly.storage.recent_batches import RecentBatches
 from exactly.storage.segment_recovery import LOOKUP_CHUNK, RECOVERY_CHUNK, SegmentRecovery
@@ -82,13 +82,13 @@ class LogSegment(SegmentRecovery):
     """
 
     __slots__ = (  # and SegmentRecovery's
-        "_first_batch_timestamp",
         "_indexes_ready",
         "_recent",
         "_reserve",
         "created_ms",
         "directory",
         "file_suffix",
+        "known_first_batch_timestamp",
         "log_path",
         "txn_index",
     )
@@ -131,7 +131,10 @@ class LogSegment(SegmentRecovery):
         self._bytes_since_index = 0
         self._max_timestamp: int | None = -1
         self._offset_of_max_timestamp = base_offset
-        self._first_batch_timestamp: int | None = None
+        # ``first_batch_timestamp`` once known (None: not read yet; the property reads it from
+        # the file). Public so the roll check (``roll_policy.rolls_before_write``, per Produce)
+        # reads the number without the property's call; written here only.
+        self.known_first_batch_timestamp: int | None = None
         self._indexes_ready = False  # both indexes loaded (never goes back: ``ensure_indexes``)
         self._recent = RecentBatches()  # what reads at the log end look up first
         self._reserve = BlockReserve()
@@ -222,11 +225,11 @@ class LogSegment(SegmentRecovery):
     def first_batch_timestamp(self) -> int:
         """Max timestamp of the first batch (-1 when empty or without timestamps): segment.ms is
         measured from it, as in Kafka, so the age of a segment survives restarts."""
-        if self._first_batch_timestamp is None:
+        if self.known_first_batch_timestamp is None:
             if self.size < HEADER_SIZE:
                 return -1
-            self._first_batch_timestamp = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
-        return self._first_batch_timestamp
+            self.known_first_batch_timestamp = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+        return self.known_first_batch_timestamp
 
     def retention_timestamp(self) -> int:
         """Largest timestamp in the segment, or the file's mtime when batches carry none."""
@@ -253,14 +256,15 @@ class LogSegment(SegmentRecovery):
             )
             self._bytes_since_index = 0
         size = len(data)  # == header.size (the caller's contract)
-        self._reserve.before_write(self._fd, position, size)
+        if size >= PREALLOCATE_MIN_WRITE:  # the one case ``before_write`` may act on (a call saved)
+            self._reserve.before_write(self._fd, position, size)
         write_whole(self._fd, data, position)  # or the file is cut back to ``position``
         # What the segment knows of its batches; the header properties inlined (a call each).
         self.size = position + size
         self.next_offset = header.base_offset + header.last_offset_delta + 1
         self._bytes_since_index += size
-        if self._first_batch_timestamp is None and position == 0:
-            self._first_batch_timestamp = header.max_timestamp
+        if self.known_first_batch_timestamp is None and position == 0:
+            self.known_first_batch_timestamp = header.max_timestamp
         if self._max_timestamp is not None and header.max_timestamp > self._max_timestamp:
             self._max_timestamp = header.max_timestamp
             self._offset_of_max_timestamp = header.base_offset
@@ -351,7 +355,7 @@ class LogSegment(SegmentRecovery):
         if self.offset_index.loaded:
             self.offset_index.truncate_to_position(position)
         if position == 0:
-            self._first_batch_timestamp = None
+            self.known_first_batch_timestamp = None
 
     # --- durability and lifetime ------------------------------------------------------------
     def flush(self) -> None:
