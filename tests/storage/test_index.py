@@ -70,6 +70,11 @@ def test_offset_index_full(tmp_path: Path) -> None:
     index.close()
 
 
+def _check_full(*indexes: OffsetIndex | TimeIndex) -> None:
+    for index in indexes:
+        assert index.is_full == (len(index) >= index.max_entries), (index.max_entries, len(index))
+
+
 def test_is_full_follows_the_entries_through_every_change(tmp_path: Path) -> None:
     """``is_full`` is a plain attribute (the roll check reads it per Produce): after appends,
     truncations, a reset and a load it equals the rule ``len >= max_entries``."""
@@ -77,20 +82,16 @@ def test_is_full_follows_the_entries_through_every_change(tmp_path: Path) -> Non
         offsets = OffsetIndex(tmp_path / f"{max_entries}.index", 0, max_entries)
         times = TimeIndex(tmp_path / f"{max_entries}.timeindex", 0, max_entries)
 
-        def check() -> None:
-            for index in (offsets, times):
-                assert index.is_full == (len(index) >= index.max_entries), (max_entries, len(index))
-
         offsets.reset()
         times.reset()
-        check()
+        _check_full(offsets, times)
         for i in range(1, 4):
             offsets.append(i, 10 * i)
             times.maybe_append(1000 + i, i)
-            check()
+            _check_full(offsets, times)
         offsets.truncate_to_position(20)
         times.truncate_to_offset(2)
-        check()
+        _check_full(offsets, times)
         assert len(offsets) == 1 and len(times) == 1
         offsets.close()
         times.close()
@@ -99,11 +100,11 @@ def test_is_full_follows_the_entries_through_every_change(tmp_path: Path) -> Non
         assert not reopened_offsets.is_full and not reopened_times.is_full  # nothing loaded yet
         assert reopened_offsets.load(10**6) and reopened_times.load()
         offsets, times = reopened_offsets, reopened_times
-        check()
+        _check_full(offsets, times)
         assert offsets.is_full == (max_entries == 1)
         offsets.reset()
         times.reset()
-        check()
+        _check_full(offsets, times)
         assert not offsets.is_full and not times.is_full
         offsets.close()
         times.close()

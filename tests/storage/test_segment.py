@@ -188,7 +188,13 @@ def test_append_skips_before_write_only_when_it_would_do_nothing(tmp_path: Path)
     assert len(at) == PREALLOCATE_MIN_WRITE and len(below) == PREALLOCATE_MIN_WRITE - 1
     segment = new_segment(tmp_path, interval=1 << 30)
     reference = BlockReserve()
-    for batch in (make_batch(3, value_size=40), below, at, below, make_batch(1, value_size=2 * PREALLOCATE_AHEAD)):
+    for batch in (
+        make_batch(3, value_size=40),
+        below,
+        at,
+        below,
+        make_batch(1, value_size=2 * PREALLOCATE_AHEAD),
+    ):
         patch_base_offset(batch, 0, segment.next_offset)
         position = segment.size
         reference.before_write(segment._fd, position, len(batch))

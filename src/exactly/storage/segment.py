@@ -228,7 +228,9 @@ class LogSegment(SegmentRecovery):
         if self.known_first_batch_timestamp is None:
             if self.size < HEADER_SIZE:
                 return -1
-            self.known_first_batch_timestamp = BatchHeader.parse(os.pread(self._fd, HEADER_SIZE, 0)).max_timestamp
+            self.known_first_batch_timestamp = BatchHeader.parse(
+                os.pread(self._fd, HEADER_SIZE, 0)
+            ).max_timestamp
         return self.known_first_batch_timestamp
 
     def retention_timestamp(self) -> int:
