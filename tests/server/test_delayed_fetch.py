@@ -277,3 +277,33 @@ def test_fetches_that_park_again_at_their_max_wait_all_fire_again() -> None:
         assert w._waiters == {} and all(entry[2].done() for entry in w._deadlines)
 
     asyncio.run(main())
+
+
+def test_a_parked_fetch_fired_by_its_set_result_leaves_first_and_fires_once() -> None:
+    """``ParkedFetch.set_result`` (the timer's and ``fire_soon``'s way in, ``prepare`` unfolded
+    into it): the fetch has left every set before ``fire`` runs, its answer is sent, and a second
+    ``set_result`` (a stale timer entry, a second wake-up) does nothing."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        events: list[str] = []
+
+        def fire() -> Callable[[], None]:
+            assert w._waiters == {}  # detached first
+            events.append("fired")
+            return lambda: events.append("sent")
+
+        parked = w.park([A, B], 30.0, fire, up_to_log_end=False)
+        assert set(w._waiters) == {KA, KB} and not parked.done()
+        parked.set_result(None)
+        assert events == ["fired", "sent"] and parked.done()
+        parked.set_result(None)
+        w.notify(A)
+        await asyncio.sleep(0)
+        assert events == ["fired", "sent"]
+        cancelled = w.park([A], 30.0, fire, up_to_log_end=False)
+        cancelled.cancel()
+        cancelled.set_result(None)
+        assert events == ["fired", "sent"] and w._waiters == {}
+
+    asyncio.run(main())

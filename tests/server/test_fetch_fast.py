@@ -339,3 +339,37 @@ def test_a_cancelled_parked_fetch_leaves_no_waiter(pair: tuple[Broker, Broker]) 
         assert not fast.waiters._waiters
 
     asyncio.run(go())
+
+
+def test_a_parked_fetch_whose_wake_up_read_fails_answers_unknown_server_error(
+    pair: tuple[Broker, Broker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that raises inside the woken fetch (``_Parked.fire``, which holds the read in its
+    own ``try``) answers UNKNOWN_SERVER_ERROR and counts it; nothing escapes into the append."""
+    from kio.schema.errors import ErrorCode
+
+    from exactly.protocol.fast import encode_fetch_response
+    from exactly.server.fetch_fast import frame_answer
+
+    fast = pair[0]
+    plog = fast.logs.get_partition(TP0)
+    assert plog is not None
+    frame = fetch_frame([(TOPIC, [(0, plog.log_end_offset)])], max_wait_ms=30_000, correlation_id=77)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("disk on fire")
+
+    async def go() -> Any:
+        task = asyncio.create_task(_ask(fast, frame))
+        await asyncio.sleep(0.01)
+        assert not task.done()  # parked at the log end
+        monkeypatch.setattr(plog, "read", broken)
+        append(plog, 1, value_size=40, timestamp=NOW)
+        fast.waiters.notify(TP0)
+        return await asyncio.wait_for(task, 5)
+
+    got = asyncio.run(go())
+    body = encode_fetch_response(12, ErrorCode.unknown_server_error, 0, [])
+    want = b"".join(bytes(c) for c in frame_answer(fast, 12, 77, body))
+    assert got == want
+    assert fast.metrics.errors[(int(ApiKey.FETCH), int(ErrorCode.unknown_server_error))] == 1

@@ -82,8 +82,13 @@ class ParkedFetch:
         return self._done
 
     def set_result(self, _value: None) -> None:
-        """Fire now, both steps (the name is the future's: the timer and ``fire_soon`` call it)."""
-        send = self.prepare()
+        """Fire now, both steps (the name is the future's: the timer and ``fire_soon`` call it).
+        ``prepare`` unfolded (a call per woken fetch): leave the sets, then fire."""
+        if self._done:
+            return
+        fire = self._fire
+        self._detach()
+        send = fire()
         if send is not None:
             send()
 

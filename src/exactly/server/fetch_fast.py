@@ -245,7 +245,10 @@ class FastFetch:
             self, broker, payload, correlation_id, entry, index, fetch_offset, limit,
             read_committed, min_bytes, slice_from, time.monotonic() + wait_s,
         )  # fmt: skip
-        fetch.park(entry, wait_s)
+        # ``fetch.park(entry, wait_s)`` unfolded (a call per parked Fetch)
+        fetch.answer.on_cancel(
+            broker.waiters.park([entry.plog.tp], wait_s, fetch.fire, up_to_log_end=False).cancel
+        )
         return Deferred(fetch.answer)
 
 
@@ -280,48 +283,52 @@ class _Parked:
         self.deadline = deadline
 
     def park(self, entry: _Entry, wait_s: float) -> None:
+        """Park (again) for ``wait_s``: ``FastFetch._answer`` does the first park unfolded."""
         parked = self.broker.waiters.park([entry.plog.tp], wait_s, self.fire, up_to_log_end=False)
         self.answer.on_cancel(parked.cancel)
 
     def fire(self) -> Callable[[], None] | None:
         """Woken (an append, its max_wait): read again; returns what sends the answer (None:
-        parked again). Runs from the event loop's callback, so nothing may escape it."""
+        parked again). Runs from the event loop's callback, so nothing may escape it: the read
+        is inside this call's ``try`` (not a method of its own: a call per woken fetch)."""
         try:
-            chunks = self._read()
+            entry = self.entry
+            gone = False
+            if entry.plog.closed:  # the topic was deleted (and maybe created again): look it up
+                found = self.fast._lookup(entry.name, self.index, entry.version)
+                if found is None:
+                    gone = True
+                else:
+                    entry = self.entry = found
+            if gone:  # the partition is gone: the generic read answers the error
+                chunks = self._generic()
+            else:
+                try:
+                    result = entry.plog.read(
+                        self.fetch_offset,
+                        self.limit,
+                        read_committed=self.read_committed,
+                        min_one_batch=True,
+                        slice_from=self.slice_from,
+                    )
+                except OffsetOutOfRangeError:
+                    chunks = self._generic()
+                else:
+                    if len(result.records) < self.min_bytes:
+                        remaining = self.deadline - time.monotonic()
+                        if remaining > 0:
+                            self.park(entry, remaining)  # a wake-up that brought too few bytes
+                            return None
+                    chunks = _encode(
+                        self.broker, entry, self.correlation_id, self.index, result, self.read_committed
+                    )
         except Exception:
             log.exception("answering a parked fetch failed")
             self.broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
             version = self.entry.version
             body = encode_fetch_response(version, ErrorCode.unknown_server_error, 0, [])
             chunks = frame_answer(self.broker, version, self.correlation_id, body)
-        if chunks is None:
-            return None
         return partial(self.answer.set_result, chunks)
-
-    def _read(self) -> list[Any] | None:
-        entry = self.entry
-        if entry.plog.closed:  # the topic was deleted (and maybe created again): look it up
-            name, version = entry.name, entry.version
-            found = self.fast._lookup(name, self.index, version)
-            if found is None:
-                return self._generic()  # the partition is gone: the generic read answers the error
-            entry = self.entry = found
-        try:
-            result = entry.plog.read(
-                self.fetch_offset,
-                self.limit,
-                read_committed=self.read_committed,
-                min_one_batch=True,
-                slice_from=self.slice_from,
-            )
-        except OffsetOutOfRangeError:
-            return self._generic()
-        if len(result.records) < self.min_bytes:
-            remaining = self.deadline - time.monotonic()
-            if remaining > 0:
-                self.park(entry, remaining)  # a wake-up that brought too few bytes
-                return None
-        return _encode(self.broker, entry, self.correlation_id, self.index, result, self.read_committed)
 
     def _generic(self) -> list[Any]:
         """The generic handler's read of this request: answers the errors this path declines."""
