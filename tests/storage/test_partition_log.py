@@ -332,3 +332,27 @@ def test_full_offset_index_rolls_the_segment(tmp_path: Path) -> None:
     assert [len(s.offset_index) for s in log.segments[:-1]] == [3, 3]
     assert [h.base_offset for h in read_all(log)] == list(range(10))
     log.close()
+
+
+def test_log_start_offset_and_closed_are_plain_attributes_that_follow_the_log(tmp_path: Path) -> None:
+    """``log_start_offset`` and ``closed`` are attributes (the fast paths read them per request),
+    kept by the log itself: DeleteRecords and retention move the start, a reopen restores it,
+    ``close`` and ``delete`` set ``closed``."""
+    log = open_log(tmp_path / "a", LogConfig(segment_bytes=400, retention_bytes=-1))
+    assert "log_start_offset" in vars(log) and "closed" in vars(log)
+    for _ in range(6):
+        append(log, 2, value_size=100)
+    assert log.log_start_offset == 0 and not log.closed
+    assert log.increment_log_start_offset(3)
+    assert log.log_start_offset == 3
+    assert log.read(3, 1 << 20, read_committed=False).log_start_offset == 3
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(2, 1 << 20, read_committed=False)
+    log.close()
+    assert log.closed
+    reopened = type(log).open(
+        tmp_path / "a", log.tp, LogConfig(segment_bytes=400), recovery_point=0, now_ms=NOW, log_start_offset=3
+    )
+    assert reopened.log_start_offset == 3 and not reopened.closed
+    reopened.delete()
+    assert reopened.closed

@@ -38,7 +38,7 @@ class LogMaintenance:
     _bases: list[int]
     _recovery_point: int
     _high_watermark: int
-    _log_start_offset: int
+    log_start_offset: int
     _first_unstable: int | None
     _unflushed_messages: int
     _last_flush_ms: int
@@ -96,7 +96,7 @@ class LogMaintenance:
         """Delete whole segments past retention.ms / retention.bytes (never the active one).
         Returns the number of segments deleted. The limits apply only for cleanup.policy containing
         delete; segments wholly below the log start offset go whatever the policy."""
-        deletable = deletable_segments(self._segments, self.config, now_ms, self._log_start_offset)
+        deletable = deletable_segments(self._segments, self.config, now_ms, self.log_start_offset)
         if deletable:
             self._delete_oldest(deletable)
         return deletable
@@ -112,7 +112,7 @@ class LogMaintenance:
                 f"{self.tp}: cannot move the log start offset to {offset}, above the high "
                 f"watermark {self._high_watermark}"
             )
-        if offset <= self._log_start_offset:
+        if offset <= self.log_start_offset:
             return False
         if offset > self._recovery_point:
             # The recovery point must stay at or above the log start, and it only ever covers
@@ -132,7 +132,7 @@ class LogMaintenance:
         below the new log end and the log replayed from there, which also rebuilds the aborted
         transactions of the replayed range. The HW and recovery point never exceed the new end.
         A cut below the log start offset is clamped to it (Kafka would restart the log there)."""
-        offset = max(offset, self._log_start_offset)
+        offset = max(offset, self.log_start_offset)
         self.leader_epochs.truncate_from_end(offset)
         if offset >= self.log_end_offset:
             return 0
@@ -151,10 +151,10 @@ class LogMaintenance:
         self._high_watermark = min(self._high_watermark, new_end)
         self._recovery_point = min(self._recovery_point, new_end)
         self.producer_state.truncate_and_reload(
-            log_start_offset=self._log_start_offset, log_end_offset=new_end
+            log_start_offset=self.log_start_offset, log_end_offset=new_end
         )
         rebuild_producer_state(
-            self._segments, self.producer_state, self.leader_epochs, self._log_start_offset, new_end, new_end
+            self._segments, self.producer_state, self.leader_epochs, self.log_start_offset, new_end, new_end
         )
         self._first_unstable = self.producer_state.first_unstable_offset()
         return removed
@@ -211,7 +211,7 @@ class LogMaintenance:
     def _move_log_start(self, start: int) -> None:
         """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader
         epoch cache forgets epochs below the start (LSO clamping: ``last_stable_offset``)."""
-        self._log_start_offset = start
+        self.log_start_offset = start
         self._high_watermark = max(self._high_watermark, start)
         self._recovery_point = max(self._recovery_point, start)
         self.leader_epochs.truncate_from_start(start)
@@ -222,7 +222,7 @@ class LogMaintenance:
         del self._segments[:count]
         del self._bases[:count]
         first_base = self._segments[0].base_offset
-        if first_base > self._log_start_offset:
+        if first_base > self.log_start_offset:
             self._move_log_start(first_base)
         # Snapshots from the first segment's base on stay: recovery replays that whole segment
         # (the log start may lie inside it, and a transaction open there must be rebuilt).

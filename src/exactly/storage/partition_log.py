@@ -136,11 +136,14 @@ class PartitionLog(LogMaintenance):
         self._bases: list[int] = [s.base_offset for s in self._segments]
         self._recovery_point = loaded.recovery_point
         self._high_watermark = self._segments[-1].next_offset
-        self._log_start_offset = loaded.log_start_offset
+        # ``log_start_offset`` and ``closed`` are plain attributes, not properties: the fast paths
+        # read them per request (three and two calls per latency-1k record, lat1k-s19.md).
+        # Read-only outside this class and ``LogMaintenance`` (which moves the start).
+        self.log_start_offset = loaded.log_start_offset
         self._first_unstable: int | None = producer_state.first_unstable_offset()
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
-        self._closed = False
+        self.closed = False  # True once ``close`` or ``delete`` ended the log's use
         # The lowest offset a truncation cut the log to since the cleaner last asked
         # (``take_truncation``); the cleaner runs on its own thread, hence the lock.
         self._truncation_lock = threading.Lock()
@@ -192,10 +195,6 @@ class PartitionLog(LogMaintenance):
         return opened
 
     # --- offsets --------------------------------------------------------------------------
-    @property
-    def log_start_offset(self) -> int:
-        return self._log_start_offset
-
     @property
     def high_watermark(self) -> int:
         """Separate from LEO (replication later). Single broker: advanced by
@@ -451,7 +450,7 @@ class PartitionLog(LogMaintenance):
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(base offset, max timestamp) of the first batch with max timestamp >= ``timestamp``,
         not bounded by the high watermark (see ``log_read``)."""
-        return offset_for_timestamp(self._segments, self._log_start_offset, timestamp)
+        return offset_for_timestamp(self._segments, self.log_start_offset, timestamp)
 
     def take_truncation(self) -> int | None:
         """The lowest offset the log was truncated to since the last call (None: no truncation),
@@ -460,11 +459,6 @@ class PartitionLog(LogMaintenance):
             offset, self._truncated_to = self._truncated_to, None
         return offset
 
-    @property
-    def closed(self) -> bool:
-        """True once ``close`` or ``delete`` ended the log's use."""
-        return self._closed
-
     def producers(self) -> dict[int, ProducerStateEntry]:
         return self.producer_state.active_producers()
 
@@ -472,20 +466,20 @@ class PartitionLog(LogMaintenance):
 
     def close(self) -> None:
         """Flush, snapshot producer state; the caller then writes the recovery checkpoint."""
-        if self._closed:
+        if self.closed:
             return
         self._segments[-1].on_become_inactive()
         self.flush()
         self.producer_state.take_snapshot()
         for segment in self._segments:
             segment.close()
-        self._closed = True
+        self.closed = True
 
     def delete(self) -> None:
         self.leader_epochs.discard()  # no owed rewrite may recreate a file in the directory
         for segment in self._segments:
             segment.close()
-        self._closed = True
+        self.closed = True
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __repr__(self) -> str:
