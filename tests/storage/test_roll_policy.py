@@ -95,4 +95,7 @@ def test_rolls_before_write_is_the_unfolded_rule(tmp_path: Path) -> None:
                         known = segment.known_first_batch_timestamp
                         segment.known_first_batch_timestamp = None
                         got = rolls_before_write(segment, 150, last_offset, timestamp, config, now_ms)
-                        assert got == spelled and segment.known_first_batch_timestamp == known
+                        assert got == spelled
+                        # read from the file when the rule got that far: the same number
+                        assert segment.known_first_batch_timestamp in (None, known)
+                        segment.known_first_batch_timestamp = known
