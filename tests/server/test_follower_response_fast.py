@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.storage.helpers import make_batch
+from tests.support.follower_stubs import Broker, Logs, Manager
 
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_response import parse_fetch_response
@@ -38,35 +38,6 @@ def _fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replica_fetcher, "now_ms", lambda: 1_800_000_000_000)
 
 
-@dataclass
-class _Logs:
-    logs: dict[TopicPartition, PartitionLog]
-
-    def get_partition(self, tp: TopicPartition) -> PartitionLog | None:
-        return self.logs.get(tp)
-
-
-@dataclass
-class _Waiters:
-    notified: list[TopicPartition] = field(default_factory=list)
-
-    def notify(self, tp: TopicPartition) -> None:
-        self.notified.append(tp)
-
-
-@dataclass
-class _Broker:
-    logs: _Logs
-    waiters: _Waiters = field(default_factory=_Waiters)
-
-
-@dataclass
-class _Manager:
-    broker: _Broker
-    broker_id: int = 1
-    fetch_timeout_s: float = 30.0
-
-
 def _open(directory: Path, tp: TopicPartition) -> PartitionLog:
     return PartitionLog.open(directory / str(tp), tp, LogConfig(), recovery_point=0, now_ms=0)
 
@@ -75,7 +46,7 @@ def _fetcher(directory: Path, generic: bool) -> LeaderFetcher:
     """A fetcher following TPS from leader 0 at EPOCH, past its truncation; ``generic``: one that
     never reads in place (no plan), the reference."""
     logs = {tp: _open(directory, tp) for tp in TPS}
-    fetcher = LeaderFetcher(_Manager(_Broker(_Logs(logs))), leader=0)  # type: ignore[arg-type]
+    fetcher = LeaderFetcher(Manager(Broker(Logs(logs))), leader=0)  # type: ignore[arg-type]
     for tp in TPS:
         fetcher.follow(tp, EPOCH)
         apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))

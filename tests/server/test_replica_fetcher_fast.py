@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.storage.helpers import make_batch
+from tests.support.follower_stubs import Broker, Logs, Manager
 
 from exactly.protocol.fast import FetchPartitionResult, encode_fetch_response
 from exactly.protocol.fetch_response import parse_fetch_response
@@ -30,35 +30,6 @@ TPS = (TopicPartition("t", 0), TopicPartition("t", 1))
 EPOCH = 3
 
 
-@dataclass
-class _Logs:
-    logs: dict[TopicPartition, PartitionLog]
-
-    def get_partition(self, tp: TopicPartition) -> PartitionLog | None:
-        return self.logs.get(tp)
-
-
-@dataclass
-class _Waiters:
-    notified: list[TopicPartition] = field(default_factory=list)
-
-    def notify(self, tp: TopicPartition) -> None:
-        self.notified.append(tp)
-
-
-@dataclass
-class _Broker:
-    logs: _Logs
-    waiters: _Waiters = field(default_factory=_Waiters)
-
-
-@dataclass
-class _Manager:
-    broker: _Broker
-    broker_id: int = 1
-    fetch_timeout_s: float = 30.0
-
-
 def _fetcher(directory: Path) -> LeaderFetcher:
     logs = {
         tp: PartitionLog.open(
@@ -66,7 +37,7 @@ def _fetcher(directory: Path) -> LeaderFetcher:
         )
         for tp in TPS
     }
-    fetcher = LeaderFetcher(_Manager(_Broker(_Logs(logs))), leader=0)  # type: ignore[arg-type]
+    fetcher = LeaderFetcher(Manager(Broker(Logs(logs))), leader=0)  # type: ignore[arg-type]
     for tp in TPS:
         fetcher.follow(tp, EPOCH)  # an empty log: truncating to its HW first, as the task does
         apply_truncation(fetcher.partitions[tp], logs[tp], TruncationDecision(0, True))
