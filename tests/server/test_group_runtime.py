@@ -6,7 +6,7 @@ the runtime's operation lock), as in the log, where the commit's record precedes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
@@ -17,10 +17,21 @@ from exactly.coordinator.group.api import (
     CommitTopic,
     FetchGroup,
     FetchTopic,
+    HeartbeatRequestData,
+    JoinGroupRequestData,
+    LeaveGroupRequestData,
+    LeaveGroupResponseData,
+    LeaveMember,
+    OffsetCommitRequestData,
+    OffsetCommitResponseData,
     OffsetFetchRequestData,
+    Protocol,
+    SyncGroupAssignment,
+    SyncGroupRequestData,
     TxnOffsetCommitRequestData,
 )
-from exactly.coordinator.result import Record
+from exactly.coordinator.result import CoordinatorResult, Record, RequestToken
+from exactly.server.clock import now_ms
 from exactly.server.coordinator_runtime import CoordinatorRuntime
 from exactly.server.group_runtime import GroupRuntime
 from exactly.server.internal_topics import InternalTopics, ReplayedBatch
@@ -111,5 +122,142 @@ def test_marker_waits_for_the_txn_offset_commit_in_flight_and_an_abort_stays_abo
         await txn_offset_commit(groups, 300)
         await groups.apply_marker(partition, PID, commit=True)
         assert stable_fetch(groups) == 300
+
+    asyncio.run(scenario())
+
+
+def _other_group(coordinator: GroupCoordinator) -> str:
+    ours = coordinator.partition_for(GROUP)
+    return next(g for g in (f"other-{i}" for i in range(100)) if coordinator.partition_for(g) != ours)
+
+
+def _commit(group: str, offset: int, *, generation: int = -1, member: str = "") -> OffsetCommitRequestData:
+    return OffsetCommitRequestData(
+        group_id=group,
+        topics=(CommitTopic("in", (CommitPartition(partition_index=0, committed_offset=offset),)),),
+        generation_id=generation,
+        member_id=member,
+    )
+
+
+def _join(member: str) -> JoinGroupRequestData:
+    return JoinGroupRequestData(
+        group_id=GROUP,
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=30_000,
+        member_id=member,
+        protocol_type="consumer",
+        protocols=(Protocol("range", b"sub"),),
+    )
+
+
+def _error_of(answer: Any) -> ErrorCode:
+    """One error code for any group API's answer (every partition, group or member the same)."""
+    if isinstance(answer, OffsetCommitResponseData):
+        codes = {p.error_code for t in answer.topics for p in t.partitions}
+    elif isinstance(answer, list):  # DeleteGroups
+        codes = {r.error_code for r in answer}
+    elif isinstance(answer, LeaveGroupResponseData) and answer.error_code == ErrorCode.none:
+        codes = {m.error_code for m in answer.members}
+    else:
+        codes = {answer.error_code}
+    (code,) = codes
+    return code
+
+
+def test_group_requests_queued_behind_a_resigning_reload_get_not_coordinator() -> None:
+    """The check-then-queue window of txnbounce-s19.md, for groups. A handler checks ownership
+    when the request arrives (``load_error_for``) and then waits for the operation lock; here an
+    offset commit of another group holds the lock (its append waits for the ISR), the broker
+    loses the group's ``__consumer_offsets`` partition (its reload queues for the lock), and a
+    request of every group API that queues arrives, passes the check and queues behind the reload.
+    Once they run, the coordinator no longer holds the group's partition: each must get
+    NOT_COORDINATOR (Kafka's ``validateGroupStatus``), which a client follows to the new
+    coordinator -- not an empty coordinator's UNKNOWN_MEMBER_ID (the consumer drops its
+    assignment and re-joins from scratch), GROUP_ID_NOT_FOUND, a MEMBER_ID_REQUIRED that creates
+    a group here, or a commit accepted into a group this broker does not own."""
+
+    async def scenario() -> None:
+        groups, topic = group_runtime()
+        coordinator = groups.coordinator
+        ours, other = coordinator.partition_for(GROUP), _other_group(coordinator)
+        theirs = coordinator.partition_for(other)
+        lease, other_lease = object(), object()
+        await groups.on_leadership(lambda: {ours: lease, theirs: other_lease})
+        joined = await groups.call(lambda t: coordinator.join_group(_join(""), now_ms(), t))
+        assert joined.error_code == ErrorCode.member_id_required
+        member = joined.member_id
+        joined = await groups.call(lambda t: coordinator.join_group(_join(member), now_ms(), t))
+        assert joined.error_code == ErrorCode.none
+        generation = joined.generation_id
+        sync = SyncGroupRequestData(
+            group_id=GROUP,
+            generation_id=generation,
+            member_id=member,
+            assignments=(SyncGroupAssignment(member, b"a"),),
+        )
+        synced = await groups.call(lambda t: coordinator.sync_group(sync, now_ms(), t))
+        assert synced.error_code == ErrorCode.none
+        committed = await groups.call(
+            lambda t: coordinator.offset_commit(
+                _commit(GROUP, 100, generation=generation, member=member), now_ms(), t
+            )
+        )
+        assert _error_of(committed) == ErrorCode.none
+
+        topic.acks = asyncio.Event()
+        holding = groups.call(lambda t: coordinator.offset_commit(_commit(other, 5), now_ms(), t))
+        while not any(p == theirs for p, _, _ in topic.log):
+            await asyncio.sleep(0)
+        resigning = asyncio.create_task(groups.on_leadership(lambda: {theirs: other_lease}))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert groups.load_error_for(GROUP) == ErrorCode.none  # what each handler sees
+        written = len(topic.log)
+        requests: dict[str, Callable[[RequestToken], CoordinatorResult[Any]]] = {
+            "delete": lambda t: coordinator.delete_groups([GROUP], now_ms(), t),
+            "join (member)": lambda t: coordinator.join_group(_join(member), now_ms(), t),
+            "join (new)": lambda t: coordinator.join_group(_join(""), now_ms(), t),
+            "sync": lambda t: coordinator.sync_group(sync, now_ms(), t),
+            "heartbeat": lambda t: coordinator.heartbeat(
+                HeartbeatRequestData(group_id=GROUP, generation_id=generation, member_id=member), now_ms(), t
+            ),
+            "leave": lambda t: coordinator.leave_group(
+                LeaveGroupRequestData(group_id=GROUP, members=(LeaveMember(member),)), now_ms(), t
+            ),
+            "commit": lambda t: coordinator.offset_commit(
+                _commit(GROUP, 200, generation=generation, member=member), now_ms(), t
+            ),
+            "commit (simple)": lambda t: coordinator.offset_commit(_commit(GROUP, 300), now_ms(), t),
+            "txn commit": lambda t: coordinator.txn_offset_commit(
+                TxnOffsetCommitRequestData(
+                    transactional_id="tx",
+                    group_id=GROUP,
+                    producer_id=PID,
+                    producer_epoch=0,
+                    topics=_commit(GROUP, 400).topics,
+                    generation_id=generation,
+                    member_id=member,
+                ),
+                now_ms(),
+                t,
+            ),
+        }
+        queued = {name: groups.call(op) for name, op in requests.items()}
+        topic.acks.set()
+        assert _error_of(await holding) == ErrorCode.none
+        await resigning
+        answers = {name: _error_of(await fut) for name, fut in queued.items()}
+        print(
+            {k: v.name for k, v in answers.items()},
+            "groups",
+            list(coordinator.groups),
+            "log",
+            len(topic.log) - written,
+        )
+        assert answers == dict.fromkeys(requests, ErrorCode.not_coordinator)
+        assert groups.load_error_for(GROUP) == ErrorCode.not_coordinator  # the next one, at once
+        assert GROUP not in coordinator.groups  # no group created for a partition not owned
+        assert len(topic.log) == written  # nothing written for it
 
     asyncio.run(scenario())

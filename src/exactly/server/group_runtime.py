@@ -130,8 +130,12 @@ class GroupRuntime:
     async def on_leadership(self, led: Callable[[], Mapping[int, object]]) -> None:
         """Cluster mode: the offsets partitions this broker leads may have changed; ``led()``
         maps each one it leads now to its leadership (read under the runtime's lock, see
-        ``CoordinatorRuntime.reload``: a partition lost and led again is reloaded too)."""
-        stats = await self.runtime.reload(led)
+        ``CoordinatorRuntime.reload``: a partition lost and led again is reloaded too).
+
+        The coordinator is told which partitions it loads (``begin_load``): a request that passed
+        ``load_error_for`` before this reload took the lock, for a group of a partition it
+        resigned, gets NOT_COORDINATOR from the coordinator itself when it runs."""
+        stats = await self.runtime.reload(led, self.coordinator.begin_load)
         if stats is None:
             return
         log.info(

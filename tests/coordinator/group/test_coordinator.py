@@ -434,7 +434,9 @@ def test_unload_answers_parked_joins_not_coordinator_and_reload_restores_the_log
     assert other.one.error_code == ErrorCode.not_coordinator
     assert shell.coordinator.groups == {} and shell.coordinator.next_deadline() is None
     assert shell.coordinator.committed_offsets(GROUP) == {}
+    assert shell.heartbeat(member_id, generation) == ErrorCode.not_coordinator  # owns nothing now
     # a reload replays the log into the same coordinator: the last persisted generation is back
+    shell.coordinator.begin_load()
     for partition in sorted(shell.log):
         for e in shell.log[partition]:
             assert e.key is not None
@@ -443,3 +445,4 @@ def test_unload_answers_parked_joins_not_coordinator_and_reload_restores_the_log
     group = shell.coordinator.group(GROUP)
     assert group is not None and group.generation == generation and list(group.members) == [member_id]
     assert shell.coordinator.committed_offsets(GROUP)[("t", 0)].offset == 7
+    assert shell.heartbeat(member_id, generation) == ErrorCode.none

@@ -32,27 +32,49 @@ Lifecycle
    :meth:`GroupCoordinator.cleanup_group_metadata` (see ``expiry.py``).
 
 The coordinator owns no I/O, no clock and no threads; the runtime serializes calls (one event loop).
+
+Ownership
+---------
+The coordinator knows which ``__consumer_offsets`` partitions its last load replayed (``None``:
+every one, a single broker; :meth:`GroupCoordinator.begin_load` names them on a cluster) and
+answers every group request *when it runs* as Kafka's ``validateGroupStatus`` does:
+COORDINATOR_LOAD_IN_PROGRESS while loading, NOT_COORDINATOR for a group of a partition it does not
+own (:meth:`GroupCoordinator.owner_error`). The runtime's handlers check the same before queueing
+(a cheap answer without the operation lock), but a request may wait for that lock behind a reload
+that resigned the group's partition; it must then get NOT_COORDINATOR, which sends the client to
+the new coordinator, and not what an empty coordinator would say (UNKNOWN_MEMBER_ID,
+GROUP_ID_NOT_FOUND, a new group created here). Invariant: no request changes or creates a group
+of a partition outside the owned set.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Never
+from typing import Any, Never
 
 from kio.schema.errors import ErrorCode
 
 from exactly.coordinator.group.api import (
+    CommitPartitionResult,
+    CommitTopic,
+    CommitTopicResult,
     DeleteGroupResult,
     DescribedGroup,
+    FetchGroupResult,
     HeartbeatRequestData,
+    HeartbeatResponseData,
     JoinGroupRequestData,
+    JoinGroupResponseData,
     LeaveGroupRequestData,
+    LeaveGroupResponseData,
     ListedGroup,
     OffsetCommitRequestData,
+    OffsetCommitResponseData,
     OffsetFetchRequestData,
     OffsetFetchResponseData,
     SyncGroupRequestData,
+    SyncGroupResponseData,
     TxnOffsetCommitRequestData,
 )
 from exactly.coordinator.group.core import GroupCoordinatorConfig, Operations
@@ -100,6 +122,9 @@ class GroupCoordinator:
         )
         self._offsets = OffsetManager(self.config, self._ops, self.membership)
         self.expiry = Expiry(self.config, self._ops, self.membership, self._offsets.store)
+        # The __consumer_offsets partitions of the last load (None: every one, a single broker).
+        self._owned: frozenset[int] | None = None
+        self._loading = False
 
     # -- state (read-only views for the runtime, admin tools and tests) -------------------------
 
@@ -122,6 +147,21 @@ class GroupCoordinator:
     def group(self, group_id: str) -> ClassicGroup | None:
         return self.groups.get(group_id)
 
+    def owner_error(self, group_id: str) -> ErrorCode | None:
+        """Kafka's ``validateGroupStatus``, made when a request runs (see "Ownership" above):
+        COORDINATOR_LOAD_IN_PROGRESS while loading, NOT_COORDINATOR when the group's partition
+        is not one this coordinator loaded, else None (go on: a group absent from ``groups`` is
+        then really unknown)."""
+        if self._loading:
+            return ErrorCode.coordinator_load_in_progress
+        if self._owned is not None and self.partition_for(group_id) not in self._owned:
+            return ErrorCode.not_coordinator
+        return None
+
+    def _refuse(self, now_ms: int, token: RequestToken, response: Any) -> CoordinatorResult[Never]:
+        """Answer ``token`` with ``response`` (an ownership error) and change nothing else."""
+        return self._ops.run(now_ms, lambda: self._ops.reply(token, response))
+
     def committed_offsets(self, group_id: str) -> dict[TopicPartitionKey, CommittedOffset]:
         return self.offsets.committed(group_id)
 
@@ -137,38 +177,72 @@ class GroupCoordinator:
 
     # -- requests (routed to the parts) ---------------------------------------------------------
 
+    # Each checks ownership first (``owner_error``, "Ownership" above), then goes to its part.
+
     def join_group(
         self, request: JoinGroupRequestData, now_ms: int, token: RequestToken
     ) -> CoordinatorResult[Never]:
+        if (error := self.owner_error(request.group_id)) is not None:
+            return self._refuse(
+                now_ms, token, JoinGroupResponseData(error_code=error, member_id=request.member_id)
+            )
         return self.membership.join_group(request, now_ms, token)
 
     def sync_group(
         self, request: SyncGroupRequestData, now_ms: int, token: RequestToken
     ) -> CoordinatorResult[Never]:
+        if (error := self.owner_error(request.group_id)) is not None:
+            return self._refuse(now_ms, token, SyncGroupResponseData(error_code=error))
         return self.membership.sync_group(request, now_ms, token)
 
     def heartbeat(
         self, request: HeartbeatRequestData, now_ms: int, token: RequestToken
     ) -> CoordinatorResult[Never]:
+        if (error := self.owner_error(request.group_id)) is not None:
+            return self._refuse(now_ms, token, HeartbeatResponseData(error_code=error))
         return self.membership.heartbeat(request, now_ms, token)
 
     def leave_group(
         self, request: LeaveGroupRequestData, now_ms: int, token: RequestToken
     ) -> CoordinatorResult[Never]:
+        if (error := self.owner_error(request.group_id)) is not None:
+            return self._refuse(now_ms, token, LeaveGroupResponseData(error_code=error))
         return self.membership.leave_group(request, now_ms, token)
 
     def offset_commit(
         self, request: OffsetCommitRequestData, now_ms: int, token: RequestToken
     ) -> CoordinatorResult[Never]:
+        if (error := self.owner_error(request.group_id)) is not None:
+            return self._refuse(now_ms, token, _every_partition(request.topics, error))
         return self._offsets.offset_commit(request, now_ms, token)
 
     def txn_offset_commit(
         self, request: TxnOffsetCommitRequestData, now_ms: int, token: RequestToken
     ) -> CoordinatorResult[Never]:
+        if (error := self.owner_error(request.group_id)) is not None:
+            return self._refuse(now_ms, token, _every_partition(request.topics, error))
         return self._offsets.txn_offset_commit(request, now_ms, token)
 
     def offset_fetch(self, request: OffsetFetchRequestData) -> OffsetFetchResponseData:
-        return self._offsets.offset_fetch(request)
+        """OffsetFetch; a group this coordinator does not own gets its error as the group's
+        ``error_code`` (no offsets: never an empty answer a consumer would start from)."""
+        errors = [self.owner_error(g.group_id) for g in request.groups]
+        if all(error is None for error in errors):
+            return self._offsets.offset_fetch(request)
+        ours = tuple(g for g, error in zip(request.groups, errors, strict=True) if error is None)
+        fetched = iter(
+            self._offsets.offset_fetch(
+                OffsetFetchRequestData(groups=ours, require_stable=request.require_stable)
+            ).groups
+            if ours
+            else ()
+        )
+        return OffsetFetchResponseData(
+            groups=tuple(
+                next(fetched) if error is None else FetchGroupResult(group_id=g.group_id, error_code=error)
+                for g, error in zip(request.groups, errors, strict=True)
+            )
+        )
 
     def cleanup_group_metadata(self, now_ms: int, token: RequestToken) -> CoordinatorResult[Never]:
         return self.expiry.cleanup_group_metadata(now_ms, token)
@@ -188,7 +262,9 @@ class GroupCoordinator:
         out: list[DescribedGroup] = []
         for group_id in group_ids:
             group = self.groups.get(group_id)
-            if not group_id:
+            if (owner := self.owner_error(group_id)) is not None:
+                out.append(DescribedGroup(group_id=group_id, error_code=owner, group_state=""))
+            elif not group_id:
                 out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.invalid_group_id))
             elif group is None or group.is_in(GroupState.DEAD):
                 error = ErrorCode.group_id_not_found if api_version >= 6 else ErrorCode.none
@@ -222,7 +298,9 @@ class GroupCoordinator:
             by_partition: dict[int, list[str]] = {}
             for group_id in ids:
                 group = self.groups.get(group_id)
-                if not group_id:
+                if (owner := self.owner_error(group_id)) is not None:
+                    results[group_id] = owner
+                elif not group_id:
                     results[group_id] = ErrorCode.invalid_group_id
                 elif group is None or group.is_in(GroupState.DEAD):
                     results[group_id] = ErrorCode.group_id_not_found
@@ -303,13 +381,24 @@ class GroupCoordinator:
         """Apply a COMMIT (True) / ABORT (False) marker found on ``partition`` (None: all)."""
         self._offsets.replay_end_transaction(producer_id, commit, partition)
 
+    def begin_load(self, partitions: Iterable[int] | None = None) -> None:
+        """A load of ``partitions`` (None: every one) starts: requests get
+        COORDINATOR_LOAD_IN_PROGRESS until :meth:`load_complete`, then NOT_COORDINATOR for groups
+        of other partitions. Call it on an empty coordinator (new, or after :meth:`unload`); a
+        single broker's first load may skip it (a new coordinator owns every partition)."""
+        self._owned = None if partitions is None else frozenset(partitions)
+        self._loading = True
+
     def load_complete(self, now_ms: int) -> CoordinatorResult[Never]:
         """After replay: start session timers for the loaded members (they must heartbeat again)."""
+        self._loading = False
         return self._ops.run(now_ms, self.membership.start_sessions)
 
     def unload(self, now_ms: int) -> CoordinatorResult[Never]:
         """Stop owning ``__consumer_offsets``: parked requests are answered NOT_COORDINATOR, all
-        state is forgotten; a later load replays the log again (Kafka's ``onUnloaded``).
+        state is forgotten; a later load replays the log again (Kafka's ``onUnloaded``). Until a
+        :meth:`begin_load` names what that load replays, it owns no partition: requests get
+        NOT_COORDINATOR (LOAD_IN_PROGRESS once the load began).
 
         Writes still in flight complete against groups that are gone and change nothing.
         """
@@ -318,4 +407,17 @@ class GroupCoordinator:
             self.membership.unload_all()
             self._offsets.store.clear()
 
+        self._owned = frozenset()
         return self._ops.run(now_ms, body)
+
+
+def _every_partition(topics: Iterable[CommitTopic], error: ErrorCode) -> OffsetCommitResponseData:
+    """An OffsetCommit/TxnOffsetCommit answer with ``error`` for every requested partition."""
+    return OffsetCommitResponseData(
+        topics=tuple(
+            CommitTopicResult(
+                t.name, tuple(CommitPartitionResult(p.partition_index, error) for p in t.partitions)
+            )
+            for t in topics
+        )
+    )

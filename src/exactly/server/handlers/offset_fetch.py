@@ -80,6 +80,17 @@ def _visible(
     return FetchGroupResult(group_id=result.group_id, topics=tuple(topics), error_code=result.error_code)
 
 
+def _answer(
+    broker: Broker, ctx: RequestContext, group: FetchGroup, result: FetchGroupResult
+) -> FetchGroupResult:
+    """The coordinator's answer for ``group``: its offsets, or its group-level error (the
+    coordinator's own ownership check, ``GroupCoordinator.owner_error``) shaped as the handler's
+    own refusals are."""
+    if result.error_code is not ErrorCode.none:
+        return _error_result(group, result.error_code, per_partition=ctx.version < 2)
+    return _visible(broker, ctx, group, result)
+
+
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     runtime = broker.groups
     batched = ctx.version >= BATCHED_VERSION
@@ -101,7 +112,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         )
         fetched = iter(runtime.coordinator.offset_fetch(data).groups)
     results = tuple(
-        _visible(broker, ctx, g, next(fetched))
+        _answer(broker, ctx, g, next(fetched))
         if code is ErrorCode.none
         else _error_result(g, code, per_partition=ctx.version < 2)
         for g, code in zip(groups, refused, strict=True)
