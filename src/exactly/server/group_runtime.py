@@ -18,7 +18,9 @@ What the broker calls:
 What the handlers call: ``load_error_for(group_id)`` first (NOT_COORDINATOR /
 COORDINATOR_LOAD_IN_PROGRESS / NONE), then ``call(op)``, which runs one coordinator request with
 its token and returns an asyncio future of its answer (the runtime's ``call``). A JoinGroup
-parked for a rebalance resolves later, from another request or the timer loop.
+parked for a rebalance resolves later, from another request or the timer loop. The coordinator
+checks ownership again when the request runs (``GroupCoordinator.owner_error``): in cluster mode
+the request may wait for the operation lock behind a reload that resigned its group's partition.
 
 Cluster mode: nothing is loaded at start-up; the replica manager calls
 ``on_leadership(partitions)`` whenever the set of ``__consumer_offsets`` partitions this broker
