@@ -446,3 +446,79 @@ def test_a_change_between_park_and_wake_up_is_checked_again() -> None:
                 broker.logs.close()
         assert transcripts[0] == transcripts[1]
         assert transcripts[0][0][-1] != transcripts[0][0][0]  # answered
+
+
+def test_a_repeated_arrival_skips_only_the_replica_checks_it_passed() -> None:
+    """A replica's Fetch of the same partitions in the same epochs as its last one that passed
+    ``check_follower_read``, with no role change in between, is not checked again on arrival;
+    another replica, another partition list or another epoch is (the answers are the generic
+    ones: the steady-state test compares them)."""
+
+    async def run(data_dir: Path) -> None:
+        broker, _ = _open(data_dir, True, (0, 1, 2))
+        rm = broker.replicas
+        assert isinstance(rm, ReplicaManager)
+        checks: list[tuple[TopicPartition, int]] = []
+        check = rm.check_follower_read
+
+        def counted(tp: TopicPartition, replica_id: int, epoch: int) -> ErrorCode:
+            checks.append((tp, replica_id))
+            return check(tp, replica_id, epoch)
+
+        rm.check_follower_read = counted  # type: ignore[method-assign]
+        _produce(broker, TP0, 3)
+        _produce(broker, TP1, 3)
+        steps: list[tuple[int, list[tuple[int, int, int]], list[tuple[TopicPartition, int]]]] = [
+            (1, [(0, 0, EPOCH), (1, 0, EPOCH)], [(TP0, 1), (TP1, 1)]),  # first: checked
+            (1, [(0, 1, EPOCH), (1, 2, EPOCH)], []),  # same list, other offsets: skipped
+            (2, [(0, 0, EPOCH), (1, 0, EPOCH)], [(TP0, 2), (TP1, 2)]),  # another replica
+            (1, [(0, 2, EPOCH), (1, 2, EPOCH)], []),  # replica 1's entry is still there
+            (1, [(0, 2, EPOCH)], [(TP0, 1)]),  # fewer partitions: checked
+            (1, [(0, 2, EPOCH), (1, 2, EPOCH)], [(TP0, 1), (TP1, 1)]),  # the list changed back
+        ]
+        for replica, positions, expected in steps:
+            checks.clear()
+            answer = await _send(broker, _fetch(replica, positions))
+            assert isinstance(answer, bytes | list), answer  # answered at once: records there
+            assert checks == expected, (replica, positions)
+        broker.logs.close()
+
+    with tempfile.TemporaryDirectory() as d:
+        asyncio.run(run(Path(d)))
+
+
+def test_a_change_between_two_fetches_is_checked_on_arrival() -> None:
+    """The second of two identical Fetches from one replica, with a change of what the replica
+    checks read in between, gets the generic path's answer (an error): an assignment without
+    the fetcher, this broker turned follower, leaderships resigned, a new leader epoch here
+    (the follower still asking in the old one)."""
+    follower = ObservedState(PartitionState(LeaderAndIsr(1, EPOCH + 1, (1, 2), 1), 2), 2)
+    bumped = ObservedState(PartitionState(LeaderAndIsr(0, EPOCH + 1, (0, 1, 2), 1), 2), 2)
+    changes: list[Callable[[ReplicaManager], None]] = [
+        _reassigned,
+        lambda rm: rm._on_state(TP0, follower),
+        lambda rm: rm.resign_leaderships(),
+        lambda rm: rm._on_state(TP0, bumped),
+    ]
+    for change in changes:
+
+        async def script(broker: Broker, out: list[Any], change: Any = change) -> None:
+            rm = broker.replicas
+            assert isinstance(rm, ReplicaManager)
+            _produce(broker, TP0, 3)
+            out.append(await _done(await _send(broker, _fetch(1, [(0, 0, EPOCH)]))))
+            change(rm)
+            out.append(await _done(await _send(broker, _fetch(1, [(0, 1, EPOCH)], max_wait_ms=0))))
+
+        transcripts = []
+        for fast in (True, False):
+            with tempfile.TemporaryDirectory() as d:
+                broker, _ = _open(Path(d), fast, (0, 1, 2))
+                out: list[Any] = []
+                asyncio.run(script(broker, out))
+                transcripts.append(
+                    (out, broker.metrics.requests[int(ApiKey.FETCH)], broker.metrics.bytes_out)
+                )
+                assert broker.follower_fetch.taken == (1 if fast else 0)  # type: ignore[attr-defined]
+                broker.logs.close()
+        assert transcripts[0] == transcripts[1]

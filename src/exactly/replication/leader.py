@@ -24,7 +24,7 @@ a committed znode value; time comes in as ``now_ms`` (no clock is read here).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -194,7 +194,10 @@ class LeaderPartition:
         otherwise hold the HW, and every acks=all produce, for up to ``replica.lag.time.max.ms``
         after it stopped fetching (Kafka's ``shouldWaitForReplicaToJoinIsr``)."""
         candidate = self.leader_log_end_offset
-        maximal = self.maximal_isr
+        # ``maximal_isr`` without building a frozenset per call (this runs on every follower
+        # fetch and leader append): the same members, tested against the tuple itself
+        pending = self._pending
+        maximal: Collection[int] = pending.maximal_isr if pending is not None else self._isr
         for broker, follower in self._followers.items():
             if follower.log_end_offset < candidate and (
                 broker in maximal

@@ -30,11 +30,13 @@ fetcher is a replica), has no diverging epoch and is asked inside its log. Anyth
 generic path's. A parked fetch whose checks fail when it wakes (a role change, a deleted topic)
 is answered by the generic handler's own read of the same request (``handlers.fetch._read_all``).
 A wake-up repeats the replica checks (``check_follower_read``) only when
-``ReplicaManager.role_changes`` moved since the request passed them: every change to what they
-read (assignments, roles and epochs, leaderships) counts there first, before it wakes anything,
-so an append's wake-up (the steady state) only re-checks the logs (present, open, offset inside,
-divergence): two of the four ``check_follower_read`` passes per acks=all message at RF 3
-(bench/results/rf3p99-s19.md).
+``ReplicaManager.role_changes`` moved since the request passed them, and an arrival only when it
+moved since the same replica's last Fetch of the same partitions in the same epochs passed them:
+every change to what they read (assignments, roles and epochs, leaderships) counts there first,
+before it wakes anything, so an append's wake-up (the steady state) only re-checks the logs
+(present, open, offset inside, divergence): two of the four ``check_follower_read`` passes per acks=all message at RF 3
+(bench/results/rf3p99-s19.md); the arrival skip (``FollowerFetch._passed``) removes the other two
+(bench/results/rf3cpu-s20.md).
 Equivalence: tests/server/test_follower_fetch_fast.py.
 """
 
@@ -88,10 +90,19 @@ _Part = tuple[int, int, int, int, int, int, TopicPartition]
 class FollowerFetch:
     """One cluster broker's fast path for its followers' Fetches (see the module docstring)."""
 
-    __slots__ = ("_broker",)
+    __slots__ = ("_broker", "_passed")
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        # Per replica id: ``replicas.role_changes`` when that replica's last Fetch passed
+        # ``check_follower_read`` for every partition, and its (topic, partition, current
+        # leader epoch) list. A follower asks for the same partitions in the same epochs Fetch
+        # after Fetch; while nothing those checks read has changed (every change bumps
+        # ``role_changes`` first, the same invariant the wake-up relies on) they would answer
+        # the same again, so an arrival with the same list skips them (two of the leader's
+        # four passes per acks=all message at RF 3; the log checks always run). At most one
+        # entry per broker of the cluster.
+        self._passed: dict[int, tuple[int, list[tuple[str, int, int]]]] = {}
 
     def answer(self, payload: bytearray, file_slices: bool) -> list[Any] | Deferred[list[Any] | None] | None:
         """The framed answer (or a Deferred one, parked); None: not taken, nothing changed."""
@@ -108,9 +119,14 @@ class FollowerFetch:
         version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics = request
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000.0
         checked_at = replicas.role_changes
-        logs = _checked(broker, replicas, replica_id, topics)
+        asked = [(name, p[0], p[1]) for name, parts in topics for p in parts]
+        passed = self._passed.get(replica_id)
+        same = passed is not None and passed[0] == checked_at and passed[1] == asked
+        logs = _checked(broker, replicas, replica_id, topics, replica_checks=not same)
         if logs is None:
             return None
+        if not same:
+            self._passed[replica_id] = (checked_at, asked)
         # from here on the request is taken
         broker.metrics.requests[_FETCH] += 1
         slice_from = SLICE_FROM if file_slices else None
