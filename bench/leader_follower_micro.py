@@ -80,7 +80,9 @@ def _templates() -> dict[int, ReplicaFetchTemplate]:
     }  # fmt: skip
 
 
-async def _rounds(iterations: int, rounds: int, produce: bool, profile: cProfile.Profile | None) -> list[float]:
+async def _rounds(
+    iterations: int, rounds: int, produce: bool, profile: cProfile.Profile | None
+) -> list[float]:
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         broker = _open(Path(d))
         plog = broker.logs.get_partition(TP)
