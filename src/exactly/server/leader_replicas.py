@@ -53,10 +53,17 @@ class LeaderReplicas:
         the HW) re-check; the followers' parked fetches (bound by the log end) stay parked."""
         plog = self.broker.logs.get_partition(tp)
         if plog is not None:
-            plog.update_high_watermark(leader.high_watermark)
-        self.delayed_produces.wake(tp)
-        if plog is not None:
-            self.broker.waiters.notify_high_watermark(tp)
+            self._published(plog, leader)
+        else:
+            self.delayed_produces.wake(tp)
+
+    def _published(self, plog: PartitionLog, leader: LeaderPartition) -> None:
+        """``publish_high_watermark`` for a caller holding the partition's current log (looked
+        up within the same synchronous call): one log lookup less per follower fetch that moves
+        the HW, the steady state of every acks=all message."""
+        plog.update_high_watermark(leader.high_watermark)
+        self.delayed_produces.wake(plog.tp)
+        self.broker.waiters.notify_high_watermark(plog.tp)
 
     def refresh_high_watermarks(self) -> None:
         """A follower that left or is leaving no longer holds a HW back (``isr_eligible``)."""
@@ -69,7 +76,8 @@ class LeaderReplicas:
         self, plog: PartitionLog, replica_id: int, fetch_offset: int, log_start: int
     ) -> None:
         """A follower's Fetch arrived at ``fetch_offset`` (its log end): the HW and the ISR
-        follow it (``LeaderPartition.on_follower_fetch``)."""
+        follow it (``LeaderPartition.on_follower_fetch``). ``plog`` is the partition's current
+        log, looked up by the caller within the same synchronous call."""
         leader = self.leaders.get(plog.tp)
         if leader is None or replica_id == self.broker_id:
             return
@@ -78,7 +86,7 @@ class LeaderReplicas:
         except KeyError:
             return
         if outcome.high_watermark_advanced:
-            self.publish_high_watermark(plog.tp, leader)
+            self._published(plog, leader)
         if outcome.isr_update is not None:
             self._write_isr(plog.tp, leader, outcome.isr_update)
 
