@@ -167,9 +167,44 @@ def main() -> None:
         "from exactly.types import TopicPartition\n",
         [
             (
-                "        plog.update_high_watermark(min(part.high_watermark, plog.log_end_offset))\n",
+                "        plog.update_high_watermark(min(hw, plog.log_end_offset))\n",
                 T("        ", '"r_appended", plog.log_end_offset')
-                + "        plog.update_high_watermark(min(part.high_watermark, plog.log_end_offset))\n",
+                + "        plog.update_high_watermark(min(hw, plog.log_end_offset))\n",
+            ),
+        ],
+    )
+    patch(  # the cluster produce fast path (the common Produce at a leader)
+        "src/exactly/server/produce_fast_cluster.py",
+        "from exactly.types import TopicPartition\n",
+        [
+            (
+                "        replicas.leading.leader_appended(plog, leader)\n",
+                T("        ", '"p_app", plog.log_end_offset')
+                + "        replicas.leading.leader_appended(plog, leader)\n",
+            ),
+            (
+                "        common = read_common_produce(payload)\n",
+                T("        ", '"p_start"') + "        common = read_common_produce(payload)\n",
+            ),
+        ],
+    )
+    patch(  # the follower Fetch fast path: its parked answer prepared on a wake-up
+        "src/exactly/server/follower_fetch_fast.py",
+        "from exactly.types import TopicPartition\n",
+        [
+            (
+                "                framed = _frame(broker, version, self.correlation_id, answers)\n",
+                "                framed = _frame(broker, version, self.correlation_id, answers)\n"
+                + T("                ", '"f_resp", self.replica_id, total'),
+            ),
+            (  # answered on arrival (data was there already: the Fetch was not parked)
+                "            if total >= min_bytes or deadline - time.monotonic() <= 0:\n                return _frame(",
+                '            if _trace.ON:\n                _trace.t("f_arr_resp", replica_id, total)\n'
+                "            if total >= min_bytes or deadline - time.monotonic() <= 0:\n                return _frame(",
+            ),
+            (  # parked
+                "        parked.checked_at = checked_at\n",
+                "        parked.checked_at = checked_at\n" + T("        ", '"f_park", replica_id'),
             ),
         ],
     )
