@@ -9,7 +9,8 @@ ZooKeeper + 3 brokers (``benchlib.cluster``, broker 0 leads), an RF 3 topic (min
 2), an idempotent producer (linger.ms 0, acks all) at 1,000 records/s with a consumer reading
 along, as ``cluster-latency-1k`` does. Writes OUT/client.json (each record's offset, send and
 delivery time on CLOCK_MONOTONIC) next to the brokers' trace-<pid>.txt; prints the client's
-percentiles and each broker's CPU microseconds per record. ``S14_PROF=1`` also runs the brokers
+percentiles and each broker's CPU microseconds per record. ``WIRE=1``: the client is a raw
+open-loop Produce sender instead (no librdkafka, no consumer; ``_wire_loop``). ``S14_PROF=1`` also runs the brokers
 under ``benchlib/cprofile_site`` (CPU-time cProfile between the two signals).
 """
 
@@ -68,8 +69,10 @@ def main() -> None:
                 consumer.poll(0.05)
             consumer.close()
 
+        wire = bool(os.environ.get("WIRE"))
         reader = threading.Thread(target=consume, daemon=True)
-        reader.start()
+        if not wire:
+            reader.start()
         acks: dict[int, tuple[int, int]] = {}
         to_mono = time.monotonic_ns() - time.perf_counter_ns()
 
@@ -79,6 +82,9 @@ def main() -> None:
                 sent = struct.unpack_from(">Q", msg.value())[0]
                 acks[msg.offset()] = (sent + to_mono, now + to_mono)
 
+        if wire:
+            _wire_loop(cluster, topic, seconds, acks, pids, out)
+            return
         conf = {"bootstrap.servers": cluster.bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0}
         producer = Producer({**conf, **kafka.QUIET, **extra})
         producer.list_topics(topic, timeout=30)
@@ -122,6 +128,63 @@ def main() -> None:
         )
     finally:
         cluster.stop()
+
+
+def _wire_loop(
+    cluster: Cluster,
+    topic: str,
+    seconds: float,
+    acks: dict[int, tuple[int, int]],
+    pids: dict[int, int],
+    out: Path,
+) -> None:
+    """``WIRE=1``: the client is a raw Produce v9 (one 1 KB record, acks=all) every 1 ms from a
+    sleeping sender thread, answers read by another (``bench/rf3_openloop.py``'s ``wire``): no
+    librdkafka, no consumer, the client's own legs as short as ``cluster_rtt_ab.py``'s."""
+    import socket
+
+    from cluster_rtt_ab import produce_v9
+
+    from benchlib.batch_producer import _recv_frame
+    from exactly.records.builder import Record, build_batch
+
+    host, port = cluster.brokers[0].bootstrap.rsplit(":", 1)
+    frame = produce_v9(topic, build_batch([Record(b"x" * 1024)], base_timestamp=int(time.time() * 1000)), -1)
+    total = int(1000 * seconds)
+    sent = [0] * total
+    name = len(topic.encode())
+    at = 4 + 1 + 1 + 1 + name + 1 + 4  # the error code (check_response_v9), then the base offset
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(frame)
+        _recv_frame(sock)
+
+        def read() -> None:
+            for _ in range(total):
+                answer = _recv_frame(sock)
+                t = time.monotonic_ns()
+                i = int.from_bytes(answer[:4], "big")
+                assert int.from_bytes(answer[at : at + 2], "big") == 0
+                acks[int.from_bytes(answer[at + 2 : at + 10], "big")] = (sent[i], t)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        tracer = sched_trace.start() if os.environ.get("SCHED_TRACE") else None
+        start = time.perf_counter()
+        for i in range(total):
+            left = start + i / 1000 - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+            frame[8:12] = i.to_bytes(4, "big")
+            sent[i] = time.monotonic_ns()
+            sock.sendall(frame)
+        reader.join(30)
+    if tracer is not None:
+        sched_trace.stop(tracer, out, {"client": os.getpid(), **{str(b): p for b, p in pids.items()}})
+    lat = sorted((b - a) / 1e6 for a, b in acks.values())
+    n = len(lat)
+    print(f"wire acks {n}: p50 {lat[n // 2]:.2f} p99 {lat[int(n * 0.99)]:.2f} ms; load {os.getloadavg()}")
+    (out / "client.json").write_text(json.dumps({"pids": pids, "acks": {str(k): v for k, v in acks.items()}}))
 
 
 if __name__ == "__main__":
