@@ -22,6 +22,7 @@ brokers do.
   thread, answers read by another thread (any number in flight): no librdkafka, no consumer;
 - ``closed``: ``cluster_rtt_ab.py``'s closed loop (one raw Produce in flight), as many requests as
   the open loops send (its CPU per record is the same work without the open loop's idle gaps);
+- ``wire@R``: ``wire`` at R records/s (the open loop's tail against the offered load);
 - ``wire-c``: ``wire`` with a consumer thread reading along (as ``ck``);
 - ``wire-spin``: ``wire`` plus a process spinning on a core for the whole window (what ``ck``'s
   producing loop does to the box; its CPU is not in the client column).
@@ -158,8 +159,10 @@ def run_closed(cluster: Cluster, topic: str, seconds: float) -> list[float]:
     return rtts
 
 
-def run_wire(cluster: Cluster, topic: str, seconds: float, spin: bool, consumer: bool) -> list[float]:
-    total = int(1000 * seconds)
+def run_wire(
+    cluster: Cluster, topic: str, seconds: float, spin: bool, consumer: bool, rate: int = 1000
+) -> list[float]:
+    total = int(rate * seconds)
     host, port = cluster.brokers[LEADER].bootstrap.rsplit(":", 1)
     value = drivers.payload_pool()[0][:1024]
     batch = build_batch([Record(value)], base_timestamp=int(time.time() * 1000))
@@ -191,7 +194,7 @@ def run_wire(cluster: Cluster, topic: str, seconds: float, spin: bool, consumer:
         spinner = _spin_process() if spin else None
         start = time.perf_counter()
         for i in range(total):
-            due = start + i * 0.001
+            due = start + i / rate
             left = due - time.perf_counter()
             if left > 0:
                 time.sleep(left)
@@ -265,6 +268,8 @@ def main() -> int:
                     acks = run_wire(cluster, topic, args.seconds, False, False)
                 elif v == "closed":
                     acks = run_closed(cluster, topic, args.seconds)
+                elif v.startswith("wire@"):
+                    acks = run_wire(cluster, topic, args.seconds, False, False, int(v[5:]))
                 elif v == "wire-c":
                     acks = run_wire(cluster, topic, args.seconds, False, True)
                 elif v == "wire-spin":

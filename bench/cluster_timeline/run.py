@@ -143,9 +143,8 @@ def _wire_loop(
     librdkafka, no consumer, the client's own legs as short as ``cluster_rtt_ab.py``'s."""
     import socket
 
-    from cluster_rtt_ab import produce_v9
-
     from benchlib.batch_producer import _recv_frame
+    from cluster_rtt_ab import produce_v9
     from exactly.records.builder import Record, build_batch
 
     host, port = cluster.brokers[0].bootstrap.rsplit(":", 1)
