@@ -39,7 +39,8 @@ The coordinator knows which ``__consumer_offsets`` partitions its last load repl
 every one, a single broker; :meth:`GroupCoordinator.begin_load` names them on a cluster) and
 answers every group request *when it runs* as Kafka's ``validateGroupStatus`` does:
 COORDINATOR_LOAD_IN_PROGRESS while loading, NOT_COORDINATOR for a group of a partition it does not
-own (:meth:`GroupCoordinator.owner_error`). The runtime's handlers check the same before queueing
+own (:meth:`GroupCoordinator.owner_error`, over :class:`~exactly.coordinator.ownership.Ownership`,
+which the transaction coordinator shares; an unload resigns every partition). The runtime's handlers check the same before queueing
 (a cheap answer without the operation lock), but a request may wait for that lock behind a reload
 that resigned the group's partition; it must then get NOT_COORDINATOR, which sends the client to
 the new coordinator, and not what an empty coordinator would say (UNKNOWN_MEMBER_ID,
@@ -97,6 +98,7 @@ from exactly.coordinator.group.records import (
 )
 from exactly.coordinator.group.state import GroupState
 from exactly.coordinator.group.timers import DeadlineQueue
+from exactly.coordinator.ownership import Ownership
 from exactly.coordinator.result import AppendOutcome, CoordinatorResult, RequestToken
 
 __all__ = ["GroupCoordinator", "GroupCoordinatorConfig"]
@@ -122,9 +124,8 @@ class GroupCoordinator:
         )
         self._offsets = OffsetManager(self.config, self._ops, self.membership)
         self.expiry = Expiry(self.config, self._ops, self.membership, self._offsets.store)
-        # The __consumer_offsets partitions of the last load (None: every one, a single broker).
-        self._owned: frozenset[int] | None = None
-        self._loading = False
+        # The __consumer_offsets partitions owned or loading ("Ownership" above).
+        self._ownership = Ownership()
 
     # -- state (read-only views for the runtime, admin tools and tests) -------------------------
 
@@ -140,6 +141,11 @@ class GroupCoordinator:
     def timers(self) -> DeadlineQueue:
         return self._ops.timers
 
+    @property
+    def ownership(self) -> Ownership:
+        """The partitions owned or loading (changed only by the load/unload calls below)."""
+        return self._ownership
+
     def partition_for(self, group_id: str) -> int:
         """The ``__consumer_offsets`` partition of ``group_id`` (FindCoordinator uses the same)."""
         return self._ops.partition_for(group_id)
@@ -152,11 +158,7 @@ class GroupCoordinator:
         COORDINATOR_LOAD_IN_PROGRESS while loading, NOT_COORDINATOR when the group's partition
         is not one this coordinator loaded, else None (go on: a group absent from ``groups`` is
         then really unknown)."""
-        if self._loading:
-            return ErrorCode.coordinator_load_in_progress
-        if self._owned is not None and self.partition_for(group_id) not in self._owned:
-            return ErrorCode.not_coordinator
-        return None
+        return self._ownership.owner_error(self.partition_for(group_id))
 
     def _refuse(self, now_ms: int, token: RequestToken, response: Any) -> CoordinatorResult[Never]:
         """Answer ``token`` with ``response`` (an ownership error) and change nothing else."""
@@ -386,12 +388,11 @@ class GroupCoordinator:
         COORDINATOR_LOAD_IN_PROGRESS until :meth:`load_complete`, then NOT_COORDINATOR for groups
         of other partitions. Call it on an empty coordinator (new, or after :meth:`unload`); a
         single broker's first load may skip it (a new coordinator owns every partition)."""
-        self._owned = None if partitions is None else frozenset(partitions)
-        self._loading = True
+        self._ownership = self._ownership.begin_load(partitions)
 
     def load_complete(self, now_ms: int) -> CoordinatorResult[Never]:
         """After replay: start session timers for the loaded members (they must heartbeat again)."""
-        self._loading = False
+        self._ownership = self._ownership.complete_load()
         return self._ops.run(now_ms, self.membership.start_sessions)
 
     def unload(self, now_ms: int) -> CoordinatorResult[Never]:
@@ -407,7 +408,7 @@ class GroupCoordinator:
             self.membership.unload_all()
             self._offsets.store.clear()
 
-        self._owned = frozenset()
+        self._ownership = self._ownership.resign()
         return self._ops.run(now_ms, body)
 
 

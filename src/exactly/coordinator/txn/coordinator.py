@@ -409,7 +409,7 @@ class TransactionCoordinator(TransactionStateManager):
         Run every ``abort_timed_out_interval_ms``. Each write's success yields the ABORT markers.
         The bump fences the producer that let its transaction time out.
         """
-        if self._loading:
+        if self.loading:
             return CoordinatorResult()
         return self._writes(
             *(

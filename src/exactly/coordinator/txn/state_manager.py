@@ -18,10 +18,12 @@ Invariants
   a report whose transit is not that object (e.g. from before a reload) is stale and ignored.
 * While loading, every request is answered COORDINATOR_LOAD_IN_PROGRESS and periodic tasks do
   nothing; replay may run at any time but is meant for loading.
-* A request for an id of a partition outside ``_owned`` (the partitions of the last load; None:
-  all of them, the single broker) is answered NOT_COORDINATOR, checked when the request runs
-  (:meth:`TransactionStateManager.owner_error`), never INVALID_PRODUCER_ID_MAPPING: an id
-  missing from ``_txns`` means "never initialized" only for a partition this coordinator loaded.
+* A request for an id of a partition outside the owned set (``_ownership``, the
+  :class:`~exactly.coordinator.ownership.Ownership` the group coordinator shares: the partitions
+  of the last load, None: all of them, the single broker) is answered NOT_COORDINATOR, checked
+  when the request runs (:meth:`TransactionStateManager.owner_error`), never
+  INVALID_PRODUCER_ID_MAPPING: an id missing from ``_txns`` means "never initialized" only for a
+  partition this coordinator loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from exactly.coordinator.ownership import Ownership
 from exactly.coordinator.txn import admin
 from exactly.coordinator.txn.config import TxnCoordinatorConfig
 from exactly.coordinator.txn.effects import (
@@ -91,9 +94,8 @@ class TransactionStateManager:
         self._completions: dict[str, _Completion] = {}
         # The transit of the one append in flight per id: a report for anything else is stale.
         self._in_flight: dict[str, TxnTransitMetadata] = {}
-        self._loading = False
-        # The __transaction_state partitions of the last load (None: every one, a single broker).
-        self._owned: frozenset[int] | None = None
+        # The __transaction_state partitions owned or loading (see the module docstring).
+        self._ownership = Ownership()
         self.skipped_records = 0  # replayed records of unknown key/value versions
 
     # -- introspection ------------------------------------------------------------------------
@@ -122,7 +124,12 @@ class TransactionStateManager:
 
     @property
     def loading(self) -> bool:
-        return self._loading
+        return self._ownership.loading
+
+    @property
+    def ownership(self) -> Ownership:
+        """The partitions owned or loading (changed only by :meth:`begin_load` / :meth:`end_load`)."""
+        return self._ownership
 
     def owner_error(self, transactional_id: str) -> ErrorCode | None:
         """Kafka's ``getTransactionState`` check, made when a request runs: LOAD_IN_PROGRESS
@@ -136,11 +143,7 @@ class TransactionStateManager:
         the new coordinator, and not an empty map's INVALID_PRODUCER_ID_MAPPING, which
         librdkafka takes for a lost producer id (abortable with an epoch bump) and which
         Kafka never answers for a partition it does not own."""
-        if self._loading:
-            return E.coordinator_load_in_progress
-        if self._owned is not None and self.partition_for(transactional_id) not in self._owned:
-            return E.not_coordinator
-        return None
+        return self._ownership.owner_error(self.partition_for(transactional_id))
 
     # -- loading ------------------------------------------------------------------------------
 
@@ -156,12 +159,11 @@ class TransactionStateManager:
         """
         if coordinator_epoch is not None:
             self.coordinator_epoch = coordinator_epoch
-        self._owned = None if partitions is None else frozenset(partitions)
+        self._ownership = self._ownership.begin_load(partitions)
         self._txns.clear()
         self._completions.clear()
         self._in_flight.clear()
         self.skipped_records = 0
-        self._loading = True
 
     def replay(self, key: bytes, value: bytes | None, *, offset: int = -1, producer_id: int = -1) -> None:
         """Apply one ``__transaction_state`` record (offset order); a None value is a tombstone.
@@ -189,7 +191,7 @@ class TransactionStateManager:
 
     def end_load(self, now_ms: int) -> tuple[WriteMarkers, ...]:
         """Start serving; returns the markers to (re)write for transactions left in Prepare*."""
-        self._loading = False
+        self._ownership = self._ownership.complete_load()
         return self.pending_completions(now_ms)
 
     def pending_completions(self, now_ms: int) -> tuple[WriteMarkers, ...]:
@@ -211,7 +213,7 @@ class TransactionStateManager:
 
         The entry is removed only when the tombstone append is reported done.
         """
-        if self._loading:
+        if self.loading:
             return ()
         ttl = self.config.transactional_id_expiration_ms if expiration_ms is None else expiration_ms
         return tuple(
@@ -223,7 +225,7 @@ class TransactionStateManager:
 
     def describe_transactions(self, transactional_ids: Iterable[str]) -> tuple[DescribedTransaction, ...]:
         """DescribeTransactions (KIP-664) entries, one per requested id."""
-        return tuple(admin.describe(self._txns, tid, loading=self._loading) for tid in transactional_ids)
+        return tuple(admin.describe(self._txns, tid, loading=self.loading) for tid in transactional_ids)
 
     def list_transactions(
         self,
@@ -238,7 +240,7 @@ class TransactionStateManager:
         return admin.list_transactions(
             self._txns.values(),
             now_ms=now_ms,
-            loading=self._loading,
+            loading=self.loading,
             state_filters=state_filters,
             producer_id_filters=producer_id_filters,
             duration_filter_ms=duration_filter_ms,
