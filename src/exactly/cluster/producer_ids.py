@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from exactly.cluster import znodes as zn
+from exactly.cluster.zk_base import STARTUP_RETRY_DEADLINE_S, call_with_retry
 from exactly.cluster.znodes import ProducerIdBlock, next_producer_id_block
 from exactly.types import ProducerId
 
@@ -36,9 +37,35 @@ PREFETCH_FRACTION = 0.9
 
 
 def allocate_block(
-    client: KazooClient, broker_id: int, size: int = zn.PRODUCER_ID_BLOCK_SIZE
+    client: KazooClient,
+    broker_id: int,
+    size: int = zn.PRODUCER_ID_BLOCK_SIZE,
+    *,
+    deadline_s: float | None = None,
 ) -> ProducerIdBlock:
-    """Take the next block: read, compute, conditional set; on BADVERSION read again."""
+    """Take the next block: read, compute, conditional set; on BADVERSION read again.
+
+    ``deadline_s``: retry the whole read-compute-set through a lost connection until then
+    (:func:`~exactly.cluster.zk_base.call_with_retry`); None: one attempt, its connection errors
+    raise (the synchronous fetch of :meth:`ZkProducerIdManager.generate` runs on the event loop,
+    which must not wait out a ZooKeeper outage).
+
+    A retried attempt is correct whatever the lost one did: it reads the znode again and
+    conditions its set on that read, so if the lost set was applied (the connection dropped
+    before its answer) the retry sees that block as the latest and takes the one after it. The
+    block written by the lost set is then skipped, never handed out (as the unused rest of a
+    restarted broker's block). Kafka's ``ZkProducerIdManager`` instead claims it: on BADVERSION
+    its checker reads the znode and succeeds if it holds exactly the block it tried to write.
+    That is unsafe here: this manager's background prefetch and a synchronous fetch of
+    ``generate`` can run at once, with the same broker id and the same predecessor, so they
+    compute byte-identical blocks, and equal data would not tell which of them wrote it (Kafka's
+    manager allocates under one lock). Skipping costs one block of 2**63 ids."""
+    if deadline_s is None:
+        return _allocate_block(client, broker_id, size)
+    return call_with_retry(client, _allocate_block, client, broker_id, size, deadline_s=deadline_s)
+
+
+def _allocate_block(client: KazooClient, broker_id: int, size: int) -> ProducerIdBlock:
     while True:
         try:
             data, stat = client.get(zn.LATEST_PRODUCER_ID_BLOCK)
@@ -113,7 +140,11 @@ class ZkProducerIdManager:
     def _prefetch(self) -> None:
         block: ProducerIdBlock | None = None
         try:
-            block = allocate_block(self.client, self.broker_id, self.block_size)
+            # A kazoo thread, off the event loop: wait out a dropped connection (the first
+            # prefetch runs at start-up, when a restarting broker may meet one).
+            block = allocate_block(
+                self.client, self.broker_id, self.block_size, deadline_s=STARTUP_RETRY_DEADLINE_S
+            )
         except Exception:
             log.exception(
                 "broker %d: producer id block prefetch failed; will fetch when needed", self.broker_id

@@ -104,7 +104,7 @@ class ClusterZk(ZkTopics, ZkPartitionStates):
             root = KazooClient(hosts=self.hosts, timeout=self.session_timeout_ms / 1000)
             root.start(self.connection_timeout_s)
             try:
-                root.ensure_path(self.chroot)
+                ensure_path(root, self.chroot)
             finally:
                 root.stop()
                 root.close()

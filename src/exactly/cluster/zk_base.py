@@ -8,8 +8,9 @@ registration and controller election in ``zk``; topics in ``zk_topics``; partiti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import RolledBackError
@@ -17,6 +18,8 @@ from kazoo.retry import KazooRetry
 
 from exactly.cluster.znodes import PartitionState
 from exactly.controller.decisions import StateChange
+
+T = TypeVar("T")
 
 
 class ClusterZkError(Exception):
@@ -82,22 +85,35 @@ def raise_first_failure(results: list[Any], path: str) -> None:
         raise ClusterZkError(f"{path}: {failure!r}") from failure
 
 
-# How long a start-up path creation keeps retrying through a lost connection: longer than a
+# How long a start-up ZooKeeper call keeps retrying through a lost connection: longer than a
 # session (a broker restarted after kill -9 may meet ZooKeeper dropping it, under load, while its
 # previous session expires), short enough that a ZooKeeper that is really gone still stops the
 # start with an error rather than a hang.
-ENSURE_PATH_DEADLINE_S = 60.0
+STARTUP_RETRY_DEADLINE_S = 60.0
+ENSURE_PATH_DEADLINE_S = STARTUP_RETRY_DEADLINE_S
 
 
-def ensure_path(client: KazooClient, path: str, deadline_s: float = ENSURE_PATH_DEADLINE_S) -> None:
-    """``client.ensure_path(path)``, retried through ConnectionLoss, OperationTimeout and session
-    expiry (kazoo's ``KazooRetry``: the call is idempotent).
+def call_with_retry(
+    client: KazooClient,
+    func: Callable[..., T],
+    *args: Any,
+    deadline_s: float = STARTUP_RETRY_DEADLINE_S,
+    **kwargs: Any,
+) -> T:
+    """``func(*args, **kwargs)``, called again after ConnectionLoss, OperationTimeout and session
+    expiry (kazoo's ``KazooRetry``: 0.1 s back-off doubling up to 1 s, until ``deadline_s``);
+    any other error is raised at once.
 
-    Why: a plain ``ensure_path`` raises on the first lost connection, and the broker's start-up
-    calls it from the executor that registers the broker and starts its watches: one dropped
+    Why: a plain kazoo call raises on the first lost connection, and the broker's start-up makes
+    its calls from the executor that registers the broker and starts its watches: one dropped
     connection at load ~18 made a restarting broker exit with code 1 before it listened
     (``bench/results/txnbounce-s19.md``). Kafka's ``KafkaZkClient`` retries its requests until
-    the connection is back. The watch recipes retry on their own (``client.retry``)."""
+    the connection is back. The watch recipes retry on their own (``client.retry``).
+
+    Contract for ``func``: calling it again after an attempt whose outcome is unknown (the
+    request may have been applied before the connection dropped) must be correct: a read, an
+    ``ensure_path``, a create that treats NODEEXISTS as "read what is there", a conditional set
+    that re-reads on BADVERSION."""
     retry = KazooRetry(
         max_tries=-1,
         delay=0.1,
@@ -106,4 +122,9 @@ def ensure_path(client: KazooClient, path: str, deadline_s: float = ENSURE_PATH_
         deadline=deadline_s,
         sleep_func=client.handler.sleep_func,
     )
-    retry(client.ensure_path, path)
+    return retry(func, *args, **kwargs)  # type: ignore[no-any-return]
+
+
+def ensure_path(client: KazooClient, path: str, deadline_s: float = ENSURE_PATH_DEADLINE_S) -> None:
+    """``client.ensure_path(path)`` through :func:`call_with_retry` (it is idempotent)."""
+    call_with_retry(client, client.ensure_path, path, deadline_s=deadline_s)

@@ -14,11 +14,12 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from exactly.cluster import znodes as zn
 from exactly.cluster.zk_base import (
+    STARTUP_RETRY_DEADLINE_S,
     ControllerLease,
     ControllerMovedError,
     TopicExistsError,
     ZkClientHolder,
-    ensure_path,
+    call_with_retry,
     first_failure,
 )
 from exactly.cluster.znodes import TopicAssignment
@@ -31,14 +32,23 @@ class ZkTopics(ZkClientHolder):
 
     # --- cluster id ----------------------------------------------------------------------------
 
-    def get_or_create_cluster_id(self, candidate: str) -> str:
-        """The cluster's id from ``/cluster/id``; the first broker to start writes ``candidate``."""
+    def get_or_create_cluster_id(self, candidate: str, deadline_s: float = STARTUP_RETRY_DEADLINE_S) -> str:
+        """The cluster's id from ``/cluster/id``; the first broker to start writes ``candidate``.
+
+        A start-up call: retried through a lost connection (:func:`call_with_retry`, until
+        ``deadline_s``). A retry is correct whatever the lost attempt did: it reads first, and
+        a create that did succeed before the connection dropped meets NODEEXISTS (or the read)
+        and answers the id that is there, which is ``candidate`` then (Kafka's
+        ``createOrGetClusterId`` is the same create-or-read)."""
+        return call_with_retry(self.client, self._get_or_create_cluster_id, candidate, deadline_s=deadline_s)
+
+    def _get_or_create_cluster_id(self, candidate: str) -> str:
         try:
             data, _stat = self.client.get(zn.CLUSTER_ID)
             return zn.decode_cluster_id(data)
         except NoNodeError:
             pass
-        ensure_path(self.client, "/cluster")
+        self.client.ensure_path("/cluster")
         try:
             self.client.create(zn.CLUSTER_ID, zn.encode_cluster_id(candidate))
             return candidate

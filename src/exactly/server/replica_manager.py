@@ -40,6 +40,7 @@ from exactly.cluster.controller_runtime import ControllerRuntime, LeaderRebalanc
 from exactly.cluster.producer_ids import ZkProducerIdManager
 from exactly.cluster.zk import BrokerIdInUseError, ClusterZk, ObservedState
 from exactly.cluster.zk_acls import ZkAclStore
+from exactly.cluster.zk_base import call_with_retry
 from exactly.cluster.zk_scram import ZkScramStore
 from exactly.cluster.znodes import BrokerRegistration, Endpoint
 from exactly.replication.fetch_checks import check_follower_fetch, check_partition_read
@@ -182,7 +183,10 @@ class ReplicaManager:
 
     def _connect_and_register(self, registration: BrokerRegistration) -> int:
         """Runs in the executor. A broker restarted after kill -9 finds its previous session's
-        registration until that session expires: wait for it, as Kafka's tests do."""
+        registration until that session expires: wait for it, as Kafka's tests do. Each ZooKeeper
+        call here is retried through a dropped connection (``zk_base.call_with_retry``): a retried
+        registration whose lost attempt did create the node finds it owned by its own session
+        and takes its epoch (``ClusterZk.register_broker``)."""
         self.zk.start()
         self.cluster_id = self.zk.get_or_create_cluster_id(self.broker.logs.cluster_id)
         if self.cluster_id != self.broker.logs.cluster_id:
@@ -194,7 +198,7 @@ class ReplicaManager:
         deadline = time.monotonic() + 2 * self.zk.session_timeout_ms / 1000 + 5
         while True:
             try:
-                return self.zk.register_broker(registration)
+                return call_with_retry(self.zk.client, self.zk.register_broker, registration)
             except BrokerIdInUseError:
                 if time.monotonic() > deadline:
                     raise
