@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 
 from tests.support import shared_zookeeper
@@ -37,6 +38,15 @@ from tests.support.reporting import broker_sections, note_broker
 pytest_plugins = ["exactly.testing.pytest_plugin", "tests.support.scheduling"]
 
 _SHARED_ZK = pytest.StashKey[str | None]()
+
+# Hypothesis without timing checks for every property test: its 200 ms per-example deadline and
+# its "too slow" health check fail on a loaded box (a model test exceeded the deadline at load
+# 10-15) and assert nothing about behaviour; performance lives in bench/. A test's own
+# ``@settings`` still sets the rest (max_examples), inheriting these.
+hypothesis.settings.register_profile(
+    "exactly", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("exactly")
 
 
 def pytest_configure(config: pytest.Config) -> None:

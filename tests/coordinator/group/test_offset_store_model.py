@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exactly.coordinator.group.offsets import CommittedOffset, OffsetStore
@@ -115,7 +115,10 @@ def check(store: OffsetStore, model: Model) -> None:
     assert all(store._committed.values())
 
 
-@settings(max_examples=300)
+# No deadline: each example replays up to a whole operation sequence with a full check after each
+# step; at a load of 10-15 one example overran hypothesis's 200 ms default (DeadlineExceeded), a
+# timing failure that says nothing about the store. What is asserted stays the same.
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops)
 def test_store_follows_the_model(sequence: list[tuple[object, ...]]) -> None:
     store, model = OffsetStore(), Model()

@@ -94,8 +94,29 @@ def test_cleaner_thread_compacts_and_swaps_on_the_owner(tmp_path: Path) -> None:
     log.close()
 
 
-def _run_job(owner: Owner) -> None:
-    fn, reply = owner.jobs.get(timeout=30)
+Job = tuple[Callable[[], None], queue.Queue[BaseException | None]]
+
+
+def _next_job(owner: Owner, cleaner: LogCleaner) -> Job:
+    """The cleaner thread's next request to the owner, however long the work before it takes.
+
+    Not a fixed wait: the pass runs in a worker process at nice 19 / SCHED_BATCH that yields to
+    everything else, so at a load of 10-15 on two cores a pass outlasted a 30 s ``get`` (which
+    raised queue.Empty). Waits while the cleaner thread lives, and fails as soon as it ended
+    (then no request can come); pytest's timeout bounds the rest."""
+    while True:
+        try:
+            return owner.jobs.get(timeout=0.5)
+        except queue.Empty:
+            if not cleaner.running:
+                try:
+                    return owner.jobs.get_nowait()  # put just before the thread ended
+                except queue.Empty:
+                    raise AssertionError("the cleaner thread ended without asking the owner") from None
+
+
+def _run_job(owner: Owner, cleaner: LogCleaner) -> None:
+    fn, reply = _next_job(owner, cleaner)
     try:
         fn()
     except BaseException as exc:
@@ -115,9 +136,9 @@ def test_pass_is_dropped_when_the_owner_deleted_its_segments(tmp_path: Path) -> 
     cleaner = LogCleaner(CONFIG, manager, lambda: [log], clock_ms=lambda: NOW)
     cleaner.start(owner.run_on_owner)
     try:
-        _run_job(owner)  # the pass's first request: load the segments' metadata
+        _run_job(owner, cleaner)  # the pass's first request: load the segments' metadata
         # The swap request waits: meanwhile DeleteRecords removes the first segments.
-        fn, reply = owner.jobs.get(timeout=30)
+        fn, reply = _next_job(owner, cleaner)
         log.increment_log_start_offset(log.segments[2].base_offset)
         try:
             fn()
@@ -127,8 +148,8 @@ def test_pass_is_dropped_when_the_owner_deleted_its_segments(tmp_path: Path) -> 
         else:
             raise AssertionError("the swap of deleted segments must be refused")
         # The pass was dropped, not failed: the thread comes back for a new one.
-        _run_job(owner)
-        _run_job(owner)
+        _run_job(owner, cleaner)
+        _run_job(owner, cleaner)
         assert log.tp not in manager.uncleanable()
     finally:
         stopper = threading.Thread(target=cleaner.stop)
@@ -259,7 +280,7 @@ def test_a_worker_killed_mid_pass_is_replaced_and_the_pass_retried(tmp_path: Pat
     cleaner = LogCleaner(slow, manager, lambda: [log], clock_ms=lambda: NOW)
     cleaner.start(owner.run_on_owner)
     try:
-        _run_job(owner)  # the choice and description of the pass; the worker now runs it
+        _run_job(owner, cleaner)  # the choice and description of the pass; the worker now runs it
         while not cleaner.worker_pids:
             time.sleep(0.01)
         os.kill(cleaner.worker_pids[0], signal.SIGKILL)
@@ -282,7 +303,7 @@ def test_stopping_kills_a_busy_worker_and_drops_its_pass(tmp_path: Path) -> None
     owner = Owner()
     cleaner = LogCleaner(slow, manager, lambda: [log], clock_ms=lambda: NOW)
     cleaner.start(owner.run_on_owner)
-    _run_job(owner)
+    _run_job(owner, cleaner)
     while not cleaner.worker_pids:
         time.sleep(0.01)
     pid = cleaner.worker_pids[0]
@@ -327,12 +348,12 @@ def test_a_swap_that_never_reached_the_owner_closes_the_segments_it_opened(tmp_p
     cleaner = LogCleaner(CONFIG, manager, lambda: [log], clock_ms=lambda: NOW)
     cleaner.start(owner.run_on_owner)
     try:
-        _run_job(owner)  # choose
-        _fn, reply = owner.jobs.get(timeout=30)  # the swap: never run, the owner refuses it
+        _run_job(owner, cleaner)  # choose
+        _fn, reply = _next_job(owner, cleaner)  # the swap: never run, the owner refuses it
         assert _open_cleaned_files()  # held open by the cleaner thread for the swap
         reply.put(RuntimeError("the event loop is closed"))
         # the thread comes back for its next pass once it has handled the failure
-        _fn, reply = owner.jobs.get(timeout=30)
+        _fn, reply = _next_job(owner, cleaner)
         reply.put(RuntimeError("the event loop is closed"))
         assert _open_cleaned_files() == []
     finally:
