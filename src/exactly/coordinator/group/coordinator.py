@@ -226,23 +226,15 @@ class GroupCoordinator:
         return self._offsets.txn_offset_commit(request, now_ms, token)
 
     def offset_fetch(self, request: OffsetFetchRequestData) -> OffsetFetchResponseData:
-        """OffsetFetch; a group this coordinator does not own gets its error as the group's
-        ``error_code`` (no offsets: never an empty answer a consumer would start from)."""
-        errors = [self.owner_error(g.group_id) for g in request.groups]
-        if all(error is None for error in errors):
-            return self._offsets.offset_fetch(request)
-        ours = tuple(g for g, error in zip(request.groups, errors, strict=True) if error is None)
-        fetched = iter(
-            self._offsets.offset_fetch(
-                OffsetFetchRequestData(groups=ours, require_stable=request.require_stable)
-            ).groups
-            if ours
-            else ()
-        )
+        """OffsetFetch, one answer per group in request order; a group this coordinator does not
+        own gets its error as the group's ``error_code`` (no offsets: never an empty answer a
+        consumer would start from)."""
         return OffsetFetchResponseData(
             groups=tuple(
-                next(fetched) if error is None else FetchGroupResult(group_id=g.group_id, error_code=error)
-                for g, error in zip(request.groups, errors, strict=True)
+                FetchGroupResult(group_id=g.group_id, error_code=error)
+                if (error := self.owner_error(g.group_id)) is not None
+                else self._offsets.fetch_group(g, request.require_stable)
+                for g in request.groups
             )
         )
 

@@ -21,11 +21,10 @@ from exactly.coordinator.group.api import (
     CommitPartitionResult,
     CommitTopic,
     CommitTopicResult,
+    FetchGroup,
     FetchGroupResult,
     OffsetCommitRequestData,
     OffsetCommitResponseData,
-    OffsetFetchRequestData,
-    OffsetFetchResponseData,
     TxnOffsetCommitRequestData,
 )
 from exactly.coordinator.group.core import GroupCoordinatorConfig, Operations
@@ -212,21 +211,18 @@ class OffsetManager:
 
     # -- OffsetFetch ----------------------------------------------------------------------------
 
-    def offset_fetch(self, request: OffsetFetchRequestData) -> OffsetFetchResponseData:
-        """OffsetFetch (v8+ several groups); ``require_stable`` reports pending transactional
-        offsets as UNSTABLE_OFFSET_COMMIT so the consumer retries instead of reading a stale one."""
-        results: list[FetchGroupResult] = []
-        for fetch in request.groups:
-            group = self._membership.groups.get(fetch.group_id)
-            # A group first created by a TxnOffsetCommit exists only once its append completes;
-            # its staged offsets are unstable already.
-            open_txn = request.require_stable and self.store.has_pending(fetch.group_id)
-            if (group is None or group.is_in(GroupState.DEAD)) and not open_txn:
-                results.append(unknown_group_fetch(fetch.group_id, fetch.topics))
-                continue
-            topics = self.store.fetch(fetch.group_id, fetch.topics, request.require_stable)
-            results.append(FetchGroupResult(group_id=fetch.group_id, topics=topics))
-        return OffsetFetchResponseData(groups=tuple(results))
+    def fetch_group(self, fetch: FetchGroup, require_stable: bool) -> FetchGroupResult:
+        """One group of an OffsetFetch (v8+ asks for several; the coordinator checks ownership
+        of each first); ``require_stable`` reports pending transactional offsets
+        as UNSTABLE_OFFSET_COMMIT so the consumer retries instead of reading a stale one."""
+        group = self._membership.groups.get(fetch.group_id)
+        # A group first created by a TxnOffsetCommit exists only once its append completes;
+        # its staged offsets are unstable already.
+        open_txn = require_stable and self.store.has_pending(fetch.group_id)
+        if (group is None or group.is_in(GroupState.DEAD)) and not open_txn:
+            return unknown_group_fetch(fetch.group_id, fetch.topics)
+        topics = self.store.fetch(fetch.group_id, fetch.topics, require_stable)
+        return FetchGroupResult(group_id=fetch.group_id, topics=topics)
 
 
 def _commit_response(
