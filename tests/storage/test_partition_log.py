@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -356,3 +357,43 @@ def test_log_start_offset_and_closed_are_plain_attributes_that_follow_the_log(tm
     assert reopened.log_start_offset == 3 and not reopened.closed
     reopened.delete()
     assert reopened.closed
+
+
+def test_high_watermark_is_a_plain_attribute_that_follows_the_log(tmp_path: Path) -> None:
+    """``high_watermark`` is an attribute (the fast paths read it per request), kept by the log:
+    a single broker's plain append moves it to the log end, ``update_high_watermark`` clamps it
+    to [log start, log end], a truncation below it and a log start past it move it, a reopen
+    with a checkpointed one restores it."""
+    log = open_log(tmp_path / "a", LogConfig(segment_bytes=400, retention_bytes=-1))
+    assert "high_watermark" in vars(log)
+    batch = make_batch(2, value_size=50)
+    header = BatchHeader.parse(batch)
+    fields = dataclasses.astuple(header)[:13]  # the 13 fields the Produce fast path unpacks
+    assert log.append_plain(batch, fields, NOW) == 0
+    assert log.high_watermark == log.log_end_offset == 2
+    for _ in range(4):
+        append(log, 2, value_size=100, advance_hw=False)
+    assert log.high_watermark == 2 and log.log_end_offset == 10
+    log.update_high_watermark(99)
+    assert log.high_watermark == 10
+    log.update_high_watermark(8)
+    assert log.high_watermark == 8 and log.read(0, 1 << 20, read_committed=False).high_watermark == 8
+    log.truncate_to(6)
+    assert log.high_watermark == 6
+    log.update_high_watermark(3)
+    assert log.increment_log_start_offset(3)
+    append(log, 1, value_size=10, advance_hw=False)
+    log.update_high_watermark(2)  # clamped to the log start
+    assert log.high_watermark == 3
+    log.close()
+    reopened = type(log).open(
+        tmp_path / "a",
+        log.tp,
+        LogConfig(segment_bytes=400),
+        recovery_point=0,
+        now_ms=NOW,
+        log_start_offset=3,
+        high_watermark=5,
+    )
+    assert reopened.high_watermark == 5
+    reopened.close()

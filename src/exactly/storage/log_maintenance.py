@@ -37,7 +37,7 @@ class LogMaintenance:
     _segments: list[LogSegment]
     _bases: list[int]
     _recovery_point: int
-    _high_watermark: int
+    high_watermark: int
     log_start_offset: int
     _first_unstable: int | None
     _unflushed_messages: int
@@ -107,10 +107,10 @@ class LogMaintenance:
         OffsetOutOfRangeError when ``offset`` is above the high watermark; an offset at or below
         the current start changes nothing. True when it moved: the caller must then checkpoint
         it before acknowledging."""
-        if offset > self._high_watermark:
+        if offset > self.high_watermark:
             raise OffsetOutOfRangeError(
                 f"{self.tp}: cannot move the log start offset to {offset}, above the high "
-                f"watermark {self._high_watermark}"
+                f"watermark {self.high_watermark}"
             )
         if offset <= self.log_start_offset:
             return False
@@ -148,7 +148,7 @@ class LogMaintenance:
         removed += active.truncate_to(offset)
         active.txn_index.truncate_to(offset)
         new_end = self.log_end_offset
-        self._high_watermark = min(self._high_watermark, new_end)
+        self.high_watermark = min(self.high_watermark, new_end)
         self._recovery_point = min(self._recovery_point, new_end)
         self.producer_state.truncate_and_reload(
             log_start_offset=self.log_start_offset, log_end_offset=new_end
@@ -212,7 +212,7 @@ class LogMaintenance:
         """``log_start <= LSO <= HW`` and ``log_start <= recovery point`` stay true; the leader
         epoch cache forgets epochs below the start (LSO clamping: ``last_stable_offset``)."""
         self.log_start_offset = start
-        self._high_watermark = max(self._high_watermark, start)
+        self.high_watermark = max(self.high_watermark, start)
         self._recovery_point = max(self._recovery_point, start)
         self.leader_epochs.truncate_from_start(start)
 

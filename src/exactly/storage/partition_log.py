@@ -135,10 +135,14 @@ class PartitionLog(LogMaintenance):
         self._segments: list[LogSegment] = loaded.segments
         self._bases: list[int] = [s.base_offset for s in self._segments]
         self._recovery_point = loaded.recovery_point
-        self._high_watermark = self._segments[-1].next_offset
-        # ``log_start_offset`` and ``closed`` are plain attributes, not properties: the fast paths
-        # read them per request (three and two calls per latency-1k record, lat1k-s19.md).
-        # Read-only outside this class and ``LogMaintenance`` (which moves the start).
+        # ``high_watermark``, ``log_start_offset`` and ``closed`` are plain attributes, not
+        # properties: the fast paths read them per request (a call each per read; three, two and
+        # one per latency-1k record, lat1k-s19.md, latp99-s20.md). Read-only outside this class
+        # and ``LogMaintenance`` (which moves the start, and the high watermark with a truncation
+        # or a start past it). The high watermark is separate from the log end (replication);
+        # a single broker moves it to the log end right after each append; a cluster leader by
+        # ``update_high_watermark``.
+        self.high_watermark = self._segments[-1].next_offset
         self.log_start_offset = loaded.log_start_offset
         self._first_unstable: int | None = producer_state.first_unstable_offset()
         self._unflushed_messages = 0
@@ -195,22 +199,16 @@ class PartitionLog(LogMaintenance):
         return opened
 
     # --- offsets --------------------------------------------------------------------------
-    @property
-    def high_watermark(self) -> int:
-        """Separate from LEO (replication later). Single broker: advanced by
-        ``update_high_watermark`` right after each append."""
-        return self._high_watermark
-
     def update_high_watermark(self, offset: int) -> None:
         """Set the high watermark, clamped to [log_start_offset, log_end_offset]."""
-        self._high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+        self.high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
 
     @property
     def last_stable_offset(self) -> int:
         """min(first unstable offset, high watermark)."""
         if self._first_unstable is None:
-            return self._high_watermark
-        return max(min(self._first_unstable, self._high_watermark), self.log_start_offset)
+            return self.high_watermark
+        return max(min(self._first_unstable, self.high_watermark), self.log_start_offset)
 
     @property
     def recovery_point(self) -> int:
@@ -332,7 +330,7 @@ class PartitionLog(LogMaintenance):
         if self._unflushed_messages >= config.flush_messages:
             self.flush(now_ms=now_ms)
         if leader_epoch is None:
-            self._high_watermark = next_offset  # single broker: the HW is the log end
+            self.high_watermark = next_offset  # single broker: the HW is the log end
         return base_offset
 
     def append_as_follower(self, batch: bytearray | memoryview, header: BatchHeader, *, now_ms: int) -> None:
@@ -432,7 +430,7 @@ class PartitionLog(LogMaintenance):
             raise OffsetOutOfRangeError(
                 f"{self.tp}: offset {fetch_offset} is outside [{log_start}, {log_end}]"
             )
-        hw = self._high_watermark
+        hw = self.high_watermark
         lso = self.last_stable_offset
         bound = log_end if up_to_log_end else lso if read_committed else hw
         records, upper = read_batches(
@@ -485,5 +483,5 @@ class PartitionLog(LogMaintenance):
     def __repr__(self) -> str:
         return (
             f"PartitionLog({self.tp}, start={self.log_start_offset}, end={self.log_end_offset}, "
-            f"hw={self._high_watermark}, segments={len(self._segments)})"
+            f"hw={self.high_watermark}, segments={len(self._segments)})"
         )
