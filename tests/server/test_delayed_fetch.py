@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from exactly.server.delayed_fetch import AppendWaiters
+from exactly.server.delayed_fetch import AppendWaiters, ParkedFetch
 from exactly.types import TopicPartition
 
 A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
@@ -305,5 +305,61 @@ def test_a_parked_fetch_fired_by_its_set_result_leaves_first_and_fires_once() ->
         cancelled.cancel()
         cancelled.set_result(None)
         assert events == ["fired", "sent"] and w._waiters == {}
+
+    asyncio.run(main())
+
+
+def test_the_notifying_append_s_batch_is_held_for_fire_and_dropped_after() -> None:
+    """``notify(tp, tail)`` hands the batch to a consumer fetch it wakes (``ParkedFetch.tail``),
+    read while ``fire`` runs and dropped once it returns (a stale deadline entry keeps no frame
+    alive); a second append before the wake-up drops it (the fetch then reads the log), and so do
+    a cancel and a notify without a batch; a follower's fetch (log-end kind) never gets one."""
+
+    async def main() -> None:
+        w = AppendWaiters()
+        seen: list[object] = []
+        parked_by_name: dict[str, ParkedFetch] = {}
+
+        def fire_of(name: str) -> Callable[[], None]:
+            def fire() -> None:
+                seen.append((name, parked_by_name[name].tail))
+
+            return fire  # type: ignore[return-value]
+
+        def park(name: str, tp: TopicPartition, *, up_to_log_end: bool = False) -> ParkedFetch:
+            parked = w.park([tp], 30.0, fire_of(name), up_to_log_end=up_to_log_end)
+            parked_by_name[name] = parked
+            return parked
+
+        one, two = (object(), 1, 2, bytearray(b"x"), 0, 1), (object(), 2, 3, bytearray(b"y"), 0, 1)
+        first = park("first", A)
+        follower = park("follower", A, up_to_log_end=True)
+        w.notify(A, one)  # type: ignore[arg-type]
+        assert first.tail is one and follower.tail is None
+        await asyncio.sleep(0)
+        assert seen == [("first", one), ("follower", None)]
+        assert first.tail is None and first.done()
+        seen.clear()
+
+        second = park("second", A)
+        w.notify(A, one)  # type: ignore[arg-type]
+        w.notify(A, two)  # type: ignore[arg-type]  # a second append in the same turn
+        assert second.tail is None
+        await asyncio.sleep(0)
+        assert seen == [("second", None)]
+        seen.clear()
+
+        park("third", A)
+        w.notify(A)  # the generic path's append: no batch
+        await asyncio.sleep(0)
+        assert seen == [("third", None)]
+        seen.clear()
+
+        fourth = park("fourth", A)
+        w.notify(A, one)  # type: ignore[arg-type]
+        fourth.cancel()
+        assert fourth.tail is None
+        await asyncio.sleep(0)
+        assert seen == [] and w._waiters == {} and w._log_end == {}
 
     asyncio.run(main())

@@ -24,8 +24,12 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from exactly.types import TopicPartition
+
+if TYPE_CHECKING:
+    from exactly.storage.partition_log import PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,13 @@ _Key = tuple[str, int]
 
 # A parked fetch's completion: prepares its answer, returns what sends it (None: nothing to send).
 Fire = Callable[[], Callable[[], None] | None]
+
+Tail = tuple["PartitionLog", int, int, bytearray, int, int]
+"""The batch an append just wrote, as a single broker's Produce fast path hands it to ``notify``:
+(log, base offset, next offset, the request frame, the batch's start and stop in it). The frame's
+bytes there are the batch as written (offsets patched in place). A consumer fetch woken by that
+append may answer from them instead of reading the log (``fetch_fast._Parked.fire`` checks that
+the batch is still everything its read would return)."""
 
 
 class ParkedFetch:
@@ -60,7 +71,7 @@ class ParkedFetch:
     changes, epoch bumps, a single broker's append) fires it on the next loop turn, as a woken task
     would run, so it never reads a partition in the middle of a role change."""
 
-    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets", "_soon")
+    __slots__ = ("_done", "_fire", "_keys", "_loop", "_sets", "_soon", "tail")
 
     def __init__(
         self,
@@ -77,6 +88,10 @@ class ParkedFetch:
         # the loop it was parked on (its timer's): ``fire_soon`` schedules there without
         # ``asyncio.get_running_loop()``, which costs a getpid system call per call
         self._loop = loop
+        # the batch whose append woke it (``fire_soon``), for ``fire`` to read while it runs;
+        # None: woken otherwise (its timer, a role change, the generic path's append, two
+        # appends in one turn), or not woken yet. Dropped once ``fire`` returns.
+        self.tail: Tail | None = None
 
     def done(self) -> bool:
         return self._done
@@ -88,7 +103,10 @@ class ParkedFetch:
             return
         fire = self._fire
         self._detach()
-        send = fire()
+        try:
+            send = fire()
+        finally:
+            self.tail = None  # a stale deadline entry keeps no frame alive
         if send is not None:
             send()
 
@@ -98,17 +116,29 @@ class ParkedFetch:
             return None
         fire = self._fire
         self._detach()
-        return fire()
+        try:
+            return fire()
+        finally:
+            self.tail = None
 
-    def fire_soon(self) -> None:
-        if not self._done and not self._soon:
+    def fire_soon(self, tail: Tail | None = None) -> None:
+        """Fire on the next loop turn (once however many appends notify it before then);
+        ``tail``: the batch the notifying append wrote, kept for ``fire`` while it is the only
+        one (a second append in the same turn drops it: the fetch then reads the log)."""
+        if self._done:
+            return
+        if not self._soon:
             self._soon = True
+            self.tail = tail
             loop = self._loop if self._loop is not None else asyncio.get_running_loop()
             loop.call_soon(self.set_result, None)
+        else:
+            self.tail = None
 
     def cancel(self) -> None:
         if not self._done:
             self._detach()
+            self.tail = None
 
     def _detach(self) -> None:
         self._done = True
@@ -250,10 +280,12 @@ class AppendWaiters:
         self._deadlines = live
         self._compact_at = max(_COMPACT_MIN, 2 * len(live))
 
-    def notify(self, tp: TopicPartition) -> None:
-        """Both bounds may have moved (or the partition's role changed)."""
+    def notify(self, tp: TopicPartition, tail: Tail | None = None) -> None:
+        """Both bounds may have moved (or the partition's role changed). ``tail``: the batch a
+        single broker's append just wrote (see ``Tail``), offered to the consumer fetches it
+        wakes."""
         if self._waiters:  # after every single-broker append: no call when nobody waits
-            _wake_all(self._waiters, (tp.topic, tp.partition), now=False)
+            _wake_all(self._waiters, (tp.topic, tp.partition), now=False, tail=tail)
         if self._log_end:
             _wake_all(self._log_end, (tp.topic, tp.partition), now=False)
 
@@ -294,7 +326,7 @@ def _unregister(waiters: dict[_Key, set[_Waiter]], keys: list[_Key], waiter: _Wa
                 del waiters[key]
 
 
-def _wake_all(waiters: dict[_Key, set[_Waiter]], key: _Key, *, now: bool) -> None:
+def _wake_all(waiters: dict[_Key, set[_Waiter]], key: _Key, *, now: bool, tail: Tail | None = None) -> None:
     if not waiters:
         return
     parked = waiters.get(key)
@@ -311,7 +343,7 @@ def _wake_all(waiters: dict[_Key, set[_Waiter]], key: _Key, *, now: bool) -> Non
                 if send is not None:
                     sends.append(send)
             else:
-                waiter.fire_soon()
+                waiter.fire_soon(tail)
         elif not waiter.done():
             waiter.set_result(None)
     for send in sends:  # every answer ready: written back to back (see ParkedFetch)

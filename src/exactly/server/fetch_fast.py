@@ -43,6 +43,7 @@ from exactly.protocol.fast import encode_fetch_response
 from exactly.protocol.fetch_request_reader import parse_fetch_request
 from exactly.protocol.primitives import write_uvarint
 from exactly.server.deferred_response import Deferred, ExclusiveAnswer
+from exactly.server.delayed_fetch import ParkedFetch
 from exactly.server.handlers.fetch import READ_COMMITTED, SLICE_FROM, _read_all
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.topics import INTERNAL_TOPICS
@@ -69,6 +70,7 @@ _PARTITION = {
     for v in range(4, 13)
 }
 _NULL_ARRAY = b"\xff\xff\xff\xff"
+_EMPTY_ARRAY = b"\x00\x00\x00\x00"
 _NO_PREFERRED = _I32.pack(-1)  # preferred_read_replica (v11+)
 # a v12 answer ends with the partition's, the topic's and the response's empty tag sections
 _TAIL_V12 = b"\x00\x00\x00"
@@ -235,7 +237,11 @@ class FastFetch:
             )
             broker.metrics.requests[_FETCH] += 1
             if len(result.records) >= min_bytes or max_wait_ms <= 0:
-                return _encode(broker, entry, correlation_id, index, result, read_committed)
+                return _encode(
+                    broker, entry, correlation_id, index, result.records, result.high_watermark,
+                    result.last_stable_offset, result.log_start_offset,
+                    (result.aborted_transactions or ()) if read_committed else None,
+                )  # fmt: skip
         else:
             broker.metrics.requests[_FETCH] += 1
         # parked for max_wait from now (the read above took microseconds; a wait that ends
@@ -246,9 +252,8 @@ class FastFetch:
             read_committed, min_bytes, slice_from, time.monotonic() + wait_s,
         )  # fmt: skip
         # ``fetch.park(entry, wait_s)`` unfolded (a call per parked Fetch)
-        fetch.answer.on_cancel(
-            broker.waiters.park([entry.plog.tp], wait_s, fetch.fire, up_to_log_end=False).cancel
-        )
+        parked = fetch.parked = broker.waiters.park([entry.plog.tp], wait_s, fetch.fire, up_to_log_end=False)
+        fetch.answer.on_cancel(parked.cancel)
         return Deferred(fetch.answer)
 
 
@@ -256,11 +261,12 @@ class _Parked:
     """A fast-path Fetch waiting for data: parked on its partition (``delayed_fetch.park``), the
     same events and max_wait as the generic path's awaited wait, re-read on every wake-up with the
     same completion rule (min_bytes reached or max_wait over). Cancelling ``answer`` (the
-    connection is gone) unparks it."""
+    connection is gone) unparks it. ``parked``: its current ``ParkedFetch`` (the wake-up's batch,
+    ``tail``, is read from it)."""
 
     __slots__ = (
         "answer", "broker", "correlation_id", "deadline", "entry", "fast", "fetch_offset", "index",
-        "limit", "min_bytes", "payload", "read_committed", "slice_from",
+        "limit", "min_bytes", "parked", "payload", "read_committed", "slice_from",
     )  # fmt: skip
 
     def __init__(
@@ -281,18 +287,58 @@ class _Parked:
         self.min_bytes = min_bytes
         self.slice_from = slice_from
         self.deadline = deadline
+        self.parked: ParkedFetch | None = None
 
     def park(self, entry: _Entry, wait_s: float) -> None:
         """Park (again) for ``wait_s``: ``FastFetch._answer`` does the first park unfolded."""
-        parked = self.broker.waiters.park([entry.plog.tp], wait_s, self.fire, up_to_log_end=False)
+        parked = self.parked = self.broker.waiters.park(
+            [entry.plog.tp], wait_s, self.fire, up_to_log_end=False
+        )
         self.answer.on_cancel(parked.cancel)
 
     def fire(self) -> Callable[[], None] | None:
         """Woken (an append, its max_wait): read again; returns what sends the answer (None:
         parked again). Runs from the event loop's callback, so nothing may escape it: the read
-        is inside this call's ``try`` (not a method of its own: a call per woken fetch)."""
+        is inside this call's ``try`` (not a method of its own: a call per woken fetch).
+
+        Woken by a single broker's fast Produce, it may answer from the batch that append wrote
+        (``ParkedFetch.tail``) instead of reading the log: at latency-1k every record wakes the
+        consumer's Fetch, whose read (``PartitionLog.read``: the segment lookup, the recent-batch
+        search, a ``pread`` of the bytes just written, read_committed's aborted-transaction
+        search, the result object) was ~18 calls and a system call per record. Only when that
+        batch is exactly what the read would return: the same log, still open, the fetch offset
+        is the batch's base offset and not below the log start, the read's bound (the high
+        watermark; read_committed: the LSO too) is the batch's next offset, so no byte was
+        appended after it (the high watermark is the log end on a single broker), the batch is
+        not below min_bytes and would not be sent as a file slice (``SLICE_FROM``). Then the
+        read would return these bytes (whole batches from the one holding the fetch offset up to
+        the bound, at least one batch), the same offsets, and no aborted transaction: the
+        transaction index holds one entry per ABORT marker, its last offset the marker's, and
+        every marker lies before this batch, below the fetch offset. Anything else reads the
+        log as before. Equivalence: tests/server/test_fetch_fast.py."""
         try:
             entry = self.entry
+            tail = self.parked.tail if self.parked is not None else None
+            if tail is not None and tail[0] is entry.plog and tail[1] == self.fetch_offset:
+                plog = entry.plog
+                next_offset = tail[2]
+                size = tail[5] - tail[4]
+                lso = plog.last_stable_offset
+                log_start = plog.log_start_offset
+                slice_from = self.slice_from
+                if (
+                    not plog.closed
+                    and plog.high_watermark == next_offset
+                    and (lso == next_offset or not self.read_committed)
+                    and log_start <= self.fetch_offset
+                    and size >= self.min_bytes
+                    and (slice_from is None or size < slice_from)
+                ):
+                    chunks = _encode(
+                        self.broker, entry, self.correlation_id, self.index, tail[3][tail[4] : tail[5]],
+                        next_offset, lso, log_start, () if self.read_committed else None,
+                    )  # fmt: skip
+                    return partial(self.answer.set_result, chunks)
             gone = False
             if entry.plog.closed:  # the topic was deleted (and maybe created again): look it up
                 found = self.fast._lookup(entry.name, self.index, entry.version)
@@ -320,8 +366,10 @@ class _Parked:
                             self.park(entry, remaining)  # a wake-up that brought too few bytes
                             return None
                     chunks = _encode(
-                        self.broker, entry, self.correlation_id, self.index, result, self.read_committed
-                    )
+                        self.broker, entry, self.correlation_id, self.index, result.records,
+                        result.high_watermark, result.last_stable_offset, result.log_start_offset,
+                        (result.aborted_transactions or ()) if self.read_committed else None,
+                    )  # fmt: skip
         except Exception:
             log.exception("answering a parked fetch failed")
             self.broker.metrics.error(ApiKey.FETCH, ErrorCode.unknown_server_error)
@@ -355,26 +403,34 @@ def frame_answer(broker: Broker, version: int, correlation_id: int, body: list[A
 
 
 def _encode(
-    broker: Broker, entry: _Entry, correlation_id: int, index: int, result: Any, read_committed: bool
+    broker: Broker,
+    entry: _Entry,
+    correlation_id: int,
+    index: int,
+    records: Sized,
+    hw: int,
+    lso: int,
+    start: int,
+    aborted: tuple[Any, ...] | None,
 ) -> list[Any]:
     """The framed answer: one partition without error, its offsets, the aborted transactions
-    (read_committed: an array, maybe empty; else null) and the records."""
+    (``aborted``: read_committed's array, maybe empty; None: read_uncommitted's null) and the
+    records."""
     version = entry.version
     flexible = version >= 12
-    records: Sized = result.records
     size = len(records)
-    if read_committed:
-        aborted = result.aborted_transactions or ()
-        if flexible:
-            mid = write_uvarint(len(aborted) + 1) + b"".join(
-                _ABORTED.pack(a.producer_id, a.first_offset) + b"\x00" for a in aborted
-            )
-        else:
-            mid = _I32.pack(len(aborted)) + b"".join(
-                _ABORTED.pack(a.producer_id, a.first_offset) for a in aborted
-            )
-    else:
+    if aborted is None:  # read_uncommitted: a null array
         mid = b"\x00" if flexible else _NULL_ARRAY
+    elif not aborted:  # read_committed without aborted transactions (the usual case): no loop
+        mid = b"\x01" if flexible else _EMPTY_ARRAY
+    elif flexible:
+        mid = write_uvarint(len(aborted) + 1) + b"".join(
+            _ABORTED.pack(a.producer_id, a.first_offset) + b"\x00" for a in aborted
+        )
+    else:
+        mid = _I32.pack(len(aborted)) + b"".join(
+            _ABORTED.pack(a.producer_id, a.first_offset) for a in aborted
+        )
     if version >= 11:
         mid += _NO_PREFERRED
     if flexible:
@@ -385,7 +441,6 @@ def _encode(
         tail = b""
     head = entry.head
     total = head.size + len(mid) + size + len(tail)
-    hw, lso, start = result.high_watermark, result.last_stable_offset, result.log_start_offset
     prefix = entry.prefix
     if flexible:
         first = head.pack(total - 4, correlation_id, 0, 0, 0, 0, prefix, index, 0, hw, lso, start)

@@ -223,7 +223,9 @@ class FastProduce:
         metrics = broker.metrics
         metrics.requests[_PRODUCE] += 1
         metrics.messages_in += count
-        broker.waiters.notify(plog.tp)
+        # the batch as written (the frame's bytes, offsets patched): a consumer Fetch this append
+        # wakes answers from it when it is all that Fetch would read (``fetch_fast._Parked.fire``)
+        broker.waiters.notify(plog.tp, (plog, base_offset, base_offset + fields[6] + 1, payload, start, stop))
         return [
             pack_answer(metrics, answer, prefix, correlation_id, index, 0, base_offset, plog.log_start_offset)
         ]
