@@ -29,19 +29,23 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package
 
-from tests.server.test_fetch_fast import TOPIC, TP0, _open, fetch_frame
+from tests.server.test_fetch_fast import TOPIC, _open, fetch_frame
 from tests.server.test_produce_fast import batch, produce_frame
 
 from exactly.protocol.framing import frame
 from exactly.server.connection import KafkaConnection
+from exactly.types import TopicPartition
 
 
 class _Transport:
     def __init__(self) -> None:
         self.writes = 0
+        self.on_write: Any = None  # ``--split``: called on each write (the ack's moment)
 
     def writelines(self, chunks: list[Any]) -> None:
         self.writes += 1
+        if self.on_write is not None:
+            self.on_write()
 
     def close(self) -> None:
         pass
@@ -61,7 +65,30 @@ def _feed(conn: KafkaConnection, data: bytes) -> None:
     conn.buffer_updated(len(data))
 
 
-async def _run(shape: str, n: int, verbose: bool, timed: bool = False) -> None:
+class _Split:
+    """``--split``: calls (Python and C, ``sys.setprofile``) of a woken exchange counted in two
+    parts: from the Produce's read callback to the ack handed to the transport (what the ack's
+    latency waits for), and after it (the Fetch wake-up, its read, encode and write)."""
+
+    def __init__(self) -> None:
+        self.before = 0
+        self.after = 0
+        self.acked = True
+
+    def ack(self) -> None:
+        self.acked = True
+
+    def __call__(self, _frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            if self.acked:
+                self.after += 1
+            else:
+                self.before += 1
+
+
+async def _run(
+    shape: str, n: int, verbose: bool, timed: bool = False, split: bool = False, isolation: int = 0
+) -> None:
     with tempfile.TemporaryDirectory() as d:
         broker = _open(Path(d), True)
         conn = KafkaConnection(broker)
@@ -75,7 +102,9 @@ async def _run(shape: str, n: int, verbose: bool, timed: bool = False) -> None:
         consumer_task = consumer._task = asyncio.get_running_loop().create_task(consumer._process())
         for _ in range(5):
             await asyncio.sleep(0)
-        plog = broker.logs.get_partition(TP0)
+        # read_committed: partition 1 (partition 0 holds an open transaction: its LSO stays put)
+        part = 1 if isolation else 0
+        plog = broker.logs.get_partition(TopicPartition(TOPIC, part))
         assert plog is not None
         warm = 50
         end = plog.log_end_offset
@@ -83,16 +112,20 @@ async def _run(shape: str, n: int, verbose: bool, timed: bool = False) -> None:
         # every frame built before the profiler starts: only the broker's calls are counted
         frames = [
             (
-                frame(produce_frame([(TOPIC, [(0, batch(1))])], acks=-1 if wait else 1)),
-                frame(fetch_frame([(TOPIC, [(0, end + i)])], max_wait_ms=wait)),
+                frame(produce_frame([(TOPIC, [(part, batch(1))])], acks=-1 if wait else 1)),
+                frame(fetch_frame([(TOPIC, [(part, end + i)])], max_wait_ms=wait, isolation=isolation)),
             )
             for i in range(n + warm)
         ]
         prof = cProfile.Profile()
         started = 0.0
+        counter = _Split()
+        transport.on_write = counter.ack if split else None
         for i, (produce, fetch) in enumerate(frames):
             if i == warm:
-                if timed:
+                if split:
+                    sys.setprofile(counter)
+                elif timed:
                     started = time.process_time()
                 else:
                     prof.enable()
@@ -103,10 +136,12 @@ async def _run(shape: str, n: int, verbose: bool, timed: bool = False) -> None:
                 _feed(conn, produce + fetch)
             else:  # the consumer's Fetch parks at the log end, the Produce wakes it
                 _feed(consumer, fetch)
+                counter.acked = False
                 _feed(conn, produce)
             for _ in range(3):
                 await asyncio.sleep(0)
         prof.disable()
+        sys.setprofile(None)
         spent = time.process_time() - started
         conn.abort()
         consumer.abort()
@@ -119,10 +154,16 @@ async def _run(shape: str, n: int, verbose: bool, timed: bool = False) -> None:
         if timed:
             print(f"{shape}: {spent / n * 1e6:.1f} CPU µs per exchange (process time, no profiler)")
             return
+        if split:
+            print(
+                f"{shape}: calls per exchange (setprofile, Python + C): up to the ack's write "
+                f"{counter.before / n:.1f}, after it {counter.after / n:.1f}"
+            )
+            return
         stats = pstats.Stats(prof)
         print(f"{shape}: {stats.total_calls / n:.1f} calls per exchange ({writes} writes)")  # type: ignore[attr-defined]
         if verbose:
-            stats.sort_stats("ncalls").print_stats(40)
+            stats.sort_stats("ncalls").print_stats(int(__import__("os").environ.get("CC_TOP", "40")))
 
 
 def main() -> None:
@@ -139,13 +180,23 @@ def main() -> None:
         action="store_true",
         help="CPU time per exchange instead of calls (load-sensitive: alternate A/B)",
     )
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="woken shape only: calls up to the Produce's ack write and after it (sys.setprofile)",
+    )
+    ap.add_argument(
+        "--read-committed",
+        action="store_true",
+        help="the Fetch reads read_committed (librdkafka's default, so latency-1k's consumer's)",
+    )
     args = ap.parse_args()
     if args.uvloop:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    for shape in ("inline", "queued", "woken"):
-        asyncio.run(_run(shape, args.n, args.v, args.time))
+    for shape in ("woken",) if args.split else ("inline", "queued", "woken"):
+        asyncio.run(_run(shape, args.n, args.v, args.time, args.split, 1 if args.read_committed else 0))
 
 
 if __name__ == "__main__":
