@@ -71,6 +71,8 @@ _PARTITION = {
 }
 _NULL_ARRAY = b"\xff\xff\xff\xff"
 _EMPTY_ARRAY = b"\x00\x00\x00\x00"
+_SINGLE = [bytes((i,)) for i in range(0x80)]  # one-byte unsigned varints
+_TWO = struct.Struct(">BB")  # a two-byte one: low seven bits with the continuation bit, the rest
 _NO_PREFERRED = _I32.pack(-1)  # preferred_read_replica (v11+)
 # a v12 answer ends with the partition's, the topic's and the response's empty tag sections
 _TAIL_V12 = b"\x00\x00\x00"
@@ -128,133 +130,138 @@ class FastFetch:
         broker = self._broker
         if broker.replicas is not None or broker.authorizer is not None:
             return None
-        try:
-            return self._answer(broker, payload, file_slices)
-        except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
-            return None
-
-    def _answer(
-        self, broker: Broker, payload: bytearray, file_slices: bool
-    ) -> list[Any] | Deferred[list[Any] | None] | None:
-        end = len(payload)
-        api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
-        if api_key != _FETCH or not 4 <= version <= 12:
-            return None
-        pos = 10 + client_len if client_len > 0 else 10
-        flexible = version >= 12
-        if flexible:
-            if payload[pos]:  # request header tags
+        try:  # the whole reading in one function with its ``try`` (was ``_answer``: a call per Fetch)
+            end = len(payload)
+            api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
+            if api_key != _FETCH or not 4 <= version <= 12:
                 return None
-            pos += 1
-        if version >= 7:
-            replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, session_epoch = (
-                _TOP_V7.unpack_from(payload, pos)
-            )
-            # the generic path's full fetch without a session (it never creates one)
-            if session_id or session_epoch > 0:
-                return None
-            pos += 25
-        else:
-            replica_id, max_wait_ms, min_bytes, max_bytes, isolation = _TOP_V4.unpack_from(payload, pos)
-            pos += 17
-        if replica_id != -1 or (isolation != 0 and isolation != READ_COMMITTED):
-            return None
-        # one topic of one partition; its name
-        if flexible:
-            n = payload[pos + 1] - 1
-            if payload[pos] != 2 or n < 1 or n >= 0x7F:
-                return None
-            pos += 2
-        else:
-            if _I32.unpack_from(payload, pos)[0] != 1:
-                return None
-            n = _I16.unpack_from(payload, pos + 4)[0]
-            if n < 1:
-                return None
-            pos += 6
-        name_at = pos
-        pos += n
-        if flexible:
-            if payload[pos] != 2:
-                return None
-            pos += 1
-        else:
-            if _I32.unpack_from(payload, pos)[0] != 1:
-                return None
-            pos += 4
-        layout = _PARTITION[version]
-        fields = layout.unpack_from(payload, pos)
-        pos += layout.size
-        index = fields[0]
-        if flexible:
-            fetch_offset, partition_max_bytes = fields[2], fields[5]
-            # partition tags, topic tags, no forgotten topics, then the rack id (compact string)
-            if payload[pos] or payload[pos + 1] or payload[pos + 2] != 1:
-                return None
-            rack = payload[pos + 3] - 1
-            if rack < 0 or rack >= 0x7F:
-                return None
-            pos += 4 + rack
-            if payload[pos]:  # request tags (cluster id ...)
-                return None
-            pos += 1
-        else:
-            fetch_offset, partition_max_bytes = fields[-3] if version >= 5 else fields[1], fields[-1]
+            pos = 10 + client_len if client_len > 0 else 10
+            flexible = version >= 12
+            if flexible:
+                if payload[pos]:  # request header tags
+                    return None
+                pos += 1
             if version >= 7:
-                if _I32.unpack_from(payload, pos)[0] != 0:  # forgotten topics
+                replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, session_epoch = (
+                    _TOP_V7.unpack_from(payload, pos)
+                )
+                # the generic path's full fetch without a session (it never creates one)
+                if session_id or session_epoch > 0:
+                    return None
+                pos += 25
+            else:
+                replica_id, max_wait_ms, min_bytes, max_bytes, isolation = _TOP_V4.unpack_from(payload, pos)
+                pos += 17
+            if replica_id != -1 or (isolation != 0 and isolation != READ_COMMITTED):
+                return None
+            # one topic of one partition; its name
+            if flexible:
+                n = payload[pos + 1] - 1
+                if payload[pos] != 2 or n < 1 or n >= 0x7F:
+                    return None
+                pos += 2
+            else:
+                if _I32.unpack_from(payload, pos)[0] != 1:
+                    return None
+                n = _I16.unpack_from(payload, pos + 4)[0]
+                if n < 1:
+                    return None
+                pos += 6
+            name_at = pos
+            pos += n
+            if flexible:
+                if payload[pos] != 2:
+                    return None
+                pos += 1
+            else:
+                if _I32.unpack_from(payload, pos)[0] != 1:
                     return None
                 pos += 4
-            if version >= 11:
-                rack = _I16.unpack_from(payload, pos)[0]
-                if rack < 0:
+            layout = _PARTITION[version]
+            fields = layout.unpack_from(payload, pos)
+            pos += layout.size
+            index = fields[0]
+            if flexible:
+                fetch_offset, partition_max_bytes = fields[2], fields[5]
+                # partition tags, topic tags, no forgotten topics, then the rack id (compact string)
+                if payload[pos] or payload[pos + 1] or payload[pos + 2] != 1:
                     return None
-                pos += 2 + rack
-        if pos != end:
-            return None
-        name = payload[name_at : name_at + n].decode("utf-8")
-        entry = self._entries.get((name, index, version))
-        if entry is None or entry.plog.closed:
-            entry = self._lookup(name, index, version)
-            if entry is None:
+                rack = payload[pos + 3] - 1
+                if rack < 0 or rack >= 0x7F:
+                    return None
+                pos += 4 + rack
+                if payload[pos]:  # request tags (cluster id ...)
+                    return None
+                pos += 1
+            else:
+                fetch_offset, partition_max_bytes = fields[-3] if version >= 5 else fields[1], fields[-1]
+                if version >= 7:
+                    if _I32.unpack_from(payload, pos)[0] != 0:  # forgotten topics
+                        return None
+                    pos += 4
+                if version >= 11:
+                    rack = _I16.unpack_from(payload, pos)[0]
+                    if rack < 0:
+                        return None
+                    pos += 2 + rack
+            if pos != end:
                 return None
-        plog = entry.plog
-        if not plog.log_start_offset <= fetch_offset <= plog.log_end_offset:
-            return None  # OFFSET_OUT_OF_RANGE: the generic path answers it
-        read_committed = isolation == READ_COMMITTED
-        limit = max(min(partition_max_bytes, max_bytes), 0)
-        slice_from = SLICE_FROM if file_slices else None
-        # A consumer at the read's bound (the high watermark, read_committed: the last stable
-        # offset) that waits for a byte parks without the read: it would find nothing
-        # (``read_batches`` returns no data from ``bound`` on), and the wake-up reads anyway.
-        # At latency-1k every parked Fetch is one of these: a log read (~8 calls) per record.
-        if (
-            max_wait_ms <= 0
-            or min_bytes <= 0
-            or fetch_offset < (plog.last_stable_offset if read_committed else plog.high_watermark)
-        ):
-            result = plog.read(
-                fetch_offset, limit, read_committed=read_committed, min_one_batch=True, slice_from=slice_from
+            name = payload[name_at : name_at + n].decode("utf-8")
+            entry = self._entries.get((name, index, version))
+            if entry is None or entry.plog.closed:
+                entry = self._lookup(name, index, version)
+                if entry is None:
+                    return None
+            plog = entry.plog
+            # the high watermark is at most the log end: at or below it, no ``log_end_offset``
+            # (a property) is asked (a consumer at the high watermark: every latency-1k Fetch)
+            if fetch_offset < plog.log_start_offset or (
+                fetch_offset > plog.high_watermark and fetch_offset > plog.log_end_offset
+            ):
+                return None  # OFFSET_OUT_OF_RANGE: the generic path answers it
+            read_committed = isolation == READ_COMMITTED
+            limit = max(min(partition_max_bytes, max_bytes), 0)
+            slice_from = SLICE_FROM if file_slices else None
+            # A consumer at the read's bound (the high watermark, read_committed: the last stable
+            # offset) that waits for a byte parks without the read: it would find nothing
+            # (``read_batches`` returns no data from ``bound`` on), and the wake-up reads anyway.
+            # At latency-1k every parked Fetch is one of these: a log read (~8 calls) per record.
+            if (
+                max_wait_ms <= 0
+                or min_bytes <= 0
+                or fetch_offset < (plog.last_stable_offset if read_committed else plog.high_watermark)
+            ):
+                result = plog.read(
+                    fetch_offset,
+                    limit,
+                    read_committed=read_committed,
+                    min_one_batch=True,
+                    slice_from=slice_from,
+                )
+                broker.metrics.requests[_FETCH] += 1
+                if len(result.records) >= min_bytes or max_wait_ms <= 0:
+                    return _encode(
+                        broker, entry, correlation_id, index, result.records, result.high_watermark,
+                        result.last_stable_offset, result.log_start_offset,
+                        (result.aborted_transactions or ()) if read_committed else None,
+                    )  # fmt: skip
+            else:
+                broker.metrics.requests[_FETCH] += 1
+            # parked for max_wait from now (the read above took microseconds; a wait that ends
+            # meanwhile ends on the timer's first turn, with the same re-read)
+            wait_s = max_wait_ms / 1000.0
+            fetch = _Parked(
+                self, broker, payload, correlation_id, entry, index, fetch_offset, limit,
+                read_committed, min_bytes, slice_from, time.monotonic() + wait_s,
+            )  # fmt: skip
+            # ``fetch.park(entry, wait_s)`` unfolded (a call per parked Fetch)
+            parked = fetch.parked = broker.waiters.park(
+                [entry.plog.tp], wait_s, fetch.fire, up_to_log_end=False
             )
-            broker.metrics.requests[_FETCH] += 1
-            if len(result.records) >= min_bytes or max_wait_ms <= 0:
-                return _encode(
-                    broker, entry, correlation_id, index, result.records, result.high_watermark,
-                    result.last_stable_offset, result.log_start_offset,
-                    (result.aborted_transactions or ()) if read_committed else None,
-                )  # fmt: skip
-        else:
-            broker.metrics.requests[_FETCH] += 1
-        # parked for max_wait from now (the read above took microseconds; a wait that ends
-        # meanwhile ends on the timer's first turn, with the same re-read)
-        wait_s = max_wait_ms / 1000.0
-        fetch = _Parked(
-            self, broker, payload, correlation_id, entry, index, fetch_offset, limit,
-            read_committed, min_bytes, slice_from, time.monotonic() + wait_s,
-        )  # fmt: skip
-        # ``fetch.park(entry, wait_s)`` unfolded (a call per parked Fetch)
-        parked = fetch.parked = broker.waiters.park([entry.plog.tp], wait_s, fetch.fire, up_to_log_end=False)
-        fetch.answer.on_cancel(parked.cancel)
-        return Deferred(fetch.answer)
+            fetch.answer.on_cancel(parked.cancel)
+            return Deferred(fetch.answer)
+        except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
+            return None
 
 
 class _Parked:
@@ -434,7 +441,10 @@ def _encode(
     if version >= 11:
         mid += _NO_PREFERRED
     if flexible:
-        mid += write_uvarint(size + 1)
+        n = size + 1  # the compact length, its unsigned varint inlined below 16 KB (two calls)
+        mid += (
+            _SINGLE[n] if n < 0x80 else _TWO.pack(n & 0x7F | 0x80, n >> 7) if n < 0x4000 else write_uvarint(n)
+        )
         tail = _TAIL_V12
     else:
         mid += _I32.pack(size)
