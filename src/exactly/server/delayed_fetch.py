@@ -50,7 +50,9 @@ Tail = tuple["PartitionLog", int, int, bytearray, int, int]
 (log, base offset, next offset, the request frame, the batch's start and stop in it). The frame's
 bytes there are the batch as written (offsets patched in place). A consumer fetch woken by that
 append may answer from them instead of reading the log (``fetch_fast._Parked.fire`` checks that
-the batch is still everything its read would return)."""
+the batch is still everything its read would return). Nothing writes into a frame once it is
+handled, and a large frame's buffer goes back to the framer's free-list only while nothing else
+references it (``RequestTask._process``), so a held frame keeps its bytes until the fire drops it."""
 
 
 class ParkedFetch:
