@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from benchlib import brokers, drivers, kafka, physical, procstat
 from benchlib.brokers import BrokerProcess
@@ -690,6 +690,29 @@ class LatencyFixedRate(Workload):
 LATENCY_POLL_MIN_S = 0.0
 
 
+#: Records ``warm_up_producer`` writes to a measured topic before its window (offsets below this).
+WARMUP_RECORDS = 1
+
+
+def warm_up_producer(p: Producer, topic: str, pad: bytes) -> None:
+    """Write ``WARMUP_RECORDS`` record(s) (a timestamp and ``pad``, like the measured ones) to
+    partition 0 of ``topic`` and wait for the ack, before a latency window starts.
+
+    Why: librdkafka's idempotent producer sends no record before it has a producer id, and when
+    its first attempt at one finds no broker connection up (the partition leader's connection is
+    a new one, opened after ``list_topics``' bootstrap connection) it retries on a fixed 500 ms
+    timer (``rd_kafka_idemp_pid_timer_restart``). A window that started before that timer fired
+    held its first records ~500 ms: on the box at load 5, 2 of 60 fresh producers' first acks took
+    501-521 ms, the producer's round trips stayed under 3 ms and its queue latency was 500.9 ms
+    (``bench/cleaner_loop_stall.py``, ``bench/results/stall-s20.md``); that was the ~500 ms
+    busy-window stall of ``cleaner-produce-latency`` in ``compaction-quiet-s19.md``. The warm-up's
+    ack means the producer id and the leader's connection are there when the window starts."""
+    for _ in range(WARMUP_RECORDS):
+        p.produce(topic, struct.pack(">Q", time.perf_counter_ns()) + pad, partition=0)
+    if p.flush(30) != 0:
+        raise RuntimeError(f"the warm-up record to {topic} was not acked within 30 s")
+
+
 def fixed_rate_latency(
     ctx: Context,
     broker: Any,
@@ -717,7 +740,7 @@ def fixed_rate_latency(
     def consume() -> None:
         c = kafka.consumer(broker.bootstrap)
         try:
-            c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+            c.assign([TopicPartition(topic, 0, WARMUP_RECORDS)])  # after the warm-up record
             consumer_ready.set()
             end = time.monotonic() + seconds + 60
             while len(e2e) < total and time.monotonic() < end and not stop.is_set():
@@ -742,12 +765,13 @@ def fixed_rate_latency(
         {"bootstrap.servers": broker.bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0, **kafka.QUIET}
     )
     p.list_topics(topic, timeout=30)
+    pad = ctx.pool[0][8:]
+    warm_up_producer(p, topic, pad)
     drivers.deprioritise_io_threads()
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     consumer_ready.wait(30)
     time.sleep(0.5)  # let the consumer's first fetch go out
-    pad = ctx.pool[0][8:]
     interval = 1.0 / rate
     with window if window is not None else nullcontext(), Meter(broker) as meter:
         start = time.perf_counter()
@@ -773,8 +797,8 @@ def fixed_rate_latency(
         errors.append(f"{len(ack)}/{total} delivery reports")
     if len(e2e) != total:
         errors.append(f"consumer saw {len(e2e)}/{total}")
-    if in_log != total:
-        errors.append(f"log holds {in_log}, sent {total}")
+    if in_log != total + WARMUP_RECORDS:
+        errors.append(f"log holds {in_log}, sent {total} (+{WARMUP_RECORDS} warm-up)")
     ack.sort()
     e2e.sort()
     sample: dict[str, Any] = {
