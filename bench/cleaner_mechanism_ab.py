@@ -8,6 +8,8 @@ phases, in a rotating order per round (every phase meets every position):
 - ``idle``: the worker stopped, nothing else;
 - ``busy``: the worker resumed, as shipped (own session at nice 19, SCHED_BATCH, 0.1 ms slice);
 - ``busy-sched-idle``: the worker resumed under SCHED_IDLE for the window;
+- ``busy-cgroup-idle``: the worker resumed inside a cpu cgroup with ``cpu.idle=1`` for the window
+  (``compaction_latency.idle_cgroup``: idle at the top level, not only inside its autogroup);
 - ``burn-cpu``: no worker; a *synthetic* process with the worker's exact scheduling
   (``priority.lower_priority`` in a session of its own) and duty cycle (``worker.CpuLimiter`` at the
   broker's ``log.cleaner.cpu.max.share``, ticked every ~30 us of pure-Python arithmetic) that touches
@@ -218,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             elif ph.startswith("busy"):
                 pid = wpid
                 pol = os.SCHED_IDLE if ph == "busy-sched-idle" else None
-                win = worker_running(wpid, Phase(ph, True, policy=pol, autogroup_nice=group))
+                cg = ph == "busy-cgroup-idle"
+                win = worker_running(wpid, Phase(ph, True, policy=pol, autogroup_nice=group, cgroup_idle=cg))
             else:
                 pid = burners[ph.removeprefix("burn-").removesuffix("-idle")].pid
                 win = running(pid, os.SCHED_IDLE if ph.endswith("-idle") else None)

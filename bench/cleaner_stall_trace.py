@@ -39,7 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from benchlib import drivers, kafka
 from benchlib.compaction_latency import worker_pid
 from benchlib.compaction_workloads import backlog_broker, scrape, warm_coordinator
-from benchlib.workloads import Context
+from benchlib.workloads import Context, warm_up_producer
 
 TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = (
@@ -112,6 +112,7 @@ def window(bootstrap: str, topic: str, seconds: float, rate: int, pad: bytes) ->
 
     p = Producer({"bootstrap.servers": bootstrap, **drivers.PRODUCE_CONF, "linger.ms": 0, **kafka.QUIET})
     p.list_topics(topic, timeout=30)
+    warm_up_producer(p, topic, pad)  # else the producer-id timer may hold the first records
     drivers.deprioritise_io_threads()
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()

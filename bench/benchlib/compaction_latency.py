@@ -176,6 +176,50 @@ class Phase:
     policy: int | None = None  # os.SCHED_*
     slice_ns: int | None = None  # sched_setattr's sched_runtime: the task's EEVDF slice
     autogroup_nice: int | None = None  # the nice value of the worker's session (autogroup)
+    cgroup_idle: bool = False  # the worker in a cpu cgroup with cpu.idle=1 (``idle_cgroup``)
+
+
+CPU_CGROUP_ROOTS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))  # v1's cpu controller, v2
+
+
+def idle_cgroup(name: str = "exactly-bench-idle") -> tuple[Path, Path] | None:
+    """(a cpu cgroup with ``cpu.idle=1``, its root) under cgroup v1's cpu controller or a v2
+    hierarchy with the cpu controller; None where neither can be made (not root, no cpu.idle).
+
+    Why a cgroup: the scheduler's *idle entity* rules (a woken non-idle task preempts an idle
+    entity at once, an idle entity weighs 3) apply per level of the group hierarchy. The worker
+    runs in a session (autogroup) of its own, so SCHED_IDLE on the worker itself is idle only
+    inside its autogroup; its autogroup competes with the broker's as a normal entity. A cgroup
+    with cpu.idle=1 is an idle entity at the top level (a task outside the root task group has no
+    autogroup)."""
+    for root in CPU_CGROUP_ROOTS:
+        if not (root / "cgroup.procs").exists():
+            continue
+        controllers = root / "cgroup.controllers"  # v2 only: the cpu controller must be there
+        if controllers.exists() and "cpu" not in controllers.read_text().split():
+            continue
+        group = root / name
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cpu.idle").write_text("1\n")
+        except OSError:
+            continue
+        return group, root
+    return None
+
+
+@contextlib.contextmanager
+def in_cgroup(pid: int, cgroup: tuple[Path, Path] | None) -> Iterator[None]:
+    """``pid`` (every thread) in ``cgroup[0]`` for the block, back in its root after."""
+    if cgroup is None:
+        yield
+        return
+    group, root = cgroup
+    (group / "cgroup.procs").write_text(f"{pid}\n")
+    try:
+        yield
+    finally:
+        (root / "cgroup.procs").write_text(f"{pid}\n")
 
 
 @contextlib.contextmanager
@@ -198,11 +242,19 @@ def worker_running(pid: int, phase: Phase) -> Iterator[None]:
         sched_slice_ns(pid, phase.slice_ns)
     if phase.autogroup_nice is not None:
         autogroup_nice(pid, phase.autogroup_nice)
-    os.kill(pid, signal.SIGCONT)
+    cgroup = None
+    if phase.cgroup_idle:
+        cgroup = idle_cgroup()
+        if cgroup is None:
+            raise RuntimeError("no cpu cgroup with cpu.idle can be made here")
     try:
-        yield
+        with in_cgroup(pid, cgroup):
+            os.kill(pid, signal.SIGCONT)
+            try:
+                yield
+            finally:
+                os.kill(pid, signal.SIGSTOP)
     finally:
-        os.kill(pid, signal.SIGSTOP)
         os.sched_setscheduler(pid, policy0, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, pid, nice0)
         sched_slice_ns(pid, slice0)
