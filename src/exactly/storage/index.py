@@ -151,6 +151,12 @@ class _IndexFile:
         if self._fd >= 0:
             os.fsync(self._fd)
 
+    def flush_descriptor(self) -> int:
+        """``flush`` split for a background fsync: write what is pending (owner's thread) and
+        return the descriptor to fsync (-1: no file open, nothing written this run)."""
+        self.write_pending()
+        return self._fd
+
     def close(self) -> None:
         """Write what is pending (not fsynced, as Kafka's close) and release the descriptor."""
         self.write_pending()

@@ -22,6 +22,7 @@ from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.producer_state import ProducerStateManager
 from exactly.storage.retention import deletable_segments, segments_below_log_start
 from exactly.storage.roll_policy import rolls_when_idle
+from exactly.storage.rolled_flush import RolledFlushPlan, fsync_plan
 from exactly.storage.segment import LogSegment
 from exactly.types import TopicPartition
 
@@ -44,6 +45,12 @@ class LogMaintenance:
     _last_flush_ms: int
     _truncation_lock: threading.Lock
     _truncated_to: int | None
+    # Bumped by every change that removes, replaces or cuts segments (truncation, retention and
+    # log-start deletes, cleaner swaps): a rolled flush planned under another version is
+    # dropped (``complete_rolled_flush``).
+    _layout_version: int
+    _rolled_in_flight: tuple[LogSegment, ...]
+    closed: bool
 
     @property
     def log_end_offset(self) -> int:
@@ -52,7 +59,7 @@ class LogMaintenance:
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end offset and snapshot producer state there
         (so recovery never replays more than one segment). The old segment is not fsynced here:
-        ``flush_rolled_segments`` (log manager maintenance) does that off the append path."""
+        ``rolled_flush_plan`` (log manager maintenance) hands that to a background thread."""
         active = self._segments[-1]
         if active.is_empty:
             return active
@@ -69,9 +76,12 @@ class LogMaintenance:
             self.roll(now_ms)
 
     def flush(self, *, now_ms: int | None = None) -> None:
-        """fsync every segment with unflushed data and advance the recovery point to the LEO."""
+        """fsync every segment with unflushed data and advance the recovery point to the LEO.
+        Segments of a rolled flush still in flight are fsynced here too: the recovery point moved
+        by this flush must not rely on a background fsync that may not have happened yet."""
+        in_flight = self._rolled_in_flight
         for segment in self._segments:
-            segment.flush()
+            segment.flush(force=segment in in_flight)
         self._recovery_point = self.log_end_offset
         self._unflushed_messages = 0
         if now_ms is not None:
@@ -86,11 +96,56 @@ class LogMaintenance:
 
     def flush_rolled_segments(self) -> None:
         """fsync the segments before the active one and move the recovery point to the active
-        segment's base (Kafka flushes on roll, in the background). Bounds recovery after a crash
-        to the active segment even when flush.messages/flush.ms are off."""
-        for segment in self._segments[:-1]:
-            segment.flush()
-        self._recovery_point = max(self._recovery_point, self._segments[-1].base_offset)
+        segment's base, all on the calling thread (the broker runs the same three steps with the
+        fsync off its event loop, see ``storage.rolled_flush``). Bounds recovery after a crash to
+        the active segment even when flush.messages/flush.ms are off."""
+        plan = self.rolled_flush_plan()
+        if plan is None:
+            return
+        try:
+            fsync_plan(plan)
+        except BaseException:
+            self.complete_rolled_flush(plan, ok=False)
+            raise
+        self.complete_rolled_flush(plan)
+
+    def rolled_flush_plan(self) -> RolledFlushPlan | None:
+        """Kafka's flush on roll, first half (owner's thread): hand the unflushed segments before
+        the active one to a background fsync and name the recovery point it allows (the active
+        segment's base). None when the recovery point is already there, the log is closed, or a
+        plan is still in flight. Until ``complete_rolled_flush`` the handed segments count as
+        unflushed for ``flush``; the caller must call it exactly once, after ``fsync_plan``
+        returned (``ok``) or failed (not ``ok``)."""
+        target = self._segments[-1].base_offset
+        if self.closed or self._rolled_in_flight or target <= self._recovery_point:
+            return None
+        segments = tuple(segment for segment in self._segments[:-1] if segment.unflushed)
+        try:
+            descriptors = tuple(fd for segment in segments for fd in segment.take_flush_descriptors())
+        except BaseException:  # an index write failed: nothing was handed over
+            for segment in segments:
+                segment.unflushed = True
+            raise
+        self._rolled_in_flight = segments
+        return RolledFlushPlan(segments, descriptors, target, self._layout_version)
+
+    def complete_rolled_flush(self, plan: RolledFlushPlan, *, ok: bool = True) -> bool:
+        """Second half (owner's thread): with ``ok`` (every descriptor fsynced) move the recovery
+        point to the plan's target, clamped to the log end; True when the plan was applied. Not
+        ``ok``, or the log closed or its segments removed, replaced or truncated since the plan
+        (``_layout_version``): the recovery point stays and the planned segments still in the log
+        are unflushed again, so only fsynced data is ever claimed and nothing gone is."""
+        if plan.segments is self._rolled_in_flight:
+            self._rolled_in_flight = ()
+        if not ok or self.closed or plan.layout_version != self._layout_version:
+            if not self.closed:
+                present = {id(segment) for segment in self._segments}
+                for segment in plan.segments:
+                    if id(segment) in present:
+                        segment.unflushed = True
+            return False
+        self._recovery_point = max(self._recovery_point, min(plan.target, self.log_end_offset))
+        return True
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete whole segments past retention.ms / retention.bytes (never the active one).
@@ -138,6 +193,7 @@ class LogMaintenance:
             return 0
         with self._truncation_lock:  # for the log cleaner's checkpoint (``take_truncation``)
             self._truncated_to = offset if self._truncated_to is None else min(self._truncated_to, offset)
+        self._layout_version += 1
         removed = 0
         while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
             doomed = self._segments.pop()
@@ -201,6 +257,7 @@ class LogMaintenance:
         else:
             commit_segment_groups(self.directory, groups, hook)
         self._segments[first:position] = [cleaned for cleaned, _old in groups]
+        self._layout_version += 1
         self._bases[first:position] = [cleaned.base_offset for cleaned, _old in groups]
         # As Kafka: the snapshots taken at the bases of segments merged away go (recovery then
         # replays from an older one), so a compacted log does not gather one per roll forever.
@@ -217,6 +274,7 @@ class LogMaintenance:
         self.leader_epochs.truncate_from_start(start)
 
     def _delete_oldest(self, count: int) -> None:
+        self._layout_version += 1
         for segment in self._segments[:count]:
             segment.delete()
         del self._segments[:count]

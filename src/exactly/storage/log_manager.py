@@ -58,6 +58,7 @@ from exactly.storage.log_checkpoints import DEFAULT_CHECKPOINT_INTERVAL_MS, LogC
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from exactly.storage.rolled_flush import RolledFlushPlan, RolledFlushRunner
 from exactly.topics import topic_name_error
 from exactly.types import TopicPartition
 
@@ -128,7 +129,8 @@ class LogManager:
     marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
     broker's event loop is the only caller (the one thread of its own, started by
     ``start_epoch_flush``, only rewrites the leader-epoch checkpoints recovery truncated; ``close``
-    waits for it).
+    waits for it), except ``fsync_rolled``, which any one thread at a time may run between
+    ``plan_rolled_flushes`` and ``complete_rolled_flushes`` (``close`` waits for it too).
     """
 
     def __init__(
@@ -184,6 +186,7 @@ class LogManager:
             plog.leader_epochs for plog in self._logs.values() if plog.leader_epochs.unflushed
         ]
         self._epoch_flush: threading.Thread | None = None
+        self._rolled_flushes = RolledFlushRunner()  # ``close`` stops it before closing partitions
         # The log cleaner's checkpoint; the cleaner threads themselves are the server's.
         self.cleaner_manager = LogCleanerManager(data_dir)
         # From here on a crash is an unclean shutdown.
@@ -435,18 +438,51 @@ class LogManager:
         self._checkpoints.write_log_start_offsets(self._logs)
 
     # --- maintenance -----------------------------------------------------------------------
-    def run_maintenance(self, now_ms: int) -> None:
+    def run_maintenance(self, now_ms: int, *, flush_rolled: bool = True) -> None:
         """Periodic: segment roll by age, retention, flush.ms, fsync of rolled segments,
-        producer-id expiration, and the recovery-point checkpoint every checkpoint interval."""
+        producer-id expiration, and the recovery-point checkpoint every checkpoint interval.
+        Without ``flush_rolled`` the rolled segments are left to the caller, which runs
+        ``plan_rolled_flushes`` / ``fsync_rolled`` / ``complete_rolled_flushes`` with the fsyncs
+        off its thread (the broker: off the event loop)."""
         for partition_log in list(self._logs.values()):
             partition_log.maybe_roll(now_ms)
             partition_log.apply_retention(now_ms)
             partition_log.maybe_flush(now_ms)
-            partition_log.flush_rolled_segments()
+            if flush_rolled:
+                partition_log.flush_rolled_segments()
             partition_log.producer_state.remove_expired_producers(now_ms)
         if self._checkpoints.due(now_ms):
             self.checkpoint_recovery_points()
             self.checkpoint_log_start_offsets()
+
+    def plan_rolled_flushes(self) -> list[tuple[PartitionLog, RolledFlushPlan]]:
+        """Owner's thread: every open partition's ``rolled_flush_plan`` (storage.rolled_flush).
+        The caller must run ``fsync_rolled`` on the result and then, on this thread,
+        ``complete_rolled_flushes`` (with ``ok=False`` if the fsyncs failed)."""
+        plans: list[tuple[PartitionLog, RolledFlushPlan]] = []
+        try:
+            for partition_log in list(self._logs.values()):
+                plan = partition_log.rolled_flush_plan()
+                if plan is not None:
+                    plans.append((partition_log, plan))
+        except BaseException:  # hand nothing over half-done: the plans made so far are undone
+            self.complete_rolled_flushes(plans, ok=False)
+            raise
+        return plans
+
+    def fsync_rolled(self, plans: list[tuple[PartitionLog, RolledFlushPlan]]) -> None:
+        """Any thread, one at a time: the fsyncs of ``plans``. Under the lock ``close`` takes, so
+        shutdown waits for an fsync in flight; after ``close`` it does nothing."""
+        self._rolled_flushes.fsync(plan for _partition_log, plan in plans)
+
+    def complete_rolled_flushes(
+        self, plans: list[tuple[PartitionLog, RolledFlushPlan]], *, ok: bool = True
+    ) -> None:
+        """Owner's thread: apply ``plans`` after ``fsync_rolled`` (``ok``) or its failure; each
+        partition clamps or drops its own (``LogMaintenance.complete_rolled_flush``). The
+        recovery points moved here reach the checkpoint at its next write."""
+        for partition_log, plan in plans:
+            partition_log.complete_rolled_flush(plan, ok=ok)
 
     def checkpoint_recovery_points(self) -> None:
         """Write every partition's recovery point (flushed data only, by construction)."""
@@ -475,6 +511,7 @@ class LogManager:
             return
         if self._epoch_flush is not None:
             self._epoch_flush.join()
+        self._rolled_flushes.stop()  # waits for a background fsync in flight
         # whatever is still owed: everything when start_epoch_flush never ran, else nothing
         # unless a partition opened later owed a rewrite the thread had no list entry for
         flush_caches([plog.leader_epochs for plog in self._logs.values() if plog.leader_epochs.unflushed])

@@ -152,6 +152,8 @@ class PartitionLog(LogMaintenance):
         # (``take_truncation``); the cleaner runs on its own thread, hence the lock.
         self._truncation_lock = threading.Lock()
         self._truncated_to: int | None = None
+        self._layout_version = 0  # see ``LogMaintenance`` and ``storage.rolled_flush``
+        self._rolled_in_flight: tuple[LogSegment, ...] = ()
 
     @classmethod
     def open(

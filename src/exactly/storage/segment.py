@@ -360,13 +360,30 @@ class LogSegment(SegmentRecovery):
             self.known_first_batch_timestamp = None
 
     # --- durability and lifetime ------------------------------------------------------------
-    def flush(self) -> None:
-        if self.unflushed:
+    def flush(self, *, force: bool = False) -> None:
+        """fsync the log and indexes when there are unflushed appends (or ``force``: a background
+        fsync of them may still be in flight, see ``storage.rolled_flush``)."""
+        if self.unflushed or force:
             os.fsync(self._fd)
             self.offset_index.flush()
             self.time_index.flush()
             self.txn_index.flush()
             self.unflushed = False
+
+    def take_flush_descriptors(self) -> tuple[int, ...]:
+        """Hand this segment's flush to a background thread: write the pending index entries
+        (page cache), clear ``unflushed`` and return the open descriptors (log, offset, time and
+        transaction index) whose fsync makes the segment durable. The caller owns that fsync
+        from now on: until it is done it must treat the segment as unflushed (``flush(force=True)``)
+        and set ``unflushed`` again if the fsync fails or is abandoned."""
+        fds = (
+            self._fd,
+            self.offset_index.flush_descriptor(),
+            self.time_index.flush_descriptor(),
+            self.txn_index.flush_descriptor(),
+        )
+        self.unflushed = False
+        return tuple(fd for fd in fds if fd >= 0)
 
     def close(self) -> None:
         if self._fd >= 0:

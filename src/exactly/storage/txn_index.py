@@ -140,6 +140,10 @@ class TransactionIndex:
         if self._fd >= 0:
             os.fsync(self._fd)
 
+    def flush_descriptor(self) -> int:
+        """The descriptor ``flush`` would fsync (-1: none), for a background fsync."""
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -1,0 +1,97 @@
+"""The fsync of rolled segments, split so it can run off the owner's thread.
+
+Why
+---
+Kafka fsyncs a rolled segment in the background (``UnifiedLog.roll`` schedules
+``flushUptoOffsetExclusive(newSegment.baseOffset)`` on its scheduler) and moves the recovery point
+only after that fsync. Done on the broker's event loop, these fsyncs (110-620 ms each on a busy
+disk, bench/results/stall-s20.md) stalled every connection. So the log decides *what* to fsync and
+which recovery point that would allow (``LogMaintenance.rolled_flush_plan``, owner's thread), any
+thread runs the fsyncs (``fsync_plan``), and the owner applies the result
+(``LogMaintenance.complete_rolled_flush``).
+
+Invariants
+----------
+* The recovery point only ever covers fsynced data: it moves to ``RolledFlushPlan.target`` only
+  in ``complete_rolled_flush`` after ``fsync_plan`` returned, and never past the log end.
+* While a plan is in flight its segments count as unflushed: a synchronous ``flush`` (flush.ms,
+  flush.messages, DeleteRecords, ``close``) fsyncs them itself (``LogSegment.flush(force=True)``)
+  before it moves the recovery point, so it never relies on the background fsync.
+* A completion after the log was truncated, had segments deleted (retention, log start) or
+  replaced (cleaner), or was closed or deleted is dropped: the recovery point does not move and
+  the planned segments that are still in the log are marked unflushed again (the next plan or
+  flush fsyncs them again; the cost is a redundant fsync, never a lost one). Every such change
+  bumps the log's ``_layout_version``, which the plan records.
+* A descriptor closed under ``fsync_plan`` (EBADF) is not an error: only a close or delete on
+  the owner's thread closes one, and then the data was either fsynced by the close path (which
+  forces in-flight segments) or deleted, and the completion is dropped as above. A descriptor
+  number reused by another file in the meantime costs one needless fsync of that file.
+* Any other fsync error propagates; the owner must then call ``complete_rolled_flush(plan,
+  ok=False)`` so the segments are unflushed again (the recovery point stays).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exactly.storage.segment import LogSegment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RolledFlushPlan:
+    """What one background flush of a log's rolled segments fsyncs and what it then allows.
+
+    ``segments``: the non-active segments handed over (their ``unflushed`` was cleared);
+    ``descriptors``: the file descriptors to fsync; ``target``: the recovery point once they are
+    fsynced (the active segment's base when planned); ``layout_version``: the log's layout
+    version when planned (a completion under another version is dropped)."""
+
+    segments: tuple[LogSegment, ...]
+    descriptors: tuple[int, ...]
+    target: int
+    layout_version: int
+
+
+def fsync_plan(plan: RolledFlushPlan) -> None:
+    """fsync every descriptor of ``plan``, from any thread. A descriptor closed meanwhile (EBADF)
+    is logged at debug and skipped (see the module docstring); other errors propagate."""
+    for fd in plan.descriptors:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+            log.debug("rolled-segment fsync: descriptor %d closed meanwhile (segment closed or deleted)", fd)
+
+
+class RolledFlushRunner:
+    """Runs the fsyncs of plans for one log manager, from any one thread at a time, under a
+    lock that ``stop`` (the log manager's ``close``) takes: shutdown waits for an fsync in
+    flight, and no fsync starts after it (the descriptors are being closed)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def fsync(self, plans: Iterable[RolledFlushPlan]) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            for plan in plans:
+                fsync_plan(plan)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+
+
+__all__ = ["RolledFlushPlan", "RolledFlushRunner", "fsync_plan"]
