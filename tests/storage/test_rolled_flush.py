@@ -1,0 +1,221 @@
+"""The rolled-segment flush split into plan / fsync / complete (storage.rolled_flush): the
+recovery point moves only after the fsync, and a completion after the log changed under it is
+dropped rather than claiming data that is gone or was never fsynced."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exactly.storage.config import LogConfig
+from exactly.storage.log_manager import LogManager
+from exactly.storage.partition_log import PartitionLog
+from exactly.storage.rolled_flush import fsync_plan
+from tests.storage.cleaner.helpers import append_keyed, open_compacted, run_clean
+from tests.storage.helpers import NOW, TP, append, open_log
+
+
+def _fsynced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the path of every descriptor os.fsync is called on (then fsync it for real)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        try:
+            seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            seen.append(f"<closed fd {fd}>")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return seen
+
+
+def _rolled(tmp_path: Path, segments: int = 3) -> PartitionLog:
+    """A log with ``segments`` rolled segments of 2 records each and an empty active one."""
+    log = open_log(tmp_path)
+    for _ in range(segments):
+        append(log, 2)
+        log.roll(NOW)
+    return log
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[PartitionLog]:
+    plog = _rolled(tmp_path)
+    yield plog
+    plog.close()
+
+
+def test_the_recovery_point_moves_only_when_the_plan_completes(log: PartitionLog) -> None:
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    assert plan.target == log.segments[-1].base_offset == 6
+    assert plan.segments == tuple(log.segments[:-1])
+    assert log.recovery_point == 0  # planned, not fsynced
+    assert log.rolled_flush_plan() is None  # one plan in flight at a time
+    fsync_plan(plan)
+    assert log.recovery_point == 0  # fsynced, not yet completed
+    assert log.complete_rolled_flush(plan)
+    assert log.recovery_point == 6
+    assert log.rolled_flush_plan() is None  # nothing left to do
+
+
+def test_the_plan_fsyncs_the_rolled_logs_and_indexes(
+    log: PartitionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _fsynced_paths(monkeypatch)
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    fsync_plan(plan)
+    names = {Path(p).name for p in seen}
+    for base in (0, 2, 4):
+        assert f"{base:020d}.log" in names
+        assert f"{base:020d}.index" in names
+    assert f"{6:020d}.log" not in names  # not the active segment
+
+
+def test_a_synchronous_flush_during_the_flight_fsyncs_the_planned_segments(
+    log: PartitionLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    seen = _fsynced_paths(monkeypatch)
+    append(log, 1)
+    log.flush()  # flush.ms / DeleteRecords / close: must not rely on the background fsync
+    names = {Path(p).name for p in seen}
+    assert {f"{base:020d}.log" for base in (0, 2, 4)} <= names
+    assert log.recovery_point == 7
+    assert log.complete_rolled_flush(plan)
+    assert log.recovery_point == 7  # never moves back
+
+
+def test_a_truncation_between_plan_and_complete_drops_the_completion(log: PartitionLog) -> None:
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    log.truncate_to(3)  # inside the second rolled segment, which becomes the active one
+    assert log.log_end_offset == 3
+    fsync_plan(plan)  # the third segment's descriptors are closed: skipped, not raised
+    assert not log.complete_rolled_flush(plan)
+    assert log.recovery_point == 0
+    assert log.segments[0].unflushed  # still in the log: unflushed again
+    append(log, 1)
+    log.roll(NOW)
+    again = log.rolled_flush_plan()
+    assert again is not None and again.target == 4
+    fsync_plan(again)
+    assert log.complete_rolled_flush(again)
+    assert log.recovery_point == 4 <= log.log_end_offset
+
+
+def test_deleted_segments_between_plan_and_complete_drop_the_completion(log: PartitionLog) -> None:
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    log.update_high_watermark(log.log_end_offset)
+    assert log.increment_log_start_offset(2)  # DeleteRecords: the first segment goes
+    assert log.segments[0].base_offset == 2
+    flushed_to = log.recovery_point  # the synchronous flush that moved the start
+    fsync_plan(plan)
+    assert not log.complete_rolled_flush(plan)
+    assert log.recovery_point == flushed_to == log.log_end_offset
+
+
+def test_retention_between_plan_and_complete_drops_the_completion(tmp_path: Path) -> None:
+    log = open_log(tmp_path, LogConfig(retention_ms=1000))
+    for _ in range(3):
+        append(log, 2, timestamp=NOW)
+        log.roll(NOW)
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    assert log.apply_retention(NOW + 10_000) == 3
+    fsync_plan(plan)
+    assert not log.complete_rolled_flush(plan)
+    assert log.recovery_point <= log.log_end_offset
+    assert log.recovery_point == log.log_start_offset == 6  # retention moved the start (and it)
+    log.close()
+
+
+def test_a_cleaner_swap_between_plan_and_complete_drops_the_completion(tmp_path: Path) -> None:
+    log = open_compacted(tmp_path)
+    for i in range(60):
+        append_keyed(log, [(i % 5, i)])
+    log.roll(NOW)
+    assert len(log.segments) > 3
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    run_clean(log)  # replaces the planned segments with cleaned (fsynced) ones
+    assert not set(map(id, plan.segments)) & set(map(id, log.segments))
+    fsync_plan(plan)  # descriptors of deleted segments: skipped
+    assert not log.complete_rolled_flush(plan)
+    assert log.recovery_point == 0
+    again = log.rolled_flush_plan()  # the next maintenance pass plans afresh
+    assert again is not None
+    fsync_plan(again)
+    assert log.complete_rolled_flush(again)
+    assert log.recovery_point == log.segments[-1].base_offset == 60
+    log.close()
+
+
+def test_a_failed_fsync_leaves_the_recovery_point_and_the_segments_unflushed(log: PartitionLog) -> None:
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    assert not any(s.unflushed for s in plan.segments)  # handed over
+    assert not log.complete_rolled_flush(plan, ok=False)
+    assert log.recovery_point == 0
+    assert all(s.unflushed for s in plan.segments)
+    log.flush_rolled_segments()  # the synchronous form: plan, fsync, complete
+    assert log.recovery_point == 6
+
+
+def test_a_completion_after_close_is_dropped_and_the_fsync_does_not_crash(tmp_path: Path) -> None:
+    log = _rolled(tmp_path)
+    plan = log.rolled_flush_plan()
+    assert plan is not None
+    log.close()  # flushes everything, in-flight segments included
+    fsync_plan(plan)  # every descriptor closed (or reused): no exception
+    assert not log.complete_rolled_flush(plan)
+    assert log.recovery_point == log.log_end_offset == 6
+
+
+def test_the_log_manager_plans_fsyncs_completes_and_close_stops_it(tmp_path: Path) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 1, {}, now_ms=NOW)
+    plog = manager.get_partition(TP)
+    assert plog is not None
+    append(plog, 2)
+    plog.roll(NOW)
+    manager.run_maintenance(NOW, flush_rolled=False)
+    assert plog.recovery_point == 0
+    plans = manager.plan_rolled_flushes()
+    assert [p.target for _log, p in plans] == [2]
+    manager.fsync_rolled(plans)
+    manager.complete_rolled_flushes(plans)
+    assert plog.recovery_point == 2
+    manager.checkpoint_recovery_points()
+
+    append(plog, 1)
+    plog.roll(NOW)
+    late = manager.plan_rolled_flushes()
+    manager.close()
+    manager.fsync_rolled(late)  # after close: does nothing
+    manager.complete_rolled_flushes(late)  # dropped (log closed)
+    reopened = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    assert reopened.had_clean_shutdown
+    again = reopened.get_partition(TP)
+    assert again is not None and again.recovery_point == again.log_end_offset == 3
+    reopened.close()
+
+
+def test_run_maintenance_still_flushes_rolled_segments_by_default(tmp_path: Path) -> None:
+    manager = LogManager(tmp_path, LogConfig(), now_ms=NOW)
+    manager.create_topic("t", 1, {}, now_ms=NOW)
+    plog = manager.get_partition(TP)
+    assert plog is not None
+    append(plog, 2)
+    plog.roll(NOW)
+    manager.run_maintenance(NOW)
+    assert plog.recovery_point == 2
+    manager.close()
