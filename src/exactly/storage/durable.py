@@ -40,6 +40,21 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> bool:
+    """fsync ``path``'s data (opened read-only, as Kafka's ``Utils.flushFileIfExists``). False,
+    without error, when the file no longer exists (deleted meanwhile: nothing left to make
+    durable)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
 def write_all(fd: int, data: bytes) -> None:
     """``os.write`` until all of ``data`` is written (a short write to a regular file is unusual,
     not impossible)."""
@@ -65,4 +80,4 @@ def write_durably(path: Path, data: bytes, *, durable: bool = True, mode: int = 
         fsync_directory(path.parent)
 
 
-__all__ = ["TEMP_SUFFIX", "fsync_directory", "temp_path", "write_durably"]
+__all__ = ["TEMP_SUFFIX", "fsync_directory", "fsync_file", "temp_path", "write_durably"]

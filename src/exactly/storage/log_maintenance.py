@@ -67,7 +67,10 @@ class LogMaintenance:
         segment = new_segment(self.directory, self.log_end_offset, self.config, now_ms)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
-        self.producer_state.take_snapshot()
+        # Written without its fsyncs (Kafka 3.5+): the rolled flush that moves the recovery
+        # point to this offset fsyncs it first. Only a recovery point already here (a flush just
+        # ran) needs it durable at once.
+        self.producer_state.take_snapshot(sync=segment.base_offset <= self._recovery_point)
         return segment
 
     def maybe_roll(self, now_ms: int) -> None:
@@ -78,10 +81,12 @@ class LogMaintenance:
     def flush(self, *, now_ms: int | None = None) -> None:
         """fsync every segment with unflushed data and advance the recovery point to the LEO.
         Segments of a rolled flush still in flight are fsynced here too: the recovery point moved
-        by this flush must not rely on a background fsync that may not have happened yet."""
+        by this flush must not rely on a background fsync that may not have happened yet; so
+        are the producer snapshots written at rolls without their fsyncs."""
         in_flight = self._rolled_in_flight
         for segment in self._segments:
             segment.flush(force=segment in in_flight)
+        self.producer_state.sync_snapshots(self.log_end_offset)
         self._recovery_point = self.log_end_offset
         self._unflushed_messages = 0
         if now_ms is not None:
@@ -120,6 +125,7 @@ class LogMaintenance:
         if self.closed or self._rolled_in_flight or target <= self._recovery_point:
             return None
         segments = tuple(segment for segment in self._segments[:-1] if segment.unflushed)
+        snapshots = self.producer_state.unsynced_snapshots(target)
         try:
             descriptors = tuple(fd for segment in segments for fd in segment.take_flush_descriptors())
         except BaseException:  # an index write failed: nothing was handed over
@@ -127,7 +133,7 @@ class LogMaintenance:
                 segment.unflushed = True
             raise
         self._rolled_in_flight = segments
-        return RolledFlushPlan(segments, descriptors, target, self._layout_version)
+        return RolledFlushPlan(segments, descriptors, snapshots, self.directory, target, self._layout_version)
 
     def complete_rolled_flush(self, plan: RolledFlushPlan, *, ok: bool = True) -> bool:
         """Second half (owner's thread): with ``ok`` (every descriptor fsynced) move the recovery
@@ -144,6 +150,7 @@ class LogMaintenance:
                     if id(segment) in present:
                         segment.unflushed = True
             return False
+        self.producer_state.snapshots_synced(plan.snapshots)
         self._recovery_point = max(self._recovery_point, min(plan.target, self.log_end_offset))
         return True
 
@@ -270,6 +277,8 @@ class LogMaintenance:
         epoch cache forgets epochs below the start (LSO clamping: ``last_stable_offset``)."""
         self.log_start_offset = start
         self.high_watermark = max(self.high_watermark, start)
+        if start > self._recovery_point:  # a snapshot at the new start may be loaded: durable first
+            self.producer_state.sync_snapshots(start)
         self._recovery_point = max(self._recovery_point, start)
         self.leader_epochs.truncate_from_start(start)
 

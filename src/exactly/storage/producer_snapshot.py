@@ -33,7 +33,15 @@ newest valid one into the manager's state, dropping those a truncation or retent
 Invariants
 ----------
 * A file is written through ``write_durably`` (to ``<name>.tmp``, fsynced, renamed over
-  ``<name>``, the directory fsynced): a snapshot file is either complete or absent.
+  ``<name>``, the directory fsynced): a snapshot file is either complete or absent. Except the
+  one taken at a segment roll (``take_snapshot(sync=False)``, as Kafka 3.5+'s
+  ``takeSnapshot(sync=false)`` with ``flushProducerStateSnapshot`` on its scheduler): renamed
+  without the fsyncs, it is complete or absent after a process crash, but a machine crash may
+  leave it empty or partial until it is fsynced. Its offset stays in ``_unsynced`` until then,
+  and the recovery point never reaches it first: the rolled flush that moves the recovery point
+  to the roll's offset fsyncs it (``storage.rolled_flush``), and a synchronous flush or a log
+  start move calls ``sync_snapshots``. Should one be lost anyway, the loader's checks below
+  drop it and recovery falls back to an older snapshot plus replay.
 * ``read_snapshot`` raises ``CorruptSnapshotError`` for anything it cannot fully verify (bad
   version, CRC, truncation, trailing bytes, inconsistent fields); the caller deletes the file.
 """
@@ -47,7 +55,7 @@ from pathlib import Path
 
 import crc32c
 
-from exactly.storage.durable import TEMP_SUFFIX, write_durably
+from exactly.storage.durable import TEMP_SUFFIX, fsync_directory, fsync_file, write_durably
 from exactly.storage.producer_entry import NUM_BATCHES_TO_RETAIN, BatchMetadata, ProducerStateEntry
 
 SNAPSHOT_VERSION = 2
@@ -173,12 +181,14 @@ def read_snapshot(path: Path) -> list[ProducerStateEntry]:
     return decode_snapshot(data)
 
 
-def write_snapshot(directory: Path, offset: int, entries: Iterable[ProducerStateEntry]) -> Path:
-    """Write durably (storage/durable.py: tmp + fsync + rename + directory fsync); returns the
-    final path."""
+def write_snapshot(
+    directory: Path, offset: int, entries: Iterable[ProducerStateEntry], *, durable: bool = True
+) -> Path:
+    """Write durably (storage/durable.py: tmp + fsync + rename + directory fsync; without
+    ``durable`` the same minus both fsyncs); returns the final path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = snapshot_path(directory, offset)
-    write_durably(path, encode_snapshot(entries))
+    write_durably(path, encode_snapshot(entries), durable=durable)
     return path
 
 
@@ -197,17 +207,39 @@ class ProducerSnapshots:
     _map_end_offset: int
     _last_snap_offset: int
     _snapshots: dict[int, Path]
+    _unsynced: set[int]  # offsets of snapshots written without their fsyncs (module docstring)
 
-    def take_snapshot(self) -> Path | None:
+    def take_snapshot(self, *, sync: bool = True) -> Path | None:
         """Write ``<map_end_offset:020d>.snapshot`` (CRC32C-checked) atomically. Like Kafka, does
-        nothing (returns None) unless the map end offset moved past the last snapshot."""
+        nothing (returns None) unless the map end offset moved past the last snapshot. Without
+        ``sync`` (segment roll) the fsyncs are owed: see ``unsynced_snapshots``."""
         offset = self._map_end_offset
         if offset <= self._last_snap_offset or offset in self._snapshots:
             return None
-        path = write_snapshot(self.directory, offset, self._producers.values())
+        path = write_snapshot(self.directory, offset, self._producers.values(), durable=sync)
         self._snapshots[offset] = path
         self._last_snap_offset = offset
+        if not sync:
+            self._unsynced.add(offset)
         return path
+
+    def unsynced_snapshots(self, upto: int) -> tuple[int, ...]:
+        """Offsets (at or below ``upto``) of snapshots whose fsyncs are owed: a recovery point
+        may reach ``upto`` only once they are done (``snapshots_synced``)."""
+        return tuple(sorted(o for o in self._unsynced if o <= upto))
+
+    def snapshots_synced(self, offsets: Iterable[int]) -> None:
+        """The files of ``offsets`` (and their directory entries) were fsynced."""
+        self._unsynced.difference_update(offsets)
+
+    def sync_snapshots(self, upto: int) -> None:
+        """fsync now, on this thread, the owed snapshots at or below ``upto`` and the directory."""
+        owed = self.unsynced_snapshots(upto)
+        if owed:
+            for offset in owed:
+                fsync_file(snapshot_path(self.directory, offset))
+            fsync_directory(self.directory)
+            self.snapshots_synced(owed)
 
     def load(self, *, log_start_offset: int, recovery_point: int) -> int:
         """Load the newest valid snapshot with offset in [log_start_offset, recovery_point],
@@ -263,6 +295,7 @@ class ProducerSnapshots:
         return max(self._snapshots, default=None)
 
     def _delete_snapshot(self, offset: int) -> None:
+        self._unsynced.discard(offset)
         path = self._snapshots.pop(offset, None)
         if path is not None:
             path.unlink(missing_ok=True)

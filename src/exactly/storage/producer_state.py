@@ -166,6 +166,7 @@ class ProducerStateManager(snap.ProducerSnapshots):
         self._map_end_offset = 0
         self._last_snap_offset = 0
         self._snapshots: dict[int, Path] = snap.list_snapshots(directory)
+        self._unsynced: set[int] = set()
 
     # --- the append path -------------------------------------------------------------------
     def prepare_append(

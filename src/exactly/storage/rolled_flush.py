@@ -26,6 +26,9 @@ Invariants
   the owner's thread closes one, and then the data was either fsynced by the close path (which
   forces in-flight segments) or deleted, and the completion is dropped as above. A descriptor
   number reused by another file in the meantime costs one needless fsync of that file.
+* The producer snapshot a roll writes without its fsyncs (``producer_snapshot``) is fsynced by
+  the plan whose target reaches its offset, and marked synced only when that plan completes: the
+  recovery point never covers an offset whose snapshot could be lost to a machine crash.
 * Any other fsync error propagates; the owner must then call ``complete_rolled_flush(plan,
   ok=False)`` so the segments are unflushed again (the recovery point stays).
 """
@@ -38,7 +41,11 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from exactly.storage.durable import fsync_directory, fsync_file
+from exactly.storage.producer_snapshot import snapshot_path
 
 if TYPE_CHECKING:
     from exactly.storage.segment import LogSegment
@@ -51,19 +58,25 @@ class RolledFlushPlan:
     """What one background flush of a log's rolled segments fsyncs and what it then allows.
 
     ``segments``: the non-active segments handed over (their ``unflushed`` was cleared);
-    ``descriptors``: the file descriptors to fsync; ``target``: the recovery point once they are
+    ``descriptors``: the file descriptors to fsync; ``snapshots``: offsets of the producer
+    snapshots in ``directory`` written at rolls without their fsyncs, at or below the target
+    (fsynced by path, then the directory); ``target``: the recovery point once all that is
     fsynced (the active segment's base when planned); ``layout_version``: the log's layout
     version when planned (a completion under another version is dropped)."""
 
     segments: tuple[LogSegment, ...]
     descriptors: tuple[int, ...]
+    snapshots: tuple[int, ...]
+    directory: Path
     target: int
     layout_version: int
 
 
 def fsync_plan(plan: RolledFlushPlan) -> None:
     """fsync every descriptor of ``plan``, from any thread. A descriptor closed meanwhile (EBADF)
-    is logged at debug and skipped (see the module docstring); other errors propagate."""
+    is logged at debug and skipped (see the module docstring), so is a snapshot file or a
+    partition directory deleted meanwhile (a truncation, a deleted topic: the completion is then
+    dropped or the data gone); other errors propagate."""
     for fd in plan.descriptors:
         try:
             os.fsync(fd)
@@ -71,6 +84,14 @@ def fsync_plan(plan: RolledFlushPlan) -> None:
             if exc.errno != errno.EBADF:
                 raise
             log.debug("rolled-segment fsync: descriptor %d closed meanwhile (segment closed or deleted)", fd)
+    if plan.snapshots:
+        for offset in plan.snapshots:
+            if not fsync_file(snapshot_path(plan.directory, offset)):
+                log.debug("rolled flush: snapshot %d of %s deleted meanwhile", offset, plan.directory)
+        try:
+            fsync_directory(plan.directory)
+        except FileNotFoundError:
+            log.debug("rolled flush: %s deleted meanwhile", plan.directory)
 
 
 class RolledFlushRunner:
