@@ -57,7 +57,7 @@ def test_the_recovery_point_moves_only_when_the_plan_completes(log: PartitionLog
     assert plan.segments == tuple(log.segments[:-1])
     assert log.recovery_point == 0  # planned, not fsynced
     assert log.rolled_flush_plan() is None  # one plan in flight at a time
-    fsync_plan(plan)
+    assert fsync_plan(plan)
     assert log.recovery_point == 0  # fsynced, not yet completed
     assert log.complete_rolled_flush(plan)
     assert log.recovery_point == 6
@@ -191,8 +191,9 @@ def test_the_log_manager_plans_fsyncs_completes_and_close_stops_it(tmp_path: Pat
     assert plog.recovery_point == 0
     plans = manager.plan_rolled_flushes()
     assert [p.target for _log, p in plans] == [2]
-    manager.fsync_rolled(plans)
-    manager.complete_rolled_flushes(plans)
+    fsynced = manager.fsync_rolled(plans)
+    assert fsynced == [True]
+    manager.complete_rolled_flushes(plans, fsynced)
     assert plog.recovery_point == 2
     manager.checkpoint_recovery_points()
 
@@ -200,8 +201,8 @@ def test_the_log_manager_plans_fsyncs_completes_and_close_stops_it(tmp_path: Pat
     plog.roll(NOW)
     late = manager.plan_rolled_flushes()
     manager.close()
-    manager.fsync_rolled(late)  # after close: does nothing
-    manager.complete_rolled_flushes(late)  # dropped (log closed)
+    assert manager.fsync_rolled(late) == [False]  # after close: does nothing
+    manager.complete_rolled_flushes(late, [True])  # dropped even so: the log is closed
     reopened = LogManager(tmp_path, LogConfig(), now_ms=NOW)
     assert reopened.had_clean_shutdown
     again = reopened.get_partition(TP)
@@ -219,3 +220,81 @@ def test_run_maintenance_still_flushes_rolled_segments_by_default(tmp_path: Path
     manager.run_maintenance(NOW)
     assert plog.recovery_point == 2
     manager.close()
+
+
+# --- the producer snapshot written at a roll (Kafka 3.5+: takeSnapshot(sync=false)) -------------
+
+
+def _snapshot(directory: Path, offset: int) -> Path:
+    return directory / f"{offset:020d}.snapshot"
+
+
+def test_a_roll_writes_its_snapshot_without_fsync_and_the_rolled_flush_fsyncs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = open_log(tmp_path)
+    append(log, 2, producer_id=5, epoch=0, seq=0)
+    seen = _fsynced_paths(monkeypatch)
+    log.roll(NOW)
+    assert _snapshot(tmp_path, 2).exists()
+    assert not [p for p in seen if p.endswith(".snapshot")]  # none on the roll (the loop)
+    assert log.producer_state.unsynced_snapshots(2) == (2,)
+    plan = log.rolled_flush_plan()
+    assert plan is not None and plan.snapshots == (2,) and plan.target == 2
+    fsync_plan(plan)
+    assert str(_snapshot(tmp_path, 2)) in seen
+    assert str(tmp_path) in seen  # the rename made durable
+    assert log.producer_state.unsynced_snapshots(2) == (2,)  # only completion marks it
+    assert log.complete_rolled_flush(plan)
+    assert log.producer_state.unsynced_snapshots(2) == ()
+    assert log.recovery_point == 2
+    log.close()
+
+
+def test_a_synchronous_flush_fsyncs_an_owed_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path)
+    append(log, 2, producer_id=5, epoch=0, seq=0)
+    log.roll(NOW)
+    seen = _fsynced_paths(monkeypatch)
+    log.flush()
+    assert str(_snapshot(tmp_path, 2)) in seen
+    assert log.producer_state.unsynced_snapshots(10) == ()
+    assert log.recovery_point == 2
+    log.close()
+
+
+def test_a_dropped_plan_leaves_its_snapshot_owed(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    append(log, 2, producer_id=5, epoch=0, seq=0)
+    log.roll(NOW)
+    append(log, 2, producer_id=5, epoch=0, seq=2)
+    log.roll(NOW)
+    plan = log.rolled_flush_plan()
+    assert plan is not None and plan.snapshots == (2, 4)
+    log.truncate_to(3)  # the snapshot at 4 goes with the cut; the one at 2 stays owed
+    fsync_plan(plan)  # the deleted snapshot is skipped
+    assert not log.complete_rolled_flush(plan)
+    assert log.producer_state.unsynced_snapshots(10) == (2,)
+    log.close()
+    assert log.producer_state.unsynced_snapshots(10) == ()  # close flushed it
+
+
+def test_a_lost_roll_snapshot_falls_back_to_replay(tmp_path: Path) -> None:
+    """A machine crash before the snapshot's fsync may leave it empty: recovery skips it (corrupt)
+    and rebuilds the producer state from an older snapshot or the log."""
+    log = open_log(tmp_path)
+    append(log, 2, producer_id=5, epoch=0, seq=0)
+    log.roll(NOW)
+    append(log, 1, producer_id=5, epoch=0, seq=2)
+    log.flush()
+    end = log.log_end_offset
+    log.close()
+    _snapshot(tmp_path, 3).unlink()  # the snapshot close took at the end
+    _snapshot(tmp_path, 2).write_bytes(b"")  # the roll's, as a power loss may leave it
+    reopened = open_log(tmp_path, recovery_point=end)
+    assert not _snapshot(tmp_path, 2).exists()  # dropped as corrupt
+    entry = reopened.producer_state.last_entry(5)
+    assert entry is not None and entry.last_seq == 2
+    # and the next in-sequence append is accepted
+    assert append(reopened, 1, producer_id=5, epoch=0, seq=3).first_offset == 3
+    reopened.close()

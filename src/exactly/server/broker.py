@@ -356,13 +356,13 @@ class Broker:
         if not plans:
             return
         try:
-            await asyncio.to_thread(self.logs.fsync_rolled, plans)
+            fsynced = await asyncio.to_thread(self.logs.fsync_rolled, plans)
         except asyncio.CancelledError:
             raise
         except BaseException:
-            self.logs.complete_rolled_flushes(plans, ok=False)
+            self.logs.complete_rolled_flushes(plans, [False] * len(plans))
             raise
-        self.logs.complete_rolled_flushes(plans)
+        self.logs.complete_rolled_flushes(plans, fsynced)
 
     async def _idle_connections_loop(self) -> None:
         """connections.max.idle.ms (Kafka default 10 min; -1 disables): close connections that

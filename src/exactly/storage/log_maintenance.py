@@ -108,11 +108,11 @@ class LogMaintenance:
         if plan is None:
             return
         try:
-            fsync_plan(plan)
+            ok = fsync_plan(plan)
         except BaseException:
             self.complete_rolled_flush(plan, ok=False)
             raise
-        self.complete_rolled_flush(plan)
+        self.complete_rolled_flush(plan, ok=ok)
 
     def rolled_flush_plan(self) -> RolledFlushPlan | None:
         """Kafka's flush on roll, first half (owner's thread): hand the unflushed segments before

@@ -466,22 +466,23 @@ class LogManager:
                 if plan is not None:
                     plans.append((partition_log, plan))
         except BaseException:  # hand nothing over half-done: the plans made so far are undone
-            self.complete_rolled_flushes(plans, ok=False)
+            self.complete_rolled_flushes(plans, [False] * len(plans))
             raise
         return plans
 
-    def fsync_rolled(self, plans: list[tuple[PartitionLog, RolledFlushPlan]]) -> None:
-        """Any thread, one at a time: the fsyncs of ``plans``. Under the lock ``close`` takes, so
-        shutdown waits for an fsync in flight; after ``close`` it does nothing."""
-        self._rolled_flushes.fsync(plan for _partition_log, plan in plans)
+    def fsync_rolled(self, plans: list[tuple[PartitionLog, RolledFlushPlan]]) -> list[bool]:
+        """Any thread, one at a time: the fsyncs of ``plans``; per plan, True when all of it was
+        fsynced. Under the lock ``close`` takes, so shutdown waits for an fsync in flight; after
+        ``close`` it does nothing (all False)."""
+        return self._rolled_flushes.fsync(plan for _partition_log, plan in plans)
 
     def complete_rolled_flushes(
-        self, plans: list[tuple[PartitionLog, RolledFlushPlan]], *, ok: bool = True
+        self, plans: list[tuple[PartitionLog, RolledFlushPlan]], fsynced: list[bool]
     ) -> None:
-        """Owner's thread: apply ``plans`` after ``fsync_rolled`` (``ok``) or its failure; each
-        partition clamps or drops its own (``LogMaintenance.complete_rolled_flush``). The
-        recovery points moved here reach the checkpoint at its next write."""
-        for partition_log, plan in plans:
+        """Owner's thread: apply ``plans`` with ``fsync_rolled``'s result (all False if it
+        raised); each partition clamps or drops its own (``LogMaintenance.complete_rolled_flush``).
+        The recovery points moved here reach the checkpoint at its next write."""
+        for (partition_log, plan), ok in zip(plans, fsynced, strict=True):
             partition_log.complete_rolled_flush(plan, ok=ok)
 
     def checkpoint_recovery_points(self) -> None:

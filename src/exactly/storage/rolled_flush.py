@@ -22,10 +22,13 @@ Invariants
   the planned segments that are still in the log are marked unflushed again (the next plan or
   flush fsyncs them again; the cost is a redundant fsync, never a lost one). Every such change
   bumps the log's ``_layout_version``, which the plan records.
-* A descriptor closed under ``fsync_plan`` (EBADF) is not an error: only a close or delete on
-  the owner's thread closes one, and then the data was either fsynced by the close path (which
-  forces in-flight segments) or deleted, and the completion is dropped as above. A descriptor
-  number reused by another file in the meantime costs one needless fsync of that file.
+* A descriptor closed under ``fsync_plan`` (EBADF; EINVAL when its number now names a socket)
+  is not an error: only a close or delete on the owner's thread closes one, and then the data
+  was either fsynced by the close path (which forces in-flight segments) or deleted. The plan is
+  then completed as not ``ok``, which moves nothing. A descriptor number reused by another
+  regular file in the meantime costs one needless fsync of that file, and the completion is
+  dropped by the layout version (the close or delete that freed the number bumped it, or closed
+  the log).
 * The producer snapshot a roll writes without its fsyncs (``producer_snapshot``) is fsynced by
   the plan whose target reaches its offset, and marked synced only when that plan completes: the
   recovery point never covers an offset whose snapshot could be lost to a machine crash.
@@ -72,26 +75,38 @@ class RolledFlushPlan:
     layout_version: int
 
 
-def fsync_plan(plan: RolledFlushPlan) -> None:
-    """fsync every descriptor of ``plan``, from any thread. A descriptor closed meanwhile (EBADF)
-    is logged at debug and skipped (see the module docstring), so is a snapshot file or a
-    partition directory deleted meanwhile (a truncation, a deleted topic: the completion is then
-    dropped or the data gone); other errors propagate."""
+# A descriptor closed meanwhile: EBADF, or EINVAL when its number was reused by a socket or pipe.
+_CLOSED_MEANWHILE = (errno.EBADF, errno.EINVAL)
+
+
+def fsync_plan(plan: RolledFlushPlan) -> bool:
+    """fsync every descriptor of ``plan``, then its snapshots and directory, from any thread.
+    True when everything was fsynced. A descriptor closed meanwhile (EBADF, or EINVAL after its
+    number went to a socket), a snapshot file or a partition directory deleted meanwhile is
+    logged at debug and skipped, and the result is False: the caller completes the plan as not
+    ``ok`` (only a close, delete, truncation, retention or cleaner swap on the owner's thread
+    removes them, so the completion would be dropped anyway; see the module docstring). Other
+    errors propagate."""
+    complete = True
     for fd in plan.descriptors:
         try:
             os.fsync(fd)
         except OSError as exc:
-            if exc.errno != errno.EBADF:
+            if exc.errno not in _CLOSED_MEANWHILE:
                 raise
-            log.debug("rolled-segment fsync: descriptor %d closed meanwhile (segment closed or deleted)", fd)
+            log.debug("rolled flush: descriptor %d closed meanwhile (%s)", fd, exc)
+            complete = False
     if plan.snapshots:
         for offset in plan.snapshots:
             if not fsync_file(snapshot_path(plan.directory, offset)):
                 log.debug("rolled flush: snapshot %d of %s deleted meanwhile", offset, plan.directory)
+                complete = False
         try:
             fsync_directory(plan.directory)
         except FileNotFoundError:
             log.debug("rolled flush: %s deleted meanwhile", plan.directory)
+            complete = False
+    return complete
 
 
 class RolledFlushRunner:
@@ -103,12 +118,12 @@ class RolledFlushRunner:
         self._lock = threading.Lock()
         self._stopped = False
 
-    def fsync(self, plans: Iterable[RolledFlushPlan]) -> None:
+    def fsync(self, plans: Iterable[RolledFlushPlan]) -> list[bool]:
+        """``fsync_plan`` of each plan, in order; all False (nothing done) once stopped."""
         with self._lock:
             if self._stopped:
-                return
-            for plan in plans:
-                fsync_plan(plan)
+                return [False for _plan in plans]
+            return [fsync_plan(plan) for plan in plans]
 
     def stop(self) -> None:
         with self._lock:
