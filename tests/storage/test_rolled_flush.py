@@ -5,6 +5,7 @@ dropped rather than claiming data that is gone or was never fsynced."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from exactly.storage.config import LogConfig
 from exactly.storage.log_manager import LogManager
 from exactly.storage.partition_log import PartitionLog
-from exactly.storage.rolled_flush import fsync_plan
+from exactly.storage.rolled_flush import RolledFlushPlan, fsync_plan
 from tests.storage.cleaner.helpers import append_keyed, open_compacted, run_clean
 from tests.storage.helpers import NOW, TP, append, open_log
 
@@ -298,3 +299,18 @@ def test_a_lost_roll_snapshot_falls_back_to_replay(tmp_path: Path) -> None:
     # and the next in-sequence append is accepted
     assert append(reopened, 1, producer_id=5, epoch=0, seq=3).first_offset == 3
     reopened.close()
+
+
+def test_fsync_plan_reports_what_went_away_instead_of_raising(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    assert fsync_plan(RolledFlushPlan((), (fd,), (), tmp_path, 0, 0))
+    os.close(fd)
+    assert not fsync_plan(RolledFlushPlan((), (fd,), (), tmp_path, 0, 0))  # closed: EBADF
+    left, right = socket.socketpair()  # a number reused by a socket: EINVAL
+    try:
+        assert not fsync_plan(RolledFlushPlan((), (left.fileno(),), (), tmp_path, 0, 0))
+    finally:
+        left.close()
+        right.close()
+    assert not fsync_plan(RolledFlushPlan((), (), (7,), tmp_path, 0, 0))  # snapshot deleted
+    assert not fsync_plan(RolledFlushPlan((), (), (7,), tmp_path / "gone", 0, 0))  # directory too
