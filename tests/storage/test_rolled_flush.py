@@ -73,9 +73,9 @@ def test_the_plan_fsyncs_the_rolled_logs_and_indexes(
     assert plan is not None
     fsync_plan(plan)
     names = {Path(p).name for p in seen}
-    for base in (0, 2, 4):
-        assert f"{base:020d}.log" in names
-        assert f"{base:020d}.index" in names
+    assert {f"{base:020d}.log" for base in (0, 2, 4)} <= names
+    assert f"{4:020d}.timeindex" in names  # the roll's max-timestamp entry
+    assert f"{6:020d}.snapshot" in names  # the roll's producer snapshot
     assert f"{6:020d}.log" not in names  # not the active segment
 
 
