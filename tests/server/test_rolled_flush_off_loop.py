@@ -7,10 +7,11 @@ import asyncio
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from tests.storage.helpers import NOW, append
+from tests.storage.helpers import append
 
 from exactly.server.broker import Broker
 from exactly.server.config import BrokerConfig
@@ -42,12 +43,13 @@ def test_the_maintenance_loop_fsyncs_rolled_segments_in_a_worker_thread(
         }
         broker = Broker.open(BrokerConfig.load(None, conf), data_dir)
         try:
-            broker.logs.create_topic(TP.topic, 1, {}, now_ms=NOW)
+            now = int(time.time() * 1000)  # records of now: retention must not delete them
+            broker.logs.create_topic(TP.topic, 1, {}, now_ms=now)
             plog = broker.logs.get_partition(TP)
             assert plog is not None
-            append(plog, 3)
-            plog.roll(NOW)
-            append(plog, 1)
+            append(plog, 3, now_ms=now, timestamp=now)
+            plog.roll(now)
+            append(plog, 1, now_ms=now, timestamp=now)
             assert plog.recovery_point == 0
             rolled = plog.segments[0].log_path.name
 

@@ -97,19 +97,19 @@ def test_a_synchronous_flush_during_the_flight_fsyncs_the_planned_segments(
 def test_a_truncation_between_plan_and_complete_drops_the_completion(log: PartitionLog) -> None:
     plan = log.rolled_flush_plan()
     assert plan is not None
-    log.truncate_to(3)  # inside the second rolled segment, which becomes the active one
-    assert log.log_end_offset == 3
-    fsync_plan(plan)  # the third segment's descriptors are closed: skipped, not raised
+    log.truncate_to(2)  # a batch boundary: the first segment is the only (active) one left
+    assert log.log_end_offset == 2 and len(log.segments) == 1
+    fsync_plan(plan)  # the other segments' descriptors are closed: skipped, not raised
     assert not log.complete_rolled_flush(plan)
     assert log.recovery_point == 0
     assert log.segments[0].unflushed  # still in the log: unflushed again
     append(log, 1)
     log.roll(NOW)
     again = log.rolled_flush_plan()
-    assert again is not None and again.target == 4
-    fsync_plan(again)
+    assert again is not None and again.target == 3
+    assert fsync_plan(again)
     assert log.complete_rolled_flush(again)
-    assert log.recovery_point == 4 <= log.log_end_offset
+    assert log.recovery_point == 3 <= log.log_end_offset
 
 
 def test_deleted_segments_between_plan_and_complete_drop_the_completion(log: PartitionLog) -> None:
@@ -272,7 +272,7 @@ def test_a_dropped_plan_leaves_its_snapshot_owed(tmp_path: Path) -> None:
     log.roll(NOW)
     plan = log.rolled_flush_plan()
     assert plan is not None and plan.snapshots == (2, 4)
-    log.truncate_to(3)  # the snapshot at 4 goes with the cut; the one at 2 stays owed
+    log.truncate_to(2)  # the snapshot at 4 goes with the cut; the one at 2 stays owed
     fsync_plan(plan)  # the deleted snapshot is skipped
     assert not log.complete_rolled_flush(plan)
     assert log.producer_state.unsynced_snapshots(10) == (2,)
