@@ -75,3 +75,34 @@ def test_the_maintenance_loop_fsyncs_rolled_segments_in_a_worker_thread(
             assert loop_thread not in of_rolled
         finally:
             broker.logs.close()
+
+
+def test_a_failed_fsync_in_the_worker_completes_the_plans_as_not_ok(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker drives the shared ``rolled_flush_steps``: an fsync error in its worker thread
+    is re-raised on the loop after the plans were completed as not ok (recovery point stays, the
+    segments are unflushed and planned again next time)."""
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = Path(tmp)
+        conf = {"log.dirs": str(data_dir), "auto.create.topics.enable": "false"}
+        broker = Broker.open(BrokerConfig.load(None, conf), data_dir)
+        try:
+            now = int(time.time() * 1000)
+            broker.logs.create_topic(TP.topic, 1, {}, now_ms=now)
+            plog = broker.logs.get_partition(TP)
+            assert plog is not None
+            append(plog, 3, now_ms=now, timestamp=now)
+            plog.roll(now)
+            monkeypatch.setattr(os, "fsync", failing)
+            with pytest.raises(OSError, match="Input/output"):
+                asyncio.run(broker._flush_rolled_segments())
+            monkeypatch.undo()
+            assert plog.recovery_point == 0
+            assert plog.segments[0].unflushed  # handed back
+            asyncio.run(broker._flush_rolled_segments())  # planned afresh
+            assert plog.recovery_point == 3
+        finally:
+            broker.logs.close()

@@ -14,7 +14,15 @@ import pytest
 from exactly.storage.config import LogConfig
 from exactly.storage.log_manager import LogManager
 from exactly.storage.partition_log import PartitionLog
-from exactly.storage.rolled_flush import RolledFlushPlan, fsync_plan
+from exactly.storage.rolled_flush import (
+    RolledFlushPlan,
+    complete_rolled_flushes,
+    flush_rolled,
+    fsync_plan,
+    fsync_plans,
+    plan_rolled_flushes,
+    rolled_flush_steps,
+)
 from tests.storage.cleaner.helpers import append_keyed, open_compacted, run_clean
 from tests.storage.helpers import NOW, TP, append, open_log
 
@@ -190,20 +198,20 @@ def test_the_log_manager_plans_fsyncs_completes_and_close_stops_it(tmp_path: Pat
     plog.roll(NOW)
     manager.run_maintenance(NOW, flush_rolled=False)
     assert plog.recovery_point == 0
-    plans = manager.plan_rolled_flushes()
+    plans = plan_rolled_flushes(manager.partitions())
     assert [p.target for _log, p in plans] == [2]
-    fsynced = manager.fsync_rolled(plans)
+    fsynced = manager.rolled_flush_runner.fsync(p for _log, p in plans)
     assert fsynced == [True]
-    manager.complete_rolled_flushes(plans, fsynced)
+    complete_rolled_flushes(plans, fsynced)
     assert plog.recovery_point == 2
     manager.checkpoint_recovery_points()
 
     append(plog, 1)
     plog.roll(NOW)
-    late = manager.plan_rolled_flushes()
+    late = plan_rolled_flushes(manager.partitions())
     manager.close()
-    assert manager.fsync_rolled(late) == [False]  # after close: does nothing
-    manager.complete_rolled_flushes(late, [True])  # dropped even so: the log is closed
+    assert manager.rolled_flush_runner.fsync(p for _log, p in late) == [False]  # after close: nothing
+    complete_rolled_flushes(late, [True])  # dropped even so: the log is closed
     reopened = LogManager(tmp_path, LogConfig(), now_ms=NOW)
     assert reopened.had_clean_shutdown
     again = reopened.get_partition(TP)
@@ -314,3 +322,54 @@ def test_fsync_plan_reports_what_went_away_instead_of_raising(tmp_path: Path) ->
         right.close()
     assert not fsync_plan(RolledFlushPlan((), (), (7,), tmp_path, 0, 0))  # snapshot deleted
     assert not fsync_plan(RolledFlushPlan((), (), (7,), tmp_path / "gone", 0, 0))  # directory too
+
+
+def test_the_shared_steps_complete_a_failed_fsync_as_not_ok_and_re_raise(log: PartitionLog) -> None:
+    """``rolled_flush_steps`` through its synchronous driver: an fsync step that raises leaves
+    the recovery point and hands the segments back (unflushed, no plan in flight)."""
+    failed: list[list[RolledFlushPlan]] = []
+
+    def failing(plans: list[RolledFlushPlan]) -> list[bool]:
+        failed.append(plans)
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError, match="Input/output"):
+        flush_rolled([log], failing)
+    assert [p.target for p in failed[0]] == [6]
+    assert log.recovery_point == 0
+    assert all(s.unflushed for s in failed[0][0].segments)
+    flush_rolled([log], lambda plans: [False] * len(plans))  # fsynced only in part: not ok
+    assert log.recovery_point == 0
+    assert all(s.unflushed for s in failed[0][0].segments)
+    flush_rolled([log], fsync_plans)  # planned afresh: nothing was left in flight
+    assert log.recovery_point == 6
+
+
+def test_the_steps_of_several_logs_complete_each_with_its_own_result(tmp_path: Path) -> None:
+    one, two = _rolled(tmp_path / "one"), _rolled(tmp_path / "two", segments=2)
+    steps = rolled_flush_steps([one, two], fsync_plans)
+    next(steps)
+    with pytest.raises(StopIteration):
+        steps.send([True, False])
+    assert (one.recovery_point, two.recovery_point) == (6, 0)
+    assert all(s.unflushed for s in two.segments[:-1])
+    one.close()
+    two.close()
+
+
+def test_abandoned_steps_complete_nothing(log: PartitionLog) -> None:
+    """A driver cancelled while its fsync job may still run closes the steps: the plan stays in
+    flight (its segments count as unflushed for a synchronous flush) and nothing moves."""
+    steps = rolled_flush_steps([log], fsync_plans)
+    job = next(steps)
+    steps.close()
+    assert log.recovery_point == 0
+    assert log.rolled_flush_plan() is None  # still in flight
+    assert job() == [True]  # the job itself is harmless after that
+    log.flush()  # forces the in-flight segments itself
+    assert log.recovery_point == 6
+
+
+def test_no_plan_means_no_fsync_step(log: PartitionLog) -> None:
+    log.flush_rolled_segments()
+    assert next(rolled_flush_steps([log], fsync_plans), None) is None

@@ -58,6 +58,7 @@ from exactly.storage.cleaner.swap import SwapHook, SwapStep
 from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP
 from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
+from exactly.storage.rolled_flush import finish_rolled_flush, rolled_flush_steps
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
 from exactly.types import TopicPartition
 
@@ -346,23 +347,25 @@ class Broker:
                 log.exception("maintenance failed")
 
     async def _flush_rolled_segments(self) -> None:
-        """Kafka's flush on roll, with the fsyncs (110-620 ms each on a busy disk, stall-s20.md)
-        in a worker thread so they block no connection: plan and complete on the loop, which
-        owns the logs (storage.rolled_flush states the invariants). One batch at a time, so
-        the fsyncs stay ordered. If this task is cancelled (shutdown) while the thread runs, the
-        plans are never completed: no recovery point moves, ``LogManager.close`` waits for the
-        thread and its own flush fsyncs every in-flight segment again."""
-        plans = self.logs.plan_rolled_flushes()
-        if not plans:
+        """Kafka's flush on roll (``storage.rolled_flush.rolled_flush_steps``, which states the
+        invariants), with the fsyncs (110-620 ms each on a busy disk, stall-s20.md) in a worker
+        thread so they block no connection: plan and complete on the loop, which owns the logs.
+        One batch at a time, so the fsyncs stay ordered. If this task is cancelled (shutdown)
+        while the thread runs, the steps are abandoned and the plans never completed: no recovery
+        point moves, ``LogManager.close`` waits for the thread and its own flush fsyncs every
+        in-flight segment again."""
+        steps = rolled_flush_steps(self.logs.partitions(), self.logs.rolled_flush_runner.fsync)
+        job = next(steps, None)
+        if job is None:
             return
         try:
-            fsynced = await asyncio.to_thread(self.logs.fsync_rolled, plans)
+            fsynced: list[bool] | BaseException = await asyncio.to_thread(job)
         except asyncio.CancelledError:
+            steps.close()
             raise
-        except BaseException:
-            self.logs.complete_rolled_flushes(plans, [False] * len(plans))
-            raise
-        self.logs.complete_rolled_flushes(plans, fsynced)
+        except BaseException as exc:  # completed as not ok, then re-raised by finish_rolled_flush
+            fsynced = exc
+        finish_rolled_flush(steps, fsynced)
 
     async def _idle_connections_loop(self) -> None:
         """connections.max.idle.ms (Kafka default 10 min; -1 disables): close connections that

@@ -22,7 +22,7 @@ from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.producer_state import ProducerStateManager
 from exactly.storage.retention import deletable_segments, segments_below_log_start
 from exactly.storage.roll_policy import rolls_when_idle
-from exactly.storage.rolled_flush import RolledFlushPlan, fsync_plan
+from exactly.storage.rolled_flush import RolledFlushPlan, flush_rolled, fsync_plans
 from exactly.storage.segment import LogSegment
 from exactly.types import TopicPartition
 
@@ -101,18 +101,10 @@ class LogMaintenance:
 
     def flush_rolled_segments(self) -> None:
         """fsync the segments before the active one and move the recovery point to the active
-        segment's base, all on the calling thread (the broker runs the same three steps with the
-        fsync off its event loop, see ``storage.rolled_flush``). Bounds recovery after a crash to
+        segment's base, all on the calling thread (``rolled_flush_steps``, which the broker drives
+        with the fsync off its event loop, see ``storage.rolled_flush``). Bounds recovery after a crash to
         the active segment even when flush.messages/flush.ms are off."""
-        plan = self.rolled_flush_plan()
-        if plan is None:
-            return
-        try:
-            ok = fsync_plan(plan)
-        except BaseException:
-            self.complete_rolled_flush(plan, ok=False)
-            raise
-        self.complete_rolled_flush(plan, ok=ok)
+        flush_rolled([self], fsync_plans)
 
     def rolled_flush_plan(self) -> RolledFlushPlan | None:
         """Kafka's flush on roll, first half (owner's thread): hand the unflushed segments before

@@ -58,7 +58,7 @@ from exactly.storage.log_checkpoints import DEFAULT_CHECKPOINT_INTERVAL_MS, LogC
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
-from exactly.storage.rolled_flush import RolledFlushPlan, RolledFlushRunner
+from exactly.storage.rolled_flush import RolledFlushRunner
 from exactly.topics import topic_name_error
 from exactly.types import TopicPartition
 
@@ -129,8 +129,8 @@ class LogManager:
     marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
     broker's event loop is the only caller (the one thread of its own, started by
     ``start_epoch_flush``, only rewrites the leader-epoch checkpoints recovery truncated; ``close``
-    waits for it), except ``fsync_rolled``, which any one thread at a time may run between
-    ``plan_rolled_flushes`` and ``complete_rolled_flushes`` (``close`` waits for it too).
+    waits for it), except ``rolled_flush_runner``'s fsyncs, which any one thread at a time may run
+    (``storage.rolled_flush``; ``close`` waits for them too).
     """
 
     def __init__(
@@ -441,9 +441,9 @@ class LogManager:
     def run_maintenance(self, now_ms: int, *, flush_rolled: bool = True) -> None:
         """Periodic: segment roll by age, retention, flush.ms, fsync of rolled segments,
         producer-id expiration, and the recovery-point checkpoint every checkpoint interval.
-        Without ``flush_rolled`` the rolled segments are left to the caller, which runs
-        ``plan_rolled_flushes`` / ``fsync_rolled`` / ``complete_rolled_flushes`` with the fsyncs
-        off its thread (the broker: off the event loop)."""
+        Without ``flush_rolled`` the rolled segments are left to the caller, which drives
+        ``storage.rolled_flush.rolled_flush_steps`` over ``partitions()`` with the fsyncs (by
+        ``rolled_flush_runner``) off its thread (the broker: off the event loop)."""
         for partition_log in list(self._logs.values()):
             partition_log.maybe_roll(now_ms)
             partition_log.apply_retention(now_ms)
@@ -455,35 +455,12 @@ class LogManager:
             self.checkpoint_recovery_points()
             self.checkpoint_log_start_offsets()
 
-    def plan_rolled_flushes(self) -> list[tuple[PartitionLog, RolledFlushPlan]]:
-        """Owner's thread: every open partition's ``rolled_flush_plan`` (storage.rolled_flush).
-        The caller must run ``fsync_rolled`` on the result and then, on this thread,
-        ``complete_rolled_flushes`` (with ``ok=False`` if the fsyncs failed)."""
-        plans: list[tuple[PartitionLog, RolledFlushPlan]] = []
-        try:
-            for partition_log in list(self._logs.values()):
-                plan = partition_log.rolled_flush_plan()
-                if plan is not None:
-                    plans.append((partition_log, plan))
-        except BaseException:  # hand nothing over half-done: the plans made so far are undone
-            self.complete_rolled_flushes(plans, [False] * len(plans))
-            raise
-        return plans
-
-    def fsync_rolled(self, plans: list[tuple[PartitionLog, RolledFlushPlan]]) -> list[bool]:
-        """Any thread, one at a time: the fsyncs of ``plans``; per plan, True when all of it was
-        fsynced. Under the lock ``close`` takes, so shutdown waits for an fsync in flight; after
-        ``close`` it does nothing (all False)."""
-        return self._rolled_flushes.fsync(plan for _partition_log, plan in plans)
-
-    def complete_rolled_flushes(
-        self, plans: list[tuple[PartitionLog, RolledFlushPlan]], fsynced: list[bool]
-    ) -> None:
-        """Owner's thread: apply ``plans`` with ``fsync_rolled``'s result (all False if it
-        raised); each partition clamps or drops its own (``LogMaintenance.complete_rolled_flush``).
-        The recovery points moved here reach the checkpoint at its next write."""
-        for (partition_log, plan), ok in zip(plans, fsynced, strict=True):
-            partition_log.complete_rolled_flush(plan, ok=ok)
+    @property
+    def rolled_flush_runner(self) -> RolledFlushRunner:
+        """Runs the fsyncs of rolled-flush plans (``storage.rolled_flush.rolled_flush_steps`` over
+        ``partitions()``), from any one thread at a time; ``close`` stops it, waiting for an fsync
+        in flight, and after that it does nothing."""
+        return self._rolled_flushes
 
     def checkpoint_recovery_points(self) -> None:
         """Write every partition's recovery point (flushed data only, by construction)."""

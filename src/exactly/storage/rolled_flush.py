@@ -8,7 +8,10 @@ only after that fsync. Done on the broker's event loop, these fsyncs (110-620 ms
 disk, bench/results/stall-s20.md) stalled every connection. So the log decides *what* to fsync and
 which recovery point that would allow (``LogMaintenance.rolled_flush_plan``, owner's thread), any
 thread runs the fsyncs (``fsync_plan``), and the owner applies the result
-(``LogMaintenance.complete_rolled_flush``).
+(``LogMaintenance.complete_rolled_flush``). That sequence is written once, in
+``rolled_flush_steps``, for any number of logs: ``flush_rolled`` drives it on the calling thread
+(``LogMaintenance.flush_rolled_segments``), the broker's maintenance loop drives it with the
+fsync in a worker thread (``finish_rolled_flush`` takes the result back on the loop).
 
 Invariants
 ----------
@@ -42,10 +45,11 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from exactly.storage.durable import fsync_directory, fsync_file
 from exactly.storage.producer_snapshot import snapshot_path
@@ -130,4 +134,117 @@ class RolledFlushRunner:
             self._stopped = True
 
 
-__all__ = ["RolledFlushPlan", "RolledFlushRunner", "fsync_plan"]
+def fsync_plans(plans: Iterable[RolledFlushPlan]) -> list[bool]:
+    """``fsync_plan`` of each plan, in order, on the calling thread (no runner, no lock)."""
+    return [fsync_plan(plan) for plan in plans]
+
+
+class RolledFlushLog(Protocol):
+    """The two halves a log offers (``LogMaintenance``): plan and complete, owner's thread."""
+
+    def rolled_flush_plan(self) -> RolledFlushPlan | None: ...
+
+    def complete_rolled_flush(self, plan: RolledFlushPlan, *, ok: bool = True) -> bool: ...
+
+
+#: A log and the plan it handed over.
+PlannedFlush = tuple[RolledFlushLog, RolledFlushPlan]
+#: The fsync step of a batch: called with no arguments, on any thread; per plan, True if fsynced.
+FsyncJob = Callable[[], list[bool]]
+#: What ``rolled_flush_steps`` returns: yields the fsync job once, takes its result by ``send``.
+RolledFlushSteps = Generator[FsyncJob, list[bool], None]
+
+
+def plan_rolled_flushes(logs: Iterable[RolledFlushLog]) -> list[PlannedFlush]:
+    """Owner's thread: each log's ``rolled_flush_plan``, skipping those with nothing to do. If
+    one raises, the plans made so far are completed as not ``ok`` (nothing is left handed over
+    half-done) and the error propagates."""
+    plans: list[PlannedFlush] = []
+    try:
+        for rolled_log in logs:
+            plan = rolled_log.rolled_flush_plan()
+            if plan is not None:
+                plans.append((rolled_log, plan))
+    except BaseException:
+        complete_rolled_flushes(plans, [False] * len(plans))
+        raise
+    return plans
+
+
+def complete_rolled_flushes(plans: Sequence[PlannedFlush], fsynced: Sequence[bool]) -> None:
+    """Owner's thread: each log completes its own plan with its fsync result (all False when
+    the fsync step raised); the log clamps or drops it (``LogMaintenance.complete_rolled_flush``,
+    by ``_layout_version``). Moved recovery points reach the checkpoint at its next write."""
+    for (rolled_log, plan), ok in zip(plans, fsynced, strict=True):
+        rolled_log.complete_rolled_flush(plan, ok=ok)
+
+
+def rolled_flush_steps(
+    logs: Iterable[RolledFlushLog], fsync: Callable[[list[RolledFlushPlan]], list[bool]]
+) -> RolledFlushSteps:
+    """The one sequence plan -> fsync -> complete, for every driver (sans-IO: it runs no fsync
+    and awaits nothing itself). Plans on the owner's thread when first advanced (nothing to do:
+    it stops at once), then yields the fsync job (``fsync`` of the plans) for the driver to run
+    wherever it likes: on the calling thread (``flush_rolled``) or in a worker thread the
+    broker's event loop awaits. The driver must then, on the owner's thread, either ``send``
+    the job's result (each plan is completed with it) or ``throw`` the job's exception (every
+    plan is completed as not ``ok``, so its segments are unflushed again and no recovery point
+    moves, and the exception is re-raised). Closed without either (the driver was cancelled,
+    e.g. at shutdown, while the job may still run): nothing is completed, the plans stay in
+    flight, and ``LogManager.close`` waits for the job and its flush fsyncs them again."""
+    plans = plan_rolled_flushes(logs)
+    if not plans:
+        return
+    try:
+        fsynced = yield partial(fsync, [plan for _log, plan in plans])
+    except GeneratorExit:
+        raise  # abandoned: see above
+    except BaseException:
+        complete_rolled_flushes(plans, [False] * len(plans))
+        raise
+    complete_rolled_flushes(plans, fsynced)
+
+
+def finish_rolled_flush(steps: RolledFlushSteps, fsynced: list[bool] | BaseException) -> None:
+    """Owner's thread: hand ``rolled_flush_steps`` the fsync job's result, or its exception
+    (re-raised once the plans are completed as not ``ok``)."""
+    if isinstance(fsynced, BaseException):
+        steps.throw(fsynced)  # completes not ok, re-raises
+        raise AssertionError("rolled_flush_steps went on after a failed fsync")  # pragma: no cover
+    try:
+        steps.send(fsynced)
+    except StopIteration:
+        return
+    raise AssertionError("rolled_flush_steps yielded twice")  # pragma: no cover
+
+
+def flush_rolled(
+    logs: Iterable[RolledFlushLog], fsync: Callable[[list[RolledFlushPlan]], list[bool]]
+) -> None:
+    """The synchronous driver of ``rolled_flush_steps``: the fsync on the calling thread."""
+    steps = rolled_flush_steps(logs, fsync)
+    job = next(steps, None)
+    if job is None:
+        return
+    try:
+        fsynced: list[bool] | BaseException = job()
+    except BaseException as exc:  # handed to the steps, which re-raise it
+        fsynced = exc
+    finish_rolled_flush(steps, fsynced)
+
+
+__all__ = [
+    "FsyncJob",
+    "PlannedFlush",
+    "RolledFlushLog",
+    "RolledFlushPlan",
+    "RolledFlushRunner",
+    "RolledFlushSteps",
+    "complete_rolled_flushes",
+    "finish_rolled_flush",
+    "flush_rolled",
+    "fsync_plan",
+    "fsync_plans",
+    "plan_rolled_flushes",
+    "rolled_flush_steps",
+]
