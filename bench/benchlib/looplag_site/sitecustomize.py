@@ -1,7 +1,8 @@
 """Event-loop lag monitor for a broker process (``bench/cleaner_loop_stall.py``).
 
 Imported by Python at start-up when this directory is on PYTHONPATH. Does nothing unless
-``EXACTLY_LOOPLAG`` names an output stem and the process is the broker (``asyncio.run``). Then:
+``EXACTLY_LOOPLAG`` names an output stem and the process is the broker (``asyncio.run``)
+(``EXACTLY_LOOPLAG_MS``: the late-turn threshold, default 30 ms). Then:
 
 - a callback every ``TICK_S`` on the broker's event loop logs every turn that came more than
   ``LAG_MS`` late, with ``time.perf_counter()`` (CLOCK_MONOTONIC: the bench client's clock too);
@@ -23,7 +24,7 @@ if os.environ.get("EXACTLY_LOOPLAG"):
     import time
 
     TICK_S = 0.01
-    LAG_MS = 30.0
+    LAG_MS = float(os.environ.get("EXACTLY_LOOPLAG_MS", "30"))  # late-turn threshold
     DUMP_S = 0.08
     GC_MS = 10.0
     _stem = os.environ["EXACTLY_LOOPLAG"]
