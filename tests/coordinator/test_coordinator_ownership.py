@@ -92,7 +92,7 @@ def test_resigning_owns_nothing_until_a_load_begins() -> None:
         assert errors(resigned) == dict.fromkeys(PARTITIONS, ErrorCode.not_coordinator)
         with pytest.raises(InvalidOwnershipTransitionError):
             resigned.complete_load()
-    # a load of nothing (the transaction coordinator's unload), ended: still owns nothing
+    # a load of nothing (the runtime's reload to an empty set), ended: still owns nothing
     empty = Ownership().begin_load(()).complete_load()
     assert errors(empty) == dict.fromkeys(PARTITIONS, ErrorCode.not_coordinator)
 
@@ -129,9 +129,14 @@ def test_the_transaction_coordinator_follows_the_lifecycle() -> None:
     assert coord.loading and coord.owner_error("t") == ErrorCode.coordinator_load_in_progress
     coord.load_complete(0)
     assert coord.ownership.state is S.OWNING and coord.owner_error("t") is None
-    # its unload is a load of nothing: LOAD_IN_PROGRESS until the runtime ends that load
+    # its unload resigns (Kafka: a partition not owned is NOT_COORDINATOR, not LOAD_IN_PROGRESS)
     coord.unload(0)
-    assert coord.ownership.partitions == frozenset()
+    assert coord.ownership.state is S.RESIGNED and coord.ownership.partitions == frozenset()
+    assert not coord.loading and coord.owner_error("t") == ErrorCode.not_coordinator
+    with pytest.raises(InvalidOwnershipTransitionError):
+        coord.load_complete(0)  # a load the runtime never began
+    # the runtime's reload to an empty set: a load of nothing, ended
+    coord.begin_load(2, partitions=())
     assert coord.owner_error("t") == ErrorCode.coordinator_load_in_progress
     coord.load_complete(0)
     assert coord.owner_error("t") == ErrorCode.not_coordinator

@@ -412,10 +412,15 @@ def test_a_txn_coordinator_that_resigned_every_partition_lists_no_transactions_w
         coordinator = TransactionCoordinator(lambda: ProducerId(1))
         topic = FakeTopic(replicated=True)
         rt = CoordinatorRuntime("txn", TOPIC, cast(InternalTopics, topic), coordinator)
-        await rt.reload(lambda: {0: None})
+
+        def load(owned: frozenset[int]) -> None:  # what TxnRuntime.on_leadership's ``changed`` does
+            coordinator.begin_load(partitions=owned)
+
+        await rt.reload(lambda: {0: None}, load)
         assert coordinator.list_transactions(now_ms=0).error == ErrorCode.none
-        await rt.reload(dict)
+        await rt.reload(dict, load)
         assert coordinator.list_transactions(now_ms=0).error == ErrorCode.none
+        assert coordinator.owner_error("t") == ErrorCode.not_coordinator
 
     asyncio.run(scenario())
 
@@ -435,7 +440,11 @@ def test_a_txn_request_queued_behind_a_resigning_reload_gets_not_coordinator() -
         )
         topic = FakeTopic(replicated=True)
         rt = CoordinatorRuntime("txn", TOPIC, cast(InternalTopics, topic), coordinator)
-        await rt.reload(lambda: {0: None})
+
+        def load(owned: frozenset[int]) -> None:  # what TxnRuntime.on_leadership's ``changed`` does
+            coordinator.begin_load(partitions=owned)
+
+        await rt.reload(lambda: {0: None}, load)
         init = await rt.execute(lambda: coordinator.init_producer_id("copier", 60_000, now_ms=0))
         assert init is not None and init.error == ErrorCode.none
         pid, epoch = init.producer_id, init.producer_epoch
@@ -448,7 +457,7 @@ def test_a_txn_request_queued_behind_a_resigning_reload_gets_not_coordinator() -
             )
         )
         await asyncio.sleep(0.01)
-        resigning = asyncio.ensure_future(rt.reload(dict))
+        resigning = asyncio.ensure_future(rt.reload(dict, load))
         await asyncio.sleep(0.01)
         assert rt.owner_error(0) == ErrorCode.none  # what the AddOffsetsToTxn handler sees
         offsets = asyncio.ensure_future(

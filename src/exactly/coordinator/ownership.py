@@ -74,8 +74,7 @@ TRANSITIONS: Mapping[tuple[OwnershipState, OwnershipEvent], OwnershipState] = Ma
         # A single broker's first load replays every partition into a new coordinator.
         (_S.NEW, _E.COMPLETE_LOAD): _S.OWNING,
         (_S.NEW, _E.RESIGN): _S.RESIGNED,
-        # A newer load replaces one not completed (the transaction coordinator's unload is a
-        # load of nothing, which the runtime's reload follows with the load of the led set).
+        # A newer load replaces one not completed (a reload queued behind another).
         (_S.LOADING, _E.BEGIN_LOAD): _S.LOADING,
         (_S.LOADING, _E.COMPLETE_LOAD): _S.OWNING,
         (_S.LOADING, _E.RESIGN): _S.RESIGNED,

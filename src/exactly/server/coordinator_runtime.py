@@ -165,7 +165,10 @@ class CoordinatorRuntime:
         leader in between wrote, and its coordinator epoch is stale. An epoch bump of the same
         leadership does not reload (Kafka's ``onElection`` is not called for it). On a change:
         unload, call ``on_change(new set)``, replay the new set (if any) and drive
-        ``load_complete``. Returns what was replayed, or None when nothing changed."""
+        ``load_complete``. ``on_change`` must begin the shard's load of that set (both
+        coordinators' ``begin_load``): their unload resigns (NOT_COORDINATOR meanwhile, as Kafka
+        answers for a partition it does not own), and a resigned coordinator completes only a
+        load it began. Returns what was replayed, or None when nothing changed."""
         async with self._lock:
             terms = dict(target())
             owned = frozenset(terms)
@@ -179,9 +182,10 @@ class CoordinatorRuntime:
             if on_change is not None:
                 on_change(owned)
             if not owned:
-                # The shard's unload left it loading; end that empty load, so its views over
-                # every partition (ListTransactions) answer an empty list, as on a broker that
-                # never led one, and not COORDINATOR_LOAD_IN_PROGRESS for good.
+                # ``on_change`` may have begun a load of nothing (the coordinators' begin_load);
+                # end it, so its views over every partition (ListTransactions) answer an empty
+                # list, as on a broker that never led one, and not COORDINATOR_LOAD_IN_PROGRESS
+                # for good. (The unload itself resigned: NOT_COORDINATOR meanwhile.)
                 await self._drive_replicated(self.shard.load_complete(now_ms()))
                 return LoadStats(0, 0)
             stats = self._replay()

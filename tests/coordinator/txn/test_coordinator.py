@@ -374,9 +374,19 @@ def test_ids_of_partitions_not_loaded_get_not_coordinator_not_a_mapping_error() 
     r = started(shell)
     ours = partition_for(TID, 4)
     calls = shell.pids.calls
-    # resigned everything: unload, then the runtime ends the empty load
-    shell.coord.unload(T0)
-    shell.coord.end_load(T0)
+    # resigned everything (unload; the runtime then begins and ends a load of nothing: the
+    # same answers, asserted by the second pass)
+    for step in ("resigned", "empty load ended"):
+        if step == "resigned":
+            shell.coord.unload(T0)
+        else:
+            shell.coord.begin_load(partitions=())
+            shell.coord.end_load(T0)
+        assert shell.coord.owner_error(TID) == E.not_coordinator, step
+        assert shell.add_offsets(TID, r.producer_id, r.producer_epoch, "group").error == E.not_coordinator, (
+            step
+        )
+        assert shell.init(TID).error == E.not_coordinator, step
     assert shell.add_offsets(TID, r.producer_id, r.producer_epoch, "group").error == E.not_coordinator
     assert shell.add(TID, r.producer_id, r.producer_epoch, tp("q")).error == E.not_coordinator
     assert shell.end(TID, r.producer_id, r.producer_epoch, False).error == E.not_coordinator
@@ -719,5 +729,12 @@ def test_unload_forgets_state_and_stales_writes_in_flight() -> None:
     write = only_write(shell.coord.end_txn(TID, r.producer_id, r.producer_epoch, True, now_ms=T0))
     assert shell.coord.unload(T0).empty
     assert shell.coord.transaction(TID) is None
-    assert shell.end(TID, r.producer_id, r.producer_epoch, True).error == E.coordinator_load_in_progress
+    # resigned, not loading: Kafka's getTransactionState for a partition it does not own
+    assert shell.end(TID, r.producer_id, r.producer_epoch, True).error == E.not_coordinator
+    assert shell.coord.owner_error(TID) == E.not_coordinator
+    assert shell.coord.describe_transactions([TID])[0].error == E.not_coordinator
+    assert shell.coord.list_transactions(now_ms=T0).error == E.none  # owns nothing: an empty list
     assert done(write).response == EndTxnResult(E.not_coordinator)
+    shell.coord.begin_load(partitions=None)  # LOAD_IN_PROGRESS only while a load runs
+    assert shell.end(TID, r.producer_id, r.producer_epoch, True).error == E.coordinator_load_in_progress
+    assert shell.coord.describe_transactions([TID])[0].error == E.coordinator_load_in_progress

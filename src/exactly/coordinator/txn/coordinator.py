@@ -432,11 +432,11 @@ class TransactionCoordinator(TransactionStateManager):
         return CoordinatorResult(effects=self.end_load(now_ms))
 
     def unload(self, now_ms: int) -> CoordinatorResult[Response]:
-        """Stop owning ``__transaction_state``: forget all state (as :meth:`begin_load` does, so
-        requests get COORDINATOR_LOAD_IN_PROGRESS until the next load, and NOT_COORDINATOR if
-        that load is ended without a :meth:`begin_load` naming partitions). Writes still in
-        flight complete as stale and their requests are answered NOT_COORDINATOR."""
-        self.begin_load(partitions=())
+        """Stop owning ``__transaction_state`` (:meth:`resign`): forget all state; requests get
+        NOT_COORDINATOR until a :meth:`begin_load` (then COORDINATOR_LOAD_IN_PROGRESS until
+        :meth:`load_complete`), as Kafka answers for a partition it no longer owns. Writes still
+        in flight complete as stale and their requests are answered NOT_COORDINATOR."""
+        self.resign()
         return CoordinatorResult()
 
     def poll(self, now_ms: int) -> CoordinatorResult[Response]:

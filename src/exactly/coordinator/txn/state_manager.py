@@ -160,6 +160,18 @@ class TransactionStateManager:
         if coordinator_epoch is not None:
             self.coordinator_epoch = coordinator_epoch
         self._ownership = self._ownership.begin_load(partitions)
+        self._forget()
+
+    def resign(self) -> None:
+        """Own nothing (Kafka's ``removeTransactionsForTxnTopicPartition``): forget all state;
+        every request gets NOT_COORDINATOR, not COORDINATOR_LOAD_IN_PROGRESS (Kafka answers that
+        only for a partition in ``loadingPartitions``; one it does not own has no cache entry:
+        NOT_COORDINATOR, which sends the client to look the coordinator up again), until a
+        :meth:`begin_load`. Appends still in flight are ignored when reported, as after a load."""
+        self._ownership = self._ownership.resign()
+        self._forget()
+
+    def _forget(self) -> None:
         self._txns.clear()
         self._completions.clear()
         self._in_flight.clear()
@@ -225,7 +237,16 @@ class TransactionStateManager:
 
     def describe_transactions(self, transactional_ids: Iterable[str]) -> tuple[DescribedTransaction, ...]:
         """DescribeTransactions (KIP-664) entries, one per requested id."""
-        return tuple(admin.describe(self._txns, tid, loading=self.loading) for tid in transactional_ids)
+        return tuple(self._describe(tid) for tid in transactional_ids)
+
+    def _describe(self, transactional_id: str) -> DescribedTransaction:
+        """Kafka's ``handleDescribeTransactions``: ``getTransactionState``'s error first
+        (LOAD_IN_PROGRESS, or NOT_COORDINATOR for an id of a partition not owned, never
+        TRANSACTIONAL_ID_NOT_FOUND from a map that cannot hold it), then the entry."""
+        error = self.owner_error(transactional_id)
+        if error is not None:
+            return DescribedTransaction(error, transactional_id)
+        return admin.describe(self._txns, transactional_id, loading=False)
 
     def list_transactions(
         self,
