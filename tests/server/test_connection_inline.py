@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.server.test_fetch_fast import TOPIC, TP0, _ask, _open, fetch_frame
+from tests.server.test_fetch_fast import TOPIC, TP0, _ask, fetch_frame, fill_events
 from tests.server.test_produce_fast import batch, produce_frame
-from tests.support.fast_paths import Off
+from tests.support.fast_paths import MakePair, Off, fetch_pair_fixture  # noqa: F401  (fixture: fetch_pair)
 
 from exactly.protocol.framing import frame
 from exactly.server.broker import Broker
@@ -49,20 +46,11 @@ class _Transport:
         pass
 
 
-class _NoFastProduce:
-    def answer(self, payload: bytearray, now_ms: int) -> None:
-        return None
-
-
 @pytest.fixture
-def pair() -> Iterator[tuple[Broker, Broker]]:
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        fast, generic = _open(Path(a), True), _open(Path(b), False)
-        generic.fast_produce = _NoFastProduce()  # type: ignore[assignment]
-        fast.fast_fetch = fast.fast_fetch.inner  # type: ignore[attr-defined]
-        yield fast, generic
-        fast.logs.close()
-        generic.logs.close()
+def pair(fetch_pair: MakePair) -> tuple[Broker, Broker]:
+    fast, generic = fetch_pair(fill_events, generic_produce_off=True)
+    fast.fast_fetch = fast.fast_fetch.inner  # type: ignore[attr-defined]
+    return fast, generic
 
 
 def _arrive(conn: KafkaConnection, payload: bytearray) -> None:

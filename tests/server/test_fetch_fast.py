@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.storage.helpers import append, append_marker
-from tests.support.fast_paths import Counting, Off
+from tests.support.fast_paths import Counting, MakePair, Off, fetch_pair_fixture  # noqa: F401  (fixture: fetch_pair)
 
 from exactly.protocol.apis import ApiKey
 from exactly.protocol.primitives import write_uvarint
-from exactly.server.broker import Broker, Endpoint
-from exactly.server.config import BrokerConfig
+from exactly.server.broker import Broker
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.dispatch import CloseConnection, dispatch
 from exactly.types import TopicPartition
@@ -118,24 +114,16 @@ def _fill(broker: Broker) -> None:
     append(other, 5, value_size=100)
 
 
-def _open(data_dir: Path, fast: bool) -> Broker:
-    conf = {"log.dirs": str(data_dir), "auto.create.topics.enable": "false"}
-    broker = Broker.open(BrokerConfig.load(None, conf), data_dir)
-    broker.advertised = Endpoint("127.0.0.1", 9092)
+def fill_events(broker: Broker) -> None:
+    """The topics and records of this module's broker pair (``test_connection_inline`` too)."""
     broker.logs.create_topic(TOPIC, 2, {}, now_ms=NOW)
     broker.logs.create_topic("empty", 1, {}, now_ms=NOW)
     _fill(broker)
-    broker.fast_fetch = Counting(broker.fast_fetch) if fast else Off()  # type: ignore[assignment]
-    return broker
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[Broker, Broker]]:
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        fast, generic = _open(Path(a), True), _open(Path(b), False)
-        yield fast, generic
-        fast.logs.close()
-        generic.logs.close()
+def pair(fetch_pair: MakePair) -> tuple[Broker, Broker]:
+    return fetch_pair(fill_events)
 
 
 async def _ask(broker: Broker, frame: bytearray) -> Any:
@@ -162,6 +150,18 @@ def _same(pair: tuple[Broker, Broker], frame: bytearray, fast_takes: bool) -> An
     assert _counters(fast) == _counters(generic)
     assert fast.fast_fetch.taken - before == int(fast_takes)  # type: ignore[attr-defined]
     return got
+
+
+def test_the_pair_is_the_fast_path_against_the_generic_one(pair: tuple[Broker, Broker]) -> None:
+    """What every comparison here rests on: same logs, one broker's fast Fetch path counted, the
+    other's off (else comparing the two would compare the fast path with itself)."""
+    fast, generic = pair
+    assert isinstance(fast.fast_fetch, Counting) and isinstance(generic.fast_fetch, Off)
+    assert not isinstance(generic.fast_produce, Off)  # this module's generic broker produces normally
+    for tp in (TP0, TopicPartition(TOPIC, 1), TopicPartition("empty", 0)):
+        a, b = fast.logs.get_partition(tp), generic.logs.get_partition(tp)
+        assert a is not None and b is not None
+        assert (a.log_end_offset, a.high_watermark) == (b.log_end_offset, b.high_watermark)
 
 
 @pytest.mark.parametrize("version", range(4, 13))

@@ -14,20 +14,17 @@ slice, the log start moved past the offset, the topic deleted) reads the log as 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from tests.server.test_fetch_fast import fetch_frame
 from tests.server.test_produce_fast import batch, produce_frame
 from tests.storage.helpers import append, append_marker
-from tests.support.fast_paths import Counting, Off
+from tests.support.fast_paths import MakePair, fetch_pair_fixture  # noqa: F401  (fixture: fetch_pair)
 
 from exactly.protocol.apis import ApiKey
-from exactly.server.broker import Broker, Endpoint
-from exactly.server.config import BrokerConfig
+from exactly.server.broker import Broker
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.dispatch import dispatch
 from exactly.server.handlers.fetch import SLICE_FROM
@@ -42,7 +39,7 @@ TOPIC = "tail"
 P0, P1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
 
 
-def _fill(plog: PartitionLog, open_txn: bool) -> None:
+def _fill_partition(plog: PartitionLog, open_txn: bool) -> None:
     append(plog, 3, value_size=200, timestamp=NOW)
     append(plog, 2, value_size=300, producer_id=7, epoch=0, seq=0, transactional=True)
     append(plog, 1, value_size=100, producer_id=8, epoch=0, seq=0, transactional=True)
@@ -53,28 +50,18 @@ def _fill(plog: PartitionLog, open_txn: bool) -> None:
         append(plog, 1, value_size=70, producer_id=9, epoch=0, seq=0, transactional=True)
 
 
-def _open(data_dir: Path, fast: bool) -> Broker:
-    conf = {"log.dirs": str(data_dir), "auto.create.topics.enable": "false"}
-    broker = Broker.open(BrokerConfig.load(None, conf), data_dir)
-    broker.advertised = Endpoint("127.0.0.1", 9092)
+def _fill(broker: Broker) -> None:
     broker.logs.create_topic(TOPIC, 2, {}, now_ms=NOW)
     for tp, open_txn in ((P0, False), (P1, True)):
         plog = broker.logs.get_partition(tp)
         assert plog is not None
-        _fill(plog, open_txn)
-    broker.fast_fetch = Counting(broker.fast_fetch) if fast else Off()  # type: ignore[assignment]
-    if not fast:
-        broker.fast_produce = Off()  # type: ignore[assignment]
-    return broker
+        _fill_partition(plog, open_txn)
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[Broker, Broker]]:
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        fast, generic = _open(Path(a), True), _open(Path(b), False)
-        yield fast, generic
-        fast.logs.close()
-        generic.logs.close()
+def pair(fetch_pair: MakePair) -> tuple[Broker, Broker]:
+    """The fast broker's fast Fetch counted, the generic one's fast Fetch and Produce off."""
+    return fetch_pair(_fill, generic_produce_off=True)
 
 
 def _count_reads(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[int]:
