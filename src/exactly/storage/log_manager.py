@@ -457,9 +457,8 @@ class LogManager:
 
     @property
     def rolled_flush_runner(self) -> RolledFlushRunner:
-        """Runs the fsyncs of rolled-flush plans (``storage.rolled_flush.rolled_flush_steps`` over
-        ``partitions()``), from any one thread at a time; ``close`` stops it, waiting for an fsync
-        in flight, and after that it does nothing."""
+        """The fsyncs of ``rolled_flush_steps`` over ``partitions()`` (storage.rolled_flush), any
+        one thread at a time; ``close`` stops it (waiting for one in flight), then it does nothing."""
         return self._rolled_flushes
 
     def checkpoint_recovery_points(self) -> None:
