@@ -58,6 +58,7 @@ from exactly.protocol.primitives import write_uvarint
 from exactly.replication.fetch_checks import NO_EPOCH, check_diverging_epoch
 from exactly.server.deferred_response import Deferred, PendingAnswer
 from exactly.server.fetch_fast import frame_answer
+from exactly.server.follower_fetch_shape import FetchShapes
 from exactly.server.handlers.fetch import SLICE_FROM, _read_all
 from exactly.types import TopicPartition
 
@@ -90,10 +91,12 @@ _Part = tuple[int, int, int, int, int, int, TopicPartition]
 class FollowerFetch:
     """One cluster broker's fast path for its followers' Fetches (see the module docstring)."""
 
-    __slots__ = ("_broker", "_passed")
+    __slots__ = ("_broker", "_passed", "_shapes")
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        # each replica's last Fetch layout: its next one is read by comparison (rf3hop-s21)
+        self._shapes = FetchShapes()
         # Per replica id: ``replicas.role_changes`` when that replica's last Fetch passed
         # ``check_follower_read`` for every partition, and its (topic, partition, current
         # leader epoch) list. A follower asks for the same partitions in the same epochs Fetch
@@ -110,12 +113,16 @@ class FollowerFetch:
         replicas = broker.replicas
         if replicas is None or broker.authorizer is not None:
             return None
-        try:
-            request = _parse(payload)
-        except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
-            return None
+        request = self._shapes.parse(payload)
         if request is None:
-            return None
+            positions: list[int] = []
+            try:
+                request = _parse(payload, positions)
+            except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
+                return None
+            if request is None:
+                return None
+            self._shapes.remember(payload, request, positions)
         version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics = request
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000.0
         checked_at = replicas.role_changes
@@ -146,8 +153,11 @@ class FollowerFetch:
         return Deferred(parked.answer)
 
 
-def _parse(payload: bytearray) -> tuple[int, int, int, int, int, int, list[tuple[str, list[_Part]]]] | None:
-    """The replica fetcher's Fetch shape (protocol.fetch_request), or None for anything else."""
+def _parse(
+    payload: bytearray, positions: list[int] | None = None
+) -> tuple[int, int, int, int, int, int, list[tuple[str, list[_Part]]]] | None:
+    """The replica fetcher's Fetch shape (protocol.fetch_request), or None for anything else;
+    ``positions`` (given) gets the start of each partition's entry, in order."""
     end = len(payload)
     api_key, version, correlation_id, client_len = _HEADER.unpack_from(payload, 0)
     if api_key != _FETCH or version not in (11, 12):
@@ -177,6 +187,8 @@ def _parse(payload: bytearray) -> tuple[int, int, int, int, int, int, list[tuple
             return None
         parts: list[_Part] = []
         for _ in range(nparts):
+            if positions is not None:
+                positions.append(pos)
             if flexible:
                 index, epoch, offset, last_epoch, log_start, pmax = _PART_V12.unpack_from(payload, pos)
                 pos += 32
