@@ -474,3 +474,35 @@ def test_a_txn_request_queued_behind_a_resigning_reload_gets_not_coordinator() -
         assert ended is not None and ended.error == ErrorCode.not_coordinator
 
     asyncio.run(scenario())
+
+
+def test_a_runtime_without_timers_starts_no_timer_task_and_keeps_its_periodic_jobs() -> None:
+    """``timers=False`` (rf3hop-s21): no task polls the shard, so nothing wakes the loop every
+    IDLE_POLL_S; the periodic jobs still run. With timers the poll task is there."""
+
+    async def scenario() -> None:
+        for timers in (True, False):
+            rt, _shard, _topic = runtime(timers=timers)
+            ran = asyncio.Event()
+            rt.every("job", 0.001, ran.set)
+            tasks = rt.start_tasks()
+            try:
+                names = sorted(t.get_name() for t in tasks)
+                assert names == (["job", "test-timers"] if timers else ["job"])
+                await asyncio.wait_for(ran.wait(), 5)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_the_transaction_coordinator_keeps_no_timers() -> None:
+    """What the transaction runtime's ``timers=False`` rests on: the shard never has a deadline
+    and its poll does nothing, whatever state it holds (its timeouts are periodic scans)."""
+    coordinator = TransactionCoordinator(lambda: ProducerId(1))
+    coordinator.load_complete(0)
+    assert coordinator.next_deadline() is None
+    result = coordinator.poll(10**12)
+    assert result == CoordinatorResult()

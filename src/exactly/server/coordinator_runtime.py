@@ -23,7 +23,8 @@ Requests come in through :meth:`CoordinatorRuntime.call` (an asyncio future of t
 coordinator may park the request by its token and answer it from a later operation) or
 :meth:`CoordinatorRuntime.drive` (synchronous: the answer is returned).
 
-Time: a timer task sleeps until the coordinator's ``next_deadline`` (at most ``IDLE_POLL_S``) and
+Time: a timer task (none for a shard that keeps no timers: ``timers=False``) sleeps until the
+coordinator's ``next_deadline`` (at most ``IDLE_POLL_S``) and
 calls ``poll``; a request that arms an earlier timer wakes it. Periodic scans (transaction
 timeouts, offset retention) are registered with :meth:`CoordinatorRuntime.every`.
 
@@ -112,8 +113,13 @@ class CoordinatorRuntime:
         *,
         side_effect: SideEffect | None = None,
         skip_bad_records: bool = False,
+        timers: bool = True,
     ) -> None:
         self.name = name
+        # False: the shard keeps no timers (``next_deadline`` is always None, ``poll`` does
+        # nothing), so no timer task runs: it would only wake the loop every IDLE_POLL_S to poll
+        # nothing (the transaction coordinator's 10 wake-ups a second per broker, rf3hop-s21).
+        self.timers = timers
         self.topic = topic
         self.internal = internal
         self.shard = shard
@@ -233,7 +239,7 @@ class CoordinatorRuntime:
 
     def start_tasks(self) -> list[asyncio.Task[None]]:
         self._wake = asyncio.Event()
-        tasks = [asyncio.create_task(self._timer_loop(), name=f"{self.name}-timers")]
+        tasks = [asyncio.create_task(self._timer_loop(), name=f"{self.name}-timers")] if self.timers else []
         tasks += [asyncio.create_task(self._periodic_loop(p), name=p.name) for p in self._periodic]
         return tasks
 

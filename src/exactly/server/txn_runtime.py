@@ -121,7 +121,12 @@ class TxnRuntime:
         )
         self.coordinator = TransactionCoordinator(broker.producer_ids.generate, config=self.config)
         self.runtime = CoordinatorRuntime(
-            "txn", TRANSACTION_STATE_TOPIC, broker.internal, self.coordinator, side_effect=self._markers
+            "txn",
+            TRANSACTION_STATE_TOPIC,
+            broker.internal,
+            self.coordinator,
+            side_effect=self._markers,
+            timers=False,  # its timeouts and expiry are periodic scans (``every`` below)
         )
         coord = self.coordinator
         self.runtime.every(
