@@ -4,12 +4,15 @@
     PYTHONPATH=src .venv/bin/python bench/broker_wakeups.py [--src SRC] [--seconds 10]
 
 Why: on a 2-core box every wake-up of a broker process that is not the message path competes
-for the core an ack's next hop waits for. ``strace -f -e trace=epoll_wait,epoll_pwait`` is
-attached to each broker for ``--seconds``: (1) idle (an RF 3 topic led by broker 0, nothing
-produced: every wake-up is a timer, a follower Fetch's max-wait expiry, or ZooKeeper), (2) at
-1,000 one-record acks=all Produce v9 a second from a paced raw-socket client. Printed per
-broker: wake-ups (epoll_wait returns) per second, how many returned with no event (a timer
-fired: its handle ran), and the histogram of the timeouts the loop asked for (the next timer).
+for the core an ack's next hop waits for. Two phases, ``--seconds`` each: (1) idle (an RF 3
+topic led by broker 0, nothing produced: every wake-up is a timer, a follower Fetch's max-wait
+expiry or ZooKeeper), (2) at ``--rate`` one-record acks=all Produce v9 a second from a paced
+raw-socket client. In both, ``perf stat`` on the epoll_pwait tracepoint counts the event
+loop's blocking waits (timeout != 0: each ends in a wake-up) and all its epoll_pwait calls,
+per broker (kernel counters: the brokers run at their own speed). Idle only (strace stops the
+traced process at each system call: a busy broker would never sleep), ``strace -f`` of
+epoll_pwait gives the blocking waits that came back with no event (nothing but a timer woke
+the process) by the timeout the loop had asked for (ms: the next timer's distance).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from benchlib.cluster_workloads import LEADER, _place  # noqa: E402
 from cluster_rtt_ab import produce_v9  # noqa: E402
 from exactly.records.builder import Record, build_batch  # noqa: E402
 
-_LINE = re.compile(r"epoll_p?wait\(\d+, .*?, (-?\d+)(?:, .*?)?\)\s+= (\d+)")
+# the event loop's own wait (uvloop: epoll_pwait(fd, events, 1024, timeout, NULL, 8)), also
+# when strace split it into "<unfinished ...>" and "<... epoll_pwait resumed>"
+_LINE = re.compile(r"(?:\]|\[\]), 1024, (-?\d+), NULL, 8\)\s+= (\d+)")
 
 
 def _trace(pids: list[int], seconds: float, out: Path) -> list[Path]:
@@ -57,33 +62,58 @@ def _trace(pids: list[int], seconds: float, out: Path) -> list[Path]:
     return files
 
 
+def _perf_counts(pids: list[int], seconds: float) -> list[tuple[float, float]]:
+    """Per pid: the loop's blocking waits (epoll_pwait with a timeout != 0) and all its
+    epoll_pwait calls, per second, counted by the kernel's tracepoints (``perf stat``: no
+    stop per system call, unlike strace, so the brokers run at their own speed)."""
+    procs = [
+        subprocess.Popen(
+            [
+                "perf", "stat", "-x", ",", "-e", "syscalls:sys_enter_epoll_pwait", "--filter", "timeout != 0",
+                "-e", "syscalls:sys_enter_epoll_pwait", "-p", str(pid), "--", "sleep", str(seconds),
+            ],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for pid in pids
+    ]  # fmt: skip
+    out = []
+    for p in procs:
+        _, err = p.communicate()
+        counts = [float(line.split(",")[0]) for line in err.splitlines() if "epoll_pwait" in line]
+        out.append((counts[0] / seconds, counts[1] / seconds) if len(counts) == 2 else (-1.0, -1.0))
+    return out
+
+
 def _summary(path: Path, seconds: float) -> str:
-    wakes = empty = 0
+    """Blocking waits (timeout != 0: the loop had nothing ready) per second, those that came
+    back with no event (a timer was due: nothing but a timer woke the process), and the
+    timeouts asked for, bucketed in ms."""
+    blocking = timer_only = 0
     timeouts: collections.Counter[str] = collections.Counter()
     for line in path.read_text().splitlines():
         m = _LINE.search(line)
         if not m:
             continue
-        wakes += 1
         t, n = int(m.group(1)), int(m.group(2))
+        if t == 0:
+            continue  # a poll with callbacks ready: not a wake-up
+        blocking += 1
         if n == 0:
-            empty += 1
-        bucket = (
-            "inf"
-            if t < 0
-            else "0"
-            if t == 0
-            else "<=10"
-            if t <= 10
-            else "<=100"
-            if t <= 100
-            else "<=1000"
-            if t <= 1000
-            else ">1000"
-        )
-        timeouts[bucket] += 1
+            timer_only += 1
+            bucket = (
+                "inf"
+                if t < 0
+                else "<=10"
+                if t <= 10
+                else "<=99"
+                if t < 100
+                else "100"
+                if t == 100
+                else ">100"
+            )
+            timeouts[bucket] += 1
     hist = " ".join(f"{k}:{v / seconds:.1f}" for k, v in sorted(timeouts.items()))
-    return f"wakeups/s={wakes / seconds:.1f} timer_only/s={empty / seconds:.1f} timeouts/s[{hist}]"
+    return f"wakeups/s={blocking / seconds:.1f} timer_only/s={timer_only / seconds:.1f} timer_only_by_timeout_ms[{hist}]"
 
 
 def _produce(cluster: Cluster, topic: str, rate: int, stop: threading.Event) -> int:
@@ -132,12 +162,18 @@ def main() -> int:
                 t = threading.Thread(target=_produce, args=(cluster, topic, args.rate, stop), daemon=True)
                 t.start()
                 time.sleep(2)
-            files = _trace(pids, args.seconds, scratch / label.replace("/", "_"))
+            counted = _perf_counts(pids, args.seconds)
+            files = _trace(pids, args.seconds, scratch / label.replace("/", "_")) if label == "idle" else []
             stop.set()
             if t is not None:
                 t.join()
+            for i, (blocking, calls) in enumerate(counted):
+                print(
+                    f"{label} broker-{i} perf: blocking_waits/s={blocking:.1f} epoll_calls/s={calls:.1f}",
+                    flush=True,
+                )
             for i, f in enumerate(files):
-                print(f"{label} broker-{i}: {_summary(f, args.seconds)}", flush=True)
+                print(f"{label} broker-{i} strace: {_summary(f, args.seconds)}", flush=True)
     finally:
         cluster.stop()
     return 0

@@ -8,6 +8,7 @@ import pytest
 from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate
 from exactly.server.follower_fetch_fast import _parse
 from exactly.server.follower_fetch_shape import MAX_SHAPES, FetchShapes
+from exactly.types import TopicPartition
 
 
 def _template(version: int, replica_id: int = 1, topics: int = 1, parts: int = 1) -> ReplicaFetchTemplate:
@@ -100,3 +101,23 @@ def test_one_shape_per_replica_and_at_most_max_shapes() -> None:
     assert len(shapes._shapes) == MAX_SHAPES
     newest = _template(12, replica_id=100 + 2 * MAX_SHAPES - 1)
     assert shapes.parse(newest.fill(2, [(2, 3, 0)])[4:]) is not None
+
+
+def test_a_shape_hands_out_the_given_equal_partition_objects() -> None:
+    """``remember(..., tps)``: the next parses carry those objects (the logs' own keys), equal to
+    the parsed ones; objects of other partitions are refused."""
+    template = _template(12, topics=2, parts=2)
+    payload = template.fill(1, [(10, 3, 0)] * 4)[4:]
+    positions: list[int] = []
+    parsed = _parse(payload, positions)
+    assert parsed is not None
+    own = [TopicPartition(name, p[0]) for name, parts in parsed[6] for p in parts]
+    shapes = FetchShapes()
+    with pytest.raises(ValueError):
+        shapes.remember(payload, parsed, positions, list(reversed(own)))
+    shapes.remember(payload, parsed, positions, own)
+    again = template.fill(2, [(11, 3, 0)] * 4)[4:]
+    got = shapes.parse(again)
+    assert got is not None and got == _parse(again)
+    assert [p[6] for _name, parts in got[6] for p in parts] == own
+    assert all(a is b for a, b in zip((p[6] for _n, parts in got[6] for p in parts), own, strict=True))

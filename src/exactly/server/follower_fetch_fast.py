@@ -114,15 +114,15 @@ class FollowerFetch:
         if replicas is None or broker.authorizer is not None:
             return None
         request = self._shapes.parse(payload)
+        positions: list[int] | None = None
         if request is None:
-            positions: list[int] = []
+            positions = []
             try:
                 request = _parse(payload, positions)
             except (IndexError, struct.error, UnicodeDecodeError):  # past the end of the frame
                 return None
             if request is None:
                 return None
-            self._shapes.remember(payload, request, positions)
         version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, topics = request
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000.0
         checked_at = replicas.role_changes
@@ -132,6 +132,10 @@ class FollowerFetch:
         logs = _checked(broker, replicas, replica_id, topics, replica_checks=not same)
         if logs is None:
             return None
+        if positions is not None:
+            # the shape keeps each log's own tp (equal to the parsed one): the dict lookups of
+            # the next Fetches then find their key by identity, without an equality test
+            self._shapes.remember(payload, request, positions, [plog.tp for _p, plog in logs])
         if not same:
             self._passed[replica_id] = (checked_at, asked)
         # from here on the request is taken

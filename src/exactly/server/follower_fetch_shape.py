@@ -96,9 +96,17 @@ class FetchShapes:
                 return shape.fill(payload)
         return None
 
-    def remember(self, payload: bytearray, parsed: Parsed, positions: list[int]) -> None:
+    def remember(
+        self,
+        payload: bytearray,
+        parsed: Parsed,
+        positions: list[int],
+        tps: list[TopicPartition] | None = None,
+    ) -> None:
         """Keep ``payload``'s shape: ``parsed`` is ``_parse(payload)`` and ``positions`` the
-        start of each partition's entry in the frame, in the parse's order."""
+        start of each partition's entry in the frame, in the parse's order; ``tps`` (given):
+        the objects the next parses hand out instead of the parsed ones, each equal to its
+        partition's (ValueError otherwise)."""
         version, _correlation, replica_id, max_wait_ms, min_bytes, max_bytes, topics = parsed
         width = _PART_V12.size if version >= 12 else _PART_V11.size
         fixed: list[tuple[int, int, bytes]] = []
@@ -108,8 +116,13 @@ class FetchShapes:
             fixed.append((at, start, bytes(payload[at:start])))
             at = end
         fixed.append((at, len(payload), bytes(payload[at:])))
-        it = iter(positions)
-        shape_topics = tuple((name, tuple((next(it), p[6]) for p in parts)) for name, parts in topics)
+        flat = [p[6] for _name, parts in topics for p in parts]
+        if tps is not None:
+            if tps != flat:
+                raise ValueError("not the parsed partitions")
+            flat = tps
+        it = iter(zip(positions, flat, strict=True))
+        shape_topics = tuple((name, tuple(next(it) for _p in parts)) for name, parts in topics)
         shape = _Shape(
             len(payload), version, replica_id, max_wait_ms, min_bytes, max_bytes, tuple(fixed), shape_topics
         )
