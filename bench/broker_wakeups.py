@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -116,7 +117,7 @@ def _summary(path: Path, seconds: float) -> str:
     return f"wakeups/s={blocking / seconds:.1f} timer_only/s={timer_only / seconds:.1f} timer_only_by_timeout_ms[{hist}]"
 
 
-def _produce(cluster: Cluster, topic: str, rate: int, stop: threading.Event) -> int:
+def _produce(cluster: Cluster, topic: str, rate: int, stop: threading.Event, done: list[int]) -> None:
     host, port = cluster.brokers[LEADER].bootstrap.rsplit(":", 1)
     batch = build_batch([Record(b"x" * 1024)], base_timestamp=int(time.time() * 1000))
     frame = produce_v9(topic, batch, -1)
@@ -140,7 +141,7 @@ def _produce(cluster: Cluster, topic: str, rate: int, stop: threading.Event) -> 
         if delay > 0:
             time.sleep(delay)
     sock.close()
-    return sent[0]
+    done.append(sent[0])
 
 
 def main() -> int:
@@ -159,7 +160,11 @@ def main() -> int:
             stop = threading.Event()
             t = None
             if label != "idle":
-                t = threading.Thread(target=_produce, args=(cluster, topic, args.rate, stop), daemon=True)
+                sent: list[int] = []
+                t = threading.Thread(
+                    target=_produce, args=(cluster, topic, args.rate, stop, sent), daemon=True
+                )
+                started = time.perf_counter()
                 t.start()
                 time.sleep(2)
             counted = _perf_counts(pids, args.seconds)
@@ -167,6 +172,7 @@ def main() -> int:
             stop.set()
             if t is not None:
                 t.join()
+                print(f"{label}: {sent[0] / (time.perf_counter() - started):.0f} Produce/s sent", flush=True)
             for i, (blocking, calls) in enumerate(counted):
                 print(
                     f"{label} broker-{i} perf: blocking_waits/s={blocking:.1f} epoll_calls/s={calls:.1f}",
@@ -176,6 +182,7 @@ def main() -> int:
                 print(f"{label} broker-{i} strace: {_summary(f, args.seconds)}", flush=True)
     finally:
         cluster.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

@@ -506,3 +506,41 @@ def test_the_transaction_coordinator_keeps_no_timers() -> None:
     assert coordinator.next_deadline() is None
     result = coordinator.poll(10**12)
     assert result == CoordinatorResult()
+
+
+def test_a_timer_armed_by_any_result_carried_out_wakes_the_sleeping_timer_loop() -> None:
+    """The timer loop sleeps until the shard's next deadline (IDLE_POLL_S at most, rf3hop-s21),
+    so every result the runtime carries out must wake it when it armed an earlier timer: a
+    request (``run``), a load's completion (``drive`` of ``load_complete``) and, replicated,
+    ``_drive_replicated``. Without that wake-up such a timer would fire up to IDLE_POLL_S late."""
+
+    async def settle(rt: CoordinatorRuntime) -> None:
+        for _ in range(5):  # the loop reaches its wait
+            await asyncio.sleep(0)
+        assert rt._sleep_until is not None and rt._wake is not None and not rt._wake.is_set()
+
+    async def scenario(replicated: bool) -> None:
+        rt, shard, _topic = runtime(replicated=replicated)
+        tasks = rt.start_tasks()
+        try:
+            await settle(rt)
+            assert rt._sleep_until is not None
+            shard.deadline = rt._sleep_until - 1  # earlier than the loop's wake-up
+            if replicated:
+                await rt._drive_replicated(CoordinatorResult())
+            else:
+                rt.drive(CoordinatorResult())
+            assert rt._wake is not None and rt._wake.is_set()
+            shard.deadline = None
+            await settle(rt)
+            shard.deadline = rt._sleep_until - 1
+            if not replicated:
+                rt.run(lambda token: CoordinatorResult())
+                assert rt._wake.is_set()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(scenario(False))
+    asyncio.run(scenario(True))

@@ -25,7 +25,7 @@ coordinator may park the request by its token and answer it from a later operati
 
 Time: a timer task (none for a shard that keeps no timers: ``timers=False``) sleeps until the
 coordinator's ``next_deadline`` (at most ``IDLE_POLL_S``) and
-calls ``poll``; a request that arms an earlier timer wakes it. Periodic scans (transaction
+calls ``poll``; every result carried out that arms an earlier timer wakes it. Periodic scans (transaction
 timeouts, offset retention) are registered with :meth:`CoordinatorRuntime.every`.
 
 Loading is replay: :meth:`CoordinatorRuntime.load` feeds every batch of the topic, in offset
@@ -71,7 +71,13 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
-IDLE_POLL_S = 0.1  # timer loop period when no deadline is nearer
+# The timer loop's longest sleep. Every result the runtime carries out (``drive``,
+# ``_drive_replicated``: requests, loads, unloads, polls) wakes the loop when it armed a timer
+# earlier than the one it sleeps towards (``_maybe_wake``), so the loop sleeps until its next
+# deadline; this bound only limits how late a timer armed some other way could fire. It was
+# 0.1 s, a poll of a shard with nothing due ten times a second per broker (rf3hop-s21).
+IDLE_POLL_S = 1.0
+POLL_RETRY_S = 0.1  # after a poll that raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +343,10 @@ class CoordinatorRuntime:
 
     async def _drive_replicated(self, result: CoordinatorResult[R]) -> R | None:
         """:meth:`drive` with acks=all appends; the caller holds the lock."""
-        return self._answer(await self._driver.drive_replicated(result))  # type: ignore[no-any-return]
+        try:
+            return self._answer(await self._driver.drive_replicated(result))  # type: ignore[no-any-return]
+        finally:
+            self._maybe_wake()
 
     def run(self, op: Callable[[RequestToken], CoordinatorResult[R]]) -> R | None:
         """Like :meth:`call` for an operation answered before it returns (None if it was not)."""
@@ -364,7 +373,10 @@ class CoordinatorRuntime:
     def drive(self, result: CoordinatorResult[R]) -> R | None:
         """Carry out ``result`` (see the module docstring); returns the answer of the request that
         produced it, or None when it has none yet. Parked requests' replies are delivered."""
-        return self._answer(self._driver.drive(result))  # type: ignore[no-any-return]
+        try:
+            return self._answer(self._driver.drive(result))  # type: ignore[no-any-return]
+        finally:
+            self._maybe_wake()  # a timer it armed may be due before the loop would wake
 
     def _answer(self, answers: Answers) -> Any:
         for reply in answers.replies:
@@ -378,7 +390,8 @@ class CoordinatorRuntime:
 
     # ---- time ---------------------------------------------------------------------------------
     def _maybe_wake(self) -> None:
-        """A request may have armed a timer earlier than the one the loop sleeps towards."""
+        """A result just carried out may have armed a timer earlier than the one the loop
+        sleeps towards (called after every one: ``drive``, ``_drive_replicated``)."""
         if self._wake is None or self._sleep_until is None:
             return
         deadline = self.shard.next_deadline()
@@ -410,7 +423,7 @@ class CoordinatorRuntime:
                 await self.execute(lambda: self.shard.poll(now_ms()))
             except Exception:  # a bug in one timer must not stop every timer
                 self._log.exception("%s coordinator poll failed", self.name)
-                await asyncio.sleep(IDLE_POLL_S)
+                await asyncio.sleep(POLL_RETRY_S)
 
     async def _periodic_loop(self, job: _Periodic) -> None:
         while True:
