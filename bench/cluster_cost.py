@@ -60,7 +60,17 @@ def switches(pid: int) -> tuple[int, int]:
 
 def tracer(kind: str, pid: int, stem: Path) -> list[str]:
     if kind == "perf":
-        return ["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", f"{stem}.perf.data"]
+        return [
+            "perf",
+            "record",
+            "-F",
+            os.environ.get("PERF_FREQ", "499"),
+            "-g",
+            "-p",
+            str(pid),
+            "-o",
+            f"{stem}.perf.data",
+        ]
     return ["strace", "-c", "-f", "-p", str(pid), "-o", f"{stem}.strace.txt"]
 
 
