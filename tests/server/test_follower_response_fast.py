@@ -305,3 +305,53 @@ def test_a_partition_followed_meanwhile_gets_the_generic_next_step(tmp_path: Pat
         extra: _part(extra, _batch(0, 2), hw=1)
     }
     assert isinstance(_both(fast, slow, parts), bytearray)
+
+
+@pytest.mark.parametrize("which", ["only batch", "second of two"])
+def test_a_corrupt_batch_is_refused_whole_and_fetched_again(tmp_path: Path, which: str) -> None:
+    """Kafka's follower checks every replicated batch's CRC before appending any of a partition's
+    (``UnifiedLog.analyzeAndValidateRecords`` runs for the REPLICATION origin too) and, on a
+    mismatch, logs, backs off and fetches again. Both routes: that partition's log, HW, producer
+    state and notifications untouched, not stopped, the others appended; then the good bytes go in."""
+    fast, slow = _fetcher(tmp_path / "fast", False), _fetcher(tmp_path / "slow", True)
+    corrupt = bytearray(_batch(1, 2, seq=1) if which == "second of two" else _batch(0, 3))
+    corrupt[-1] ^= 0xFF  # a record byte: the CRC no longer matches
+    first = _batch(0, 1) if which == "second of two" else b""
+    parts = {
+        TPS[0]: _part(TPS[0], _batch(0, 2), hw=1),
+        TPS[1]: _part(TPS[1], first + bytes(corrupt), hw=2),
+        TPS[2]: _part(TPS[2], b"", hw=0),
+    }
+    before = _state(fast)[1]
+    assert _both(fast, slow, parts) is True  # the task backs off before the next Fetch
+    for fetcher in (fast, slow):
+        assert fetcher._backoff_after_frame
+        assert _state(fetcher)[1] == before  # not even the good first batch
+        assert _state(fetcher)[0][0] == 2
+        assert not fetcher.partitions[TPS[1]].failed
+        assert TPS[1] not in fetcher.manager.broker.waiters.notified
+        fetcher._backoff_after_frame = False
+    request = fast._next_step()
+    assert isinstance(request, bytearray) and request == slow._next_step()  # the same offset again
+    good = first + (_batch(1, 2, seq=1) if which == "second of two" else _batch(0, 3))
+    parts = {
+        TPS[0]: _part(TPS[0], b"", hw=2),
+        TPS[1]: _part(TPS[1], good, hw=2),
+        TPS[2]: _part(TPS[2], b"", hw=0),
+    }
+    assert isinstance(_both(fast, slow, parts), bytearray)
+    assert _state(fast)[1][:2] == (3, 2)
+
+
+def test_the_task_route_refuses_a_corrupt_batch_too(tmp_path: Path) -> None:
+    """``_handle_partition`` (the task's loop, after a declined answer) checks the same way."""
+    fetcher = _fetcher(tmp_path, generic=True)
+    corrupt = bytearray(_batch(0, 2))
+    corrupt[70] ^= 0x01
+    parts = {TPS[0]: _part(TPS[0], bytes(corrupt), hw=1)}
+    frame = _frame(fetcher._correlation, parts)
+    before = _state(fetcher)
+    (part,) = parse_fetch_response(frame, FETCH_VERSION).partitions
+    assert fetcher._handle_partition(frame, part) is False  # a back-off
+    assert _state(fetcher) == before
+    assert not fetcher.partitions[TPS[0]].failed

@@ -32,7 +32,7 @@ Layout (big-endian)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import crc32c
@@ -160,6 +160,18 @@ def compute_crc(buf: bytes | bytearray | memoryview, position: int, size: int) -
     """CRC32C over attributes..end of the batch at ``position`` of total ``size`` bytes."""
     with memoryview(buf) as view:
         return int(crc32c.crc32c(view[position + ATTRIBUTES_OFFSET : position + size]))
+
+
+def first_corrupt(buf: bytes | bytearray | memoryview, headers: Iterable[BatchHeader]) -> BatchHeader | None:
+    """The first of ``headers`` (positions absolute in ``buf``) whose CRC32C does not match its
+    bytes, or None. A follower checks every replicated batch before appending any, as Kafka's
+    ``UnifiedLog.analyzeAndValidateRecords`` does for every append origin (replication included)."""
+    with memoryview(buf) as view:
+        for header in headers:
+            start = header.position
+            if crc32c.crc32c(view[start + ATTRIBUTES_OFFSET : start + header.size]) != header.crc:
+                return header
+    return None
 
 
 def validate_produce_records(records: bytes | bytearray | memoryview) -> BatchHeader:

@@ -5,7 +5,9 @@ Each task keeps one connection to its leader and sends Fetch v12 with ``replica_
 broker's id, the leader epoch it follows as ``current_leader_epoch`` (the leader refuses a stale
 or future epoch), each partition's log end offset as the fetch offset (which *is* how the
 leader learns the follower's LEO) and its latest local epoch as ``last_fetched_epoch``. Returned
-batches are appended unchanged (``PartitionLog.append_as_follower``: offsets, leader epochs and
+batches are CRC-checked, all of a partition's before any is appended (Kafka's
+``analyzeAndValidateRecords`` runs for replicated appends too; a mismatch is logged and fetched
+again after a back-off, as Kafka's fetcher does), then appended unchanged (``PartitionLog.append_as_follower``: offsets, leader epochs and
 LogAppendTime timestamps as the leader wrote them; producer state with the REPLICATION origin,
 which never raises on sequences), then the follower's high watermark becomes min(leader HW, own LEO).
 
@@ -61,7 +63,7 @@ from kio.schema.errors import ErrorCode
 from exactly.client.wire import decode_response, encode_request
 from exactly.protocol.fetch_request import FetchPosition, ReplicaFetchTemplate
 from exactly.protocol.fetch_response import FetchedPartition, parse_fetch_response
-from exactly.records.batch import InvalidRecordError, iter_batches
+from exactly.records.batch import InvalidRecordError, first_corrupt, iter_batches
 from exactly.replication.truncation import FollowerPartition, epoch_to_ask
 from exactly.server.clock import now_ms
 from exactly.server.follower_response_fast import (
@@ -97,6 +99,10 @@ MAX_WAIT_MS = 500  # replica.fetch.wait.max.ms
 PARTITION_MAX_BYTES = 1_048_576  # replica.fetch.max.bytes
 MAX_BYTES = 10_485_760  # replica.fetch.response.max.bytes
 BACKOFF_S = 0.2  # replica.fetch.backoff.ms-ish: after a connection failure or a partition error
+
+
+class CorruptBatchError(Exception):
+    """A replicated batch whose CRC32C does not match (Kafka's CorruptRecordException)."""
 
 
 class _Step(enum.Enum):
@@ -470,6 +476,13 @@ class LeaderFetcher:
         if end > start:
             try:
                 self._append(plog, frame, start, end)
+            except CorruptBatchError as exc:
+                # Kafka's fetcher on a CorruptRecordException: log, back off, fetch it again
+                # (a torn read on the leader heals; this log, its HW and the partition stay as they were)
+                log.error(
+                    "%s: found invalid messages during fetch (leader %d): %s", followed.tp, self.leader, exc
+                )
+                return False
             except (InvalidRecordError, ProducerStateError) as exc:
                 # A batch this log cannot take (an unreadable marker, data inside an open
                 # transaction): stop this partition, not the fetcher of every other one.
@@ -490,4 +503,7 @@ class LeaderFetcher:
         each header's ``position`` is absolute in ``frame``, so no batch is copied out."""
         headers = [h for h in iter_batches(frame, start, end) if h.last_offset >= plog.log_end_offset]
         if headers:  # a batch below the log end is one we already have (it began before our offset)
+            corrupt = first_corrupt(frame, headers)  # every batch checked before any is appended
+            if corrupt is not None:
+                raise CorruptBatchError(f"batch at offset {corrupt.base_offset}: CRC32C mismatch")
             plog.append_batches_as_follower(frame, headers, now_ms=now_ms())
