@@ -87,3 +87,29 @@ def test_preallocate_says_no_rather_than_raising(tmp_path: Path) -> None:
         assert file_write.preallocate(fd, 0, 4096) is False
     finally:
         os.close(fd)
+
+
+def test_a_file_opened_again_frees_blocks_a_dead_process_left_reserved(tmp_path: Path) -> None:
+    """Blocks reserved past the end by a process that died before freeing them are counted as
+    reserved by the reserve of the file opened again (``BlockReserve.of_existing``), so its
+    release frees them; a file without such blocks has nothing to free."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 4096)
+    fd = _fd(path)
+    try:
+        if not file_write.preallocate(fd, 4096, 4 << 20):
+            pytest.skip("this file system has no fallocate(FALLOC_FL_KEEP_SIZE)")
+    finally:
+        os.close(fd)  # no release: what kill -9 leaves
+    fd = _fd(path)
+    try:
+        reserve = file_write.BlockReserve.of_existing(os.fstat(fd))
+        assert os.fstat(fd).st_blocks * 512 >= 4 << 20
+        reserve.release(fd, 4096)
+        st = os.fstat(fd)
+        assert st.st_size == 4096 and st.st_blocks * 512 < 1 << 20
+        again = file_write.BlockReserve.of_existing(st)
+        assert again._upto == 0  # nothing past the end any more
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 4096

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from exactly.storage.config import LogConfig
+from exactly.storage.file_write import PREALLOCATE_AHEAD, PREALLOCATE_MIN_WRITE
 from exactly.storage.log_read import AbortedTxn
 from tests.storage.helpers import (
     append,
@@ -251,3 +256,61 @@ def test_an_empty_segment_with_a_nonempty_index_is_recovered(tmp_path: Path) -> 
     append(log, 2)
     assert [h.base_offset for h in read_all(log)] == [0]
     log.close()
+
+
+@pytest.mark.parametrize("zeros", [10, 61, 4096, 1 << 20])
+def test_a_zero_tail_recovers_to_the_last_valid_batch(tmp_path: Path, zeros: int) -> None:
+    """A file longer than its batches with zeros after them (what a file system that extended the
+    size but never wrote the data leaves, or a Kafka-style preallocated segment after kill -9)
+    recovers to the last whole batch: the zeros are neither read as a batch nor kept."""
+    fill(tmp_path, 10)
+    log = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=20)
+    append(log, 2, value_size=100)
+    last = log.segments[-1]
+    size_before = last.size
+    crash(log)
+    with open(last.log_path, "ab") as f:
+        f.write(bytes(zeros))
+    reopened = open_log(tmp_path, SMALL_SEGMENTS, recovery_point=20)
+    assert reopened.load_result.truncated_bytes == zeros
+    assert reopened.log_end_offset == 22
+    assert reopened.segments[-1].size == last.log_path.stat().st_size == size_before
+    assert [h.base_offset for h in read_all(reopened)] == list(range(0, 22, 2))
+    assert append(reopened, 1).first_offset == 22
+    reopened.close()
+
+
+def _append_bulk_then_die(log_dir: Path, batches: int) -> None:
+    """In a child process: append bulk batches (each reserves blocks past the end) and get
+    SIGKILLed with the reservation outstanding: no flush, roll or close."""
+    log = open_log(log_dir, LogConfig(segment_bytes=1 << 30), recovery_point=0)
+    for _ in range(batches):
+        append(log, 1, value_size=PREALLOCATE_MIN_WRITE)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and FALLOC_FL_KEEP_SIZE are Linux's")
+def test_kill_9_with_blocks_reserved_past_the_end_loses_nothing_and_reads_no_zeros(tmp_path: Path) -> None:
+    """Blocks reserved past the end (``file_write.BlockReserve``) do not change the file's size,
+    so a broker killed with a reservation outstanding leaves a file whose size is what it wrote:
+    recovery reads every batch written (the page cache survives kill -9), no zeros after them,
+    and the next append continues the offsets."""
+    child = multiprocessing.get_context("fork").Process(target=_append_bulk_then_die, args=(tmp_path, 3))
+    child.start()
+    child.join()
+    assert child.exitcode == -signal.SIGKILL
+    segment_path = next(p for p in tmp_path.iterdir() if p.suffix == ".log")
+    st = segment_path.stat()
+    one = len(make_batch(1, value_size=PREALLOCATE_MIN_WRITE))
+    assert st.st_size == 3 * one  # the reservation is not in the size
+    reserved = st.st_blocks * 512 >= st.st_size + PREALLOCATE_AHEAD // 2  # (not on every file system)
+    log = open_log(tmp_path, LogConfig(segment_bytes=1 << 30), recovery_point=0)
+    assert log.load_result.truncated_bytes == 0
+    assert log.log_end_offset == 3
+    assert [h.base_offset for h in read_all(log)] == [0, 1, 2]
+    assert append(log, 1).first_offset == 3
+    log.close()  # frees what was reserved past the end
+    after = segment_path.stat()
+    assert after.st_size == 3 * one + len(make_batch(1))
+    if reserved:
+        assert after.st_blocks * 512 < after.st_size + PREALLOCATE_MIN_WRITE

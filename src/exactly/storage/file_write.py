@@ -77,13 +77,24 @@ def preallocate(fd: int, offset: int, length: int) -> bool:
 
 class BlockReserve:
     """The blocks reserved past the end of one growing file (``preallocate``). Invariant:
-    ``_upto`` is 0 when nothing is reserved, the end of the reservation otherwise, and -1 once
-    the file system refused (then it is never asked again)."""
+    ``_upto`` is 0 when nothing is reserved, the end of the reservation otherwise (for a file
+    opened again, where its blocks end: ``of_existing``), and -1 once the file system refused
+    (then it is never asked again)."""
 
     __slots__ = ("_upto",)
 
-    def __init__(self) -> None:
-        self._upto = 0
+    def __init__(self, upto: int = 0) -> None:
+        self._upto = upto
+
+    @classmethod
+    def of_existing(cls, st: os.stat_result) -> BlockReserve:
+        """The reservation of a file opened again, from its ``fstat``: blocks held well past its
+        size (more than PREALLOCATE_MIN_WRITE: not the file system's own metadata) were reserved
+        by a process killed before it freed them (kill -9 between a bulk write and roll/close).
+        They count as reserved up to where they end, so the next roll or close frees them as it
+        frees its own; a fresh reserve would free them only if a bulk write came first."""
+        held = st.st_blocks * 512
+        return cls(held if held > st.st_size + PREALLOCATE_MIN_WRITE else 0)
 
     def before_write(self, fd: int, position: int, length: int) -> None:
         """A bulk write of ``length`` bytes at ``position`` past the reservation reserves

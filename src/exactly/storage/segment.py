@@ -111,7 +111,8 @@ class LogSegment(SegmentRecovery):
         self.log_path = segment_file(directory, base_offset, LOG_SUFFIX + file_suffix)
         flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if create else 0)
         self._fd = os.open(self.log_path, flags, 0o644)
-        self.size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        self.size = st.st_size
         self.offset_index = OffsetIndex(
             segment_file(directory, base_offset, INDEX_SUFFIX + file_suffix),
             base_offset,
@@ -137,7 +138,7 @@ class LogSegment(SegmentRecovery):
         self.known_first_batch_timestamp: int | None = None
         self._indexes_ready = False  # both indexes loaded (never goes back: ``ensure_indexes``)
         self._recent = RecentBatches()  # what reads at the log end look up first
-        self._reserve = BlockReserve()
+        self._reserve = BlockReserve.of_existing(st)  # (a crash may have left blocks reserved)
         if create:
             self.offset_index.reset()
             self.time_index.reset()
