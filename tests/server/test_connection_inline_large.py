@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
-from tests.server.test_connection_inline import _connected, _settle, pair  # noqa: F401 (fixture)
-from tests.server.test_fetch_fast import TOPIC, TP0, _ask
+import pytest
+from tests.server.test_connection_inline import _connected, _NoFastProduce, _settle
+from tests.server.test_fetch_fast import TOPIC, TP0, _ask, _open
 from tests.server.test_produce_fast import batch, produce_frame
 
 from exactly.protocol.framing import HEAD_READ, LARGE_FRAME, frame
 from exactly.server.broker import Broker
 from exactly.server.connection import KafkaConnection
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Broker, Broker]]:
+    """A broker with the fast paths and its twin without the Produce one (as test_connection_inline)."""
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        fast, generic = _open(Path(a), True), _open(Path(b), False)
+        generic.fast_produce = _NoFastProduce()  # type: ignore[assignment]
+        yield fast, generic
+        fast.logs.close()
+        generic.logs.close()
 
 
 def _large(correlation_id: int, records: int = 800) -> bytearray:
@@ -42,7 +57,7 @@ def _arrive_in_reads(conn: KafkaConnection, data: bytes, first: int = HEAD_READ)
     return queued
 
 
-def test_a_large_produce_is_answered_in_the_read_that_completes_it(pair: tuple[Broker, Broker]) -> None:  # noqa: F811
+def test_a_large_produce_is_answered_in_the_read_that_completes_it(pair: tuple[Broker, Broker]) -> None:
     fast, generic = pair
     first, second = _large(41), _large(42)
 
@@ -70,7 +85,7 @@ def test_a_large_produce_is_answered_in_the_read_that_completes_it(pair: tuple[B
     asyncio.run(main())
 
 
-def test_a_large_produce_the_fast_path_declines_is_answered_by_process(pair: tuple[Broker, Broker]) -> None:  # noqa: F811
+def test_a_large_produce_the_fast_path_declines_is_answered_by_process(pair: tuple[Broker, Broker]) -> None:
     fast, generic = pair
     bad = _large(51)
     crc_at = len(bad) - 3 - (len(batch(800)) - 17)  # the batch's CRC field
@@ -96,7 +111,7 @@ def test_a_large_produce_the_fast_path_declines_is_answered_by_process(pair: tup
 
 def test_a_large_produce_behind_gathered_answers_goes_to_process_in_order(
     pair: tuple[Broker, Broker],
-) -> None:  # noqa: F811
+) -> None:
     """A small Produce and a large one in one read: the small one answered inline and written
     before the large one is handled (``_process``), so answers keep request order."""
     fast, generic = pair

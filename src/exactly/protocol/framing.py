@@ -42,6 +42,10 @@ FREE_BYTES = 8 * 1024 * 1024  # and at most this many bytes of them
 DEFAULT_MAX_FRAME = 104_857_600  # socket.request.max.bytes
 
 _SIZE = struct.Struct(">i")
+# read-only zeros a free-list buffer grows by (at most SPARE_MAX bytes: a buffer never grows past
+# 1/8 of its length, and none longer than SPARE_MAX is kept); calloc'ed, so its pages are the
+# kernel's shared zero page until read, and reading them allocates nothing
+_ZEROS = memoryview(bytes(SPARE_MAX))
 
 
 class FrameError(Exception):
@@ -178,7 +182,9 @@ class Framer:
         if n >= size:
             del buf[size:]
         else:
-            buf.extend(bytes(size - n))
+            # grown from a view of zeros: no temporary ``bytes(size - n)`` allocated, zero-filled
+            # and freed per growth (a copy of the zeros only, which the socket overwrites)
+            buf += _ZEROS[: size - n]
         return buf
 
     def release(self, payload: bytearray) -> None:

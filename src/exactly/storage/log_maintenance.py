@@ -40,6 +40,7 @@ class LogMaintenance:
     _recovery_point: int
     high_watermark: int
     log_start_offset: int
+    last_stable_offset: int
     _first_unstable: int | None
     _unflushed_messages: int
     _last_flush_ms: int
@@ -55,6 +56,18 @@ class LogMaintenance:
     @property
     def log_end_offset(self) -> int:
         return self._segments[-1].next_offset
+
+    def _refresh_lso(self) -> None:
+        """Set ``last_stable_offset`` from what it depends on: min(first unstable offset, high
+        watermark), never below the log start. Called after every change of one of the three
+        (the append paths, markers, truncation, log-start moves, high watermark updates); a plain
+        attribute rather than a property because the consumer Fetch fast path reads it per
+        request (``fetch_fast``). ``append_plain`` inlines it."""
+        first_unstable = self._first_unstable
+        if first_unstable is None:
+            self.last_stable_offset = self.high_watermark
+        else:
+            self.last_stable_offset = max(min(first_unstable, self.high_watermark), self.log_start_offset)
 
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end offset and snapshot producer state there
@@ -212,6 +225,7 @@ class LogMaintenance:
             self._segments, self.producer_state, self.leader_epochs, self.log_start_offset, new_end, new_end
         )
         self._first_unstable = self.producer_state.first_unstable_offset()
+        self._refresh_lso()
         return removed
 
     def replace_segments(
@@ -269,6 +283,7 @@ class LogMaintenance:
         epoch cache forgets epochs below the start (LSO clamping: ``last_stable_offset``)."""
         self.log_start_offset = start
         self.high_watermark = max(self.high_watermark, start)
+        self._refresh_lso()
         if start > self._recovery_point:  # a snapshot at the new start may be loaded: durable first
             self.producer_state.sync_snapshots(start)
         self._recovery_point = max(self._recovery_point, start)

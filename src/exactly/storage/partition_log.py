@@ -145,6 +145,10 @@ class PartitionLog(LogMaintenance):
         self.high_watermark = self._segments[-1].next_offset
         self.log_start_offset = loaded.log_start_offset
         self._first_unstable: int | None = producer_state.first_unstable_offset()
+        # min(first unstable offset, high watermark), at least the log start: a plain attribute
+        # too (``LogMaintenance._refresh_lso``), set wherever one of the three changes
+        self.last_stable_offset = self.high_watermark
+        self._refresh_lso()
         self._unflushed_messages = 0
         self._last_flush_ms = now_ms
         self.closed = False  # True once ``close`` or ``delete`` ended the log's use
@@ -204,10 +208,11 @@ class PartitionLog(LogMaintenance):
     def update_high_watermark(self, offset: int) -> None:
         """Set the high watermark, clamped to [log_start_offset, log_end_offset]."""
         self.high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+        self._refresh_lso()
 
-    @property
-    def last_stable_offset(self) -> int:
-        """min(first unstable offset, high watermark)."""
+    def computed_last_stable_offset(self) -> int:
+        """``last_stable_offset`` computed afresh from what it depends on (tests compare the
+        attribute with it after every kind of change)."""
         if self._first_unstable is None:
             return self.high_watermark
         return max(min(self._first_unstable, self.high_watermark), self.log_start_offset)
@@ -333,6 +338,12 @@ class PartitionLog(LogMaintenance):
             self.flush(now_ms=now_ms)
         if leader_epoch is None:
             self.high_watermark = next_offset  # single broker: the HW is the log end
+            first_unstable = self._first_unstable  # ``_refresh_lso``, inlined
+            self.last_stable_offset = (
+                next_offset
+                if first_unstable is None
+                else max(min(first_unstable, next_offset), self.log_start_offset)
+            )
         return base_offset
 
     def append_as_follower(self, batch: bytearray | memoryview, header: BatchHeader, *, now_ms: int) -> None:
@@ -405,6 +416,7 @@ class PartitionLog(LogMaintenance):
                 )
         elif header.is_transactional and self._first_unstable is None:
             self._first_unstable = self.producer_state.first_unstable_offset()
+        self._refresh_lso()
         self.leader_epochs.assign(header.partition_leader_epoch, header.base_offset)
         self._unflushed_messages += header.record_count
         if self._unflushed_messages >= self.config.flush_messages:
