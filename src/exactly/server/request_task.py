@@ -17,11 +17,8 @@ request at a time in arrival order, see ``handlers.produce``.
 The frames of a read that a fast path takes whole (the common single-broker Produce and consumer
 Fetch, ``dispatch.fast_answer``) are answered from the read callback itself, in order and with one
 write, when the request task sits idle with nothing held back or deferred: no future, no task
-step per request. That includes a bulk Produce (a large frame) when it is the first frame taken
-(s21: ~25 µs per request less, ``bench/bulk_produce_micro.py``); its buffer then goes back to the
-framer as ``_process`` gives it back. The first frame a fast path declines (or a large one behind
-answers already gathered, or a large one that is not a Produce) and everything behind it go to
-the request task, which calls ``fast_answer`` itself too (a plain call, no coroutine) and
+step per request. The first frame a fast path declines (or a large one) and everything behind it
+go to the request task, which calls ``fast_answer`` itself too (a plain call, no coroutine) and
 ``dispatch.dispatch`` (``fast_paths=False``) for the rest. A parked consumer Fetch of the fast path
 (``ExclusiveAnswer``) holds back every later request, as an awaited one.
 
@@ -72,7 +69,6 @@ PENDING_MAX_BYTES = 4 * 1024 * 1024  # gathered response bytes that force a writ
 # acks=all Produce, call ``ctx.before_park`` (which writes what is held back) before they do: the
 # only ones handled while earlier responses are held back for a combined write
 NEVER_WAIT = frozenset({ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.METADATA, ApiKey.API_VERSIONS})
-_PRODUCE_KEY = int(ApiKey.PRODUCE)  # the low byte of a frame's api key (``fast_answer`` checks the high one)
 MAX_QUEUED_FRAMES = 32  # read-ahead before we stop reading the socket
 # Produces handled while earlier ones wait for the ISR (a client keeps at most 5 in flight per
 # connection: librdkafka's max.in.flight with idempotence, the Java client's default)
@@ -123,9 +119,9 @@ class RequestTask:
         latency-1k profile shows (bench/results/fetch-fast-s17.md). Only while ``_process`` sits
         idle with nothing held back, nothing deferred and the socket writable, so the order of
         answers is the one ``_process`` would give: frames are taken from the head of the queue
-        one at a time, in order, and the first one that ``fast_answer`` declines, or that is
-        large behind gathered answers or not a Produce, stops it (``_process`` handles that one
-        and everything after it). Several frames of one read (two pipelined Produces, a Produce and a Fetch) are answered with one
+        one at a time, in order, and the first one that is large or that ``fast_answer``
+        declines stops it (``_process`` handles that one and everything after it). Several
+        frames of one read (two pipelined Produces, a Produce and a Fetch) are answered with one
         write, as ``_process`` gathers them. A Fetch that parks (a ``Deferred``) ends it too:
         what was gathered is written first, then its answer is queued for ``_answered`` and
         holds back every later frame (``_blocked``)."""
@@ -141,30 +137,13 @@ class RequestTask:
         try:
             while frames:
                 payload = frames[0]
-                large = len(payload) >= LARGE_FRAME
-                if large and (out or payload[1] != _PRODUCE_KEY):
+                if len(payload) >= LARGE_FRAME:
                     break  # _process handles it, writing what is gathered first
                 result = fast_answer(broker, payload, True, file_slices)
                 if result is None:
                     break  # declined, nothing changed: _process answers it on its turn
                 frames.popleft()
                 broker.metrics.bytes_in += len(payload) + 4
-                if large:
-                    # a bulk Produce answered from the read callback: no future, task step or
-                    # loop turn per request (s21, small100-s21.md). Its buffer goes back to the
-                    # framer as ``_process`` gives it back: when nothing but this frame's two
-                    # references (the local and the call's argument) holds it; a Fetch woken
-                    # by the append keeps it (``waiters.notify``), so it is not reused then.
-                    if sys.getrefcount(payload) == 2:
-                        self.framer.release(payload)
-                    if isinstance(result, Deferred):  # a cluster leader's acks=all: it waits
-                        answer = result.answer
-                        assert isinstance(answer, PendingAnswer)
-                        self._deferred.append(answer)
-                        answer.listen(self._answered)
-                        break
-                    out = result
-                    continue
                 if isinstance(result, Deferred):  # a parked Fetch: ``_answered`` writes it
                     if out:
                         self._write(transport, out)
