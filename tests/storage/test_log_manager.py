@@ -20,6 +20,7 @@ from exactly.storage.log_manager import (
     TopicExistsError,
     UnknownTopicError,
 )
+from exactly.storage import topics_file
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 from tests.storage.helpers import NOW, append, crash, make_batch, read_all
@@ -325,21 +326,26 @@ def test_add_partitions_failure_while_preparing_leaves_the_topic_as_it_was(
     manager.close()
 
 
-def _crash_inside_add_partitions(data_dir: Path, count: int, *, before_topics_file: bool) -> None:
-    """Child process: grow topic 't' and die like kill -9 (os._exit: no cleanup, no flush)
-    just before or just after topics.json is written."""
-    manager = LogManager(data_dir, LogConfig(), now_ms=NOW)
-    real_write = LogManager._write_topics
+def _die_around_topics_file(before_topics_file: bool) -> None:
+    """Make the next write of topics.json die like kill -9 (os._exit: no cleanup, no flush),
+    just before or just after the file is written (the persist step's commit point)."""
+    real_write = topics_file.write_durably
 
-    def write_then_die(self: LogManager, topics: Any = None) -> None:
-        if topics is None:  # not the write of add_partitions
-            real_write(self, topics)
+    def write_then_die(path: Path, data: bytes, **kwargs: Any) -> None:
+        if path.name != TOPICS_FILE:
+            real_write(path, data, **kwargs)
             return
         if not before_topics_file:
-            real_write(self, topics)
+            real_write(path, data, **kwargs)
         os._exit(9)
 
-    LogManager._write_topics = write_then_die  # type: ignore[method-assign]
+    topics_file.write_durably = write_then_die  # type: ignore[assignment]
+
+
+def _crash_inside_add_partitions(data_dir: Path, count: int, *, before_topics_file: bool) -> None:
+    """Child process: grow topic 't' and die just before or just after topics.json is written."""
+    manager = LogManager(data_dir, LogConfig(), now_ms=NOW)
+    _die_around_topics_file(before_topics_file)
     manager.add_partitions("t", count, now_ms=NOW)
     os._exit(0)  # not reached
 

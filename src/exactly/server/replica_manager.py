@@ -301,11 +301,18 @@ class ReplicaManager:
         self.cache.remove_topic(name)
         if name in INTERNAL_TOPICS:
             self._coordinators_follow(name)
-        info = self.broker.logs.topic(name)
-        if info is not None:
-            self.broker.logs.delete_topic(name)
-            log.info("deleted local replicas of topic %s", name)
+        if self.broker.logs.topic(name) is not None:
+            # unpublished now; the files are written off the loop (server.topic_writes)
+            self._spawn(self._delete_local(self.broker.logs.prepare_delete(name)), f"delete-{name}")
         self._changed()
+
+    async def _delete_local(self, plan: TopicChangePlan) -> None:
+        try:
+            await self.broker.topic_writes.apply(plan)
+        except OSError as exc:  # logged by the log manager too; the topic is as before
+            log.error("local replicas of topic %s not deleted: %s", sorted(plan.names), exc)
+            return
+        log.info("deleted local replicas of topic %s", sorted(plan.names))
 
     def _on_state(self, tp: TopicPartition, observed: ObservedState | None) -> None:
         self.role_changes += 1  # first: the role change below wakes parked reads synchronously

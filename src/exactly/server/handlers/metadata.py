@@ -141,7 +141,11 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
                 if broker.auto_create_topics and not _may_create(broker, ctx, name):
                     topic_results.append(_unauthorized_topic(broker, mod, name, None))
                     continue
-                info = broker.auto_create(name)
+                info = await broker.auto_create(name)
+        if info is None and logs.topic_busy(name):  # being created (or deleted) right now
+            topic_results.append(_error_topic(mod, name, ErrorCode.leader_not_available))
+            broker.metrics.error(ApiKey.METADATA, ErrorCode.leader_not_available)
+            continue
         if info is None:
             topic_results.append(_error_topic(mod, name, ErrorCode.unknown_topic_or_partition))
             broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_or_partition)
@@ -273,7 +277,7 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
                 if not _may_create(broker, ctx, name):
                     topic_results.append(_unauthorized_topic(broker, mod, name, None))
                     continue
-                broker.auto_create(name)
+                replicas.topics.request_auto_create(name, broker.num_partitions)
                 code = ErrorCode.leader_not_available
             topic_results.append(_error_topic(mod, name, code))
             broker.metrics.error(ApiKey.METADATA, code)
