@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from exactly.storage import topics_file
 from exactly.storage.checkpoint import read_offset_checkpoint
 from exactly.storage.config import InvalidConfigError, LogConfig
 from exactly.storage.log_checkpoints import RECOVERY_POINT_CHECKPOINT
@@ -20,7 +21,6 @@ from exactly.storage.log_manager import (
     TopicExistsError,
     UnknownTopicError,
 )
-from exactly.storage import topics_file
 from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 from tests.storage.helpers import NOW, append, crash, make_batch, read_all

@@ -17,7 +17,7 @@ import pytest
 from exactly.storage import topics_file
 from exactly.storage.checkpoint import read_offset_checkpoint
 from exactly.storage.config import LogConfig
-from exactly.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry
+from exactly.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT
 from exactly.storage.log_checkpoints import LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT
 from exactly.storage.log_manager import (
     TOPICS_FILE,
@@ -134,7 +134,9 @@ def test_a_failed_persist_leaves_the_topic_nowhere(
     assert manager.create_topic("fails", 1, {}, now_ms=NOW).partitions == 1  # released
 
 
-def test_a_failed_delete_keeps_the_topic_serving(manager: LogManager, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_delete_keeps_the_topic_serving(
+    manager: LogManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
     manager.create_topic("t", 1, {}, now_ms=NOW)
     plog = manager.get_partition(TopicPartition("t", 0))
     assert plog is not None
