@@ -93,15 +93,17 @@ class LogManager(TopicChanges):
     log-start-offset checkpoints and the ``.clean_shutdown`` marker.
 
     Lifecycle: the constructor opens (and, after an unclean shutdown, recovers) every partition
-    and removes the clean-shutdown marker; from then on ``create_topic``, ``add_partitions`` and
-    ``delete_topic`` change the registry, ``delete_records`` moves log start offsets, and
+    and removes the clean-shutdown marker; from then on topic changes (``topic_changes``: prepare,
+    persist, complete; ``create_topic``, ``add_partitions`` and ``delete_topic`` run all three)
+    change the registry, ``delete_records`` moves log start offsets, and
     ``run_maintenance`` runs periodically (rolls, retention, flushes, producer expiry,
     checkpoints); ``close`` flushes and closes every partition, writes the checkpoints and the
     marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
     broker's event loop is the only caller (the one thread of its own, started by
     ``start_epoch_flush``, only rewrites the leader-epoch checkpoints recovery truncated; ``close``
-    waits for it), except ``rolled_flush_runner``'s fsyncs, which any one thread at a time may run
-    (``storage.rolled_flush``; ``close`` waits for them too).
+    waits for it), except ``rolled_flush_runner``'s fsyncs and ``persist_topic_change``, each of
+    which any one thread at a time may run (``storage.rolled_flush``, ``storage.topics_file``;
+    ``close`` waits for them too).
     """
 
     def __init__(
