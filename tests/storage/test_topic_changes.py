@@ -65,10 +65,11 @@ def test_two_creates_and_a_delete_in_flight_commit_in_any_order(manager: LogMana
     a = manager.prepare_create([NewTopic("a", 2, {})], now_ms=NOW)
     b = manager.prepare_create([NewTopic("b", 1, {"retention.ms": "5"})], now_ms=NOW)
     gone = manager.prepare_delete("old")
-    # prepared: nothing published, nothing durable yet; the names are taken
+    # prepared: nothing published, no file touched (the partitions are made by the persist
+    # step, off the owner's thread); the names are taken
     assert manager.topics().keys() == set() and _listed(data) == {"old"}
     assert manager.get_partition(TopicPartition("a", 0)) is None
-    assert (data / "a-1").is_dir() and not (data / "a-1" / LEADER_EPOCH_CHECKPOINT).exists()
+    assert not (data / "a-0").exists() and (data / "old-0").is_dir()
     with pytest.raises(TopicExistsError):
         manager.prepare_create([NewTopic("a", 1, {})], now_ms=NOW)
     with pytest.raises(TopicExistsError):  # a name being deleted is not free yet (Kafka too)
@@ -84,6 +85,7 @@ def test_two_creates_and_a_delete_in_flight_commit_in_any_order(manager: LogMana
     assert _listed(data) == {"b"} and not (data / "old-0").exists()
     assert _restart_sees(data, scratch) == {"b"}
     manager.persist_topic_change(a)
+    assert (data / "a-1" / LEADER_EPOCH_CHECKPOINT).read_text() == "0\n1\n0 0\n"
     assert _listed(data) == {"a", "b"}
     assert _restart_sees(data, scratch) == {"a", "b"}
     assert manager.topics().keys() == set()  # published only on complete

@@ -225,12 +225,9 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return latest_epoch(self.entries)
 
-    def assign(self, epoch: int, start_offset: int, *, durable: bool = True) -> None:
+    def assign(self, epoch: int, start_offset: int) -> None:
         """``assign`` of the rules, checkpointed. Dropping more than the entry being replaced
-        (a non-monotonic tail) is logged, as Kafka does: it means the log was rewritten there.
-        ``durable=False`` (a partition being created, whose directory is not yet listed in
-        topics.json): the rewrite is owed to ``flush``, which the topic's persist step runs
-        before the commit point, off the owner's thread (``storage.topics_file``)."""
+        (a non-monotonic tail) is logged, as Kafka does: it means the log was rewritten there."""
         if self.entries:
             last = self.entries[-1]
             if epoch == last.epoch and start_offset >= last.start_offset:
@@ -245,7 +242,7 @@ class LeaderEpochCache:
                 start_offset,
                 [(e.epoch, e.start_offset) for e in dropped],
             )
-        self._replace(entries, durable)
+        self._replace(entries)
 
     def end_offset_for(self, epoch: int, log_end_offset: int) -> EpochEndOffset:
         return end_offset_for(self.entries, epoch, log_end_offset)

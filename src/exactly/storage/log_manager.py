@@ -137,7 +137,7 @@ class LogManager(TopicChanges):
         start = self._checkpoints.read()
         self._writer = TopicsWriter(data_dir / TOPICS_FILE, self._topics, self._checkpoints)
         self._busy: set[str] = set()
-        self._in_flight: dict[TopicPartition, PartitionLog] = {}
+        self._in_flight: dict[int, TopicChangePlan] = {}
         high_watermarks = start.high_watermarks
         self._remove_orphan_directories()
         for info in self._topics.values():

@@ -9,15 +9,17 @@ topics at load 9, bench/results/mends-s21.md) must not run on the broker's event
 * **prepare** (owner's thread, ``prepare_create`` / ``prepare_add_partitions`` /
   ``prepare_delete``): validate; reserve the names (``topic_busy``: a second change of a name
   while one is in flight is refused, a create with ``TopicExistsError`` as Kafka's
-  TOPIC_ALREADY_EXISTS); open the new partitions with their leader epoch assigned but not written
-  (``LeaderEpochCache.assign(durable=False)``), or unpublish the topic being deleted; snapshot
-  the offset checkpoints as of the change. Returns a ``TopicChangePlan``.
+  TOPIC_ALREADY_EXISTS); unpublish the topic being deleted; snapshot the offset checkpoints as
+  of the change. Returns a ``TopicChangePlan``. No file is touched.
 * **persist** (``persist_topic_change``, any one thread at a time: ``TopicsWriter.persist``, the
-  one writer of topics.json; see ``storage.topics_file`` for its invariants). A CreateTopics of N
-  topics is one plan: one topics.json write and one checkpoint write.
+  one writer of topics.json; see ``storage.topics_file`` for its invariants): make the new
+  partitions (directories, empty segments, the leader-epoch checkpoint: file creations that wait
+  for the filesystem journal on a busy disk, ~1 ms each when idle, so they are no loop work
+  either; nothing sees these logs before complete), then the checkpoints and topics.json. A
+  CreateTopics of N topics is one plan: one topics.json write and one checkpoint write.
 * **complete** (owner's thread, ``complete_topic_change``, exactly once per plan, with the
   persist step's error or None): publish the created or grown topic and its logs, or close the
-  deleted one's; on an error undo the prepare (delete the prepared directories, publish the
+  deleted one's; on an error undo (delete the partitions the persist step made, publish the
   deleted topic again) and release the names. Callers answer only after this (the answer still
   follows durable files).
 
@@ -84,12 +86,13 @@ class NewTopic:
 @dataclass(frozen=True, slots=True)
 class TopicChangePlan:
     """A prepared change: ``change`` for the persist step; ``topics``: the created or grown
-    topics' entries; ``logs``: the prepared new partitions (created, grown) or the unpublished
-    ones (``deleted``); ``names``: the reserved names."""
+    topics' entries; ``logs``: the new partitions (created, grown: filled in by the persist
+    step, read by the completion, which runs after it) or the unpublished ones (``deleted``);
+    ``names``: the reserved names."""
 
     change: TopicChange
     topics: tuple[TopicInfo, ...]
-    logs: Mapping[TopicPartition, PartitionLog]
+    logs: dict[TopicPartition, PartitionLog]
     deleted: tuple[TopicInfo, ...]
     names: frozenset[str]
 
@@ -104,7 +107,7 @@ class TopicChanges:
     _topics: dict[str, TopicInfo]
     _logs: dict[TopicPartition, PartitionLog]
     _busy: set[str]  # names with a change between prepare and complete
-    _in_flight: dict[TopicPartition, PartitionLog]  # open logs of those changes, unpublished
+    _in_flight: dict[int, TopicChangePlan]  # those changes' plans, by id
     _writer: TopicsWriter
     _closed: bool
 
@@ -164,35 +167,45 @@ class TopicChanges:
     def _prepare_partitions(
         self, ranges: Sequence[tuple[TopicInfo, int, int]], now_ms: int
     ) -> TopicChangePlan:
-        prepared: dict[TopicPartition, PartitionLog] = {}
-        try:
-            for info, first, end in ranges:
-                for partition in range(first, end):
-                    tp = TopicPartition(info.name, partition)
-                    prepared[tp] = self._new_partition(tp, info.config, now_ms)
-        except BaseException:
-            for partition_log in prepared.values():
-                partition_log.delete()
-            raise
+        parts = [
+            (TopicPartition(info.name, partition), info.config)
+            for info, first, end in ranges
+            for partition in range(first, end)
+        ]
         infos = tuple(info for info, _first, _end in ranges)
         names = frozenset(info.name for info in infos)
-        self._busy |= names
-        self._in_flight.update(prepared)
         # The checkpoints as of the change: the new partitions at 0, so no recovery point or log
         # start of an older topic with a name reused survives (written before the commit).
         recovery_points = recovery_points_of(self._logs)
-        recovery_points.update(dict.fromkeys(prepared, 0))
+        recovery_points.update(dict.fromkeys((tp for tp, _config in parts), 0))
+        opened: dict[TopicPartition, PartitionLog] = {}
         change = TopicChange(
             put=infos,
-            epochs=tuple(plog.leader_epochs for plog in prepared.values()),
+            make_files=partial(self._open_partitions, parts, opened, now_ms),
             recovery_points=recovery_points,
             log_starts=log_starts_of(self._logs),
         )
-        return TopicChangePlan(change, infos, MappingProxyType(prepared), (), names)
+        plan = TopicChangePlan(change, infos, opened, (), names)
+        self._busy |= names
+        self._in_flight[id(plan)] = plan
+        return plan
+
+    def _open_partitions(
+        self,
+        parts: Sequence[tuple[TopicPartition, LogConfig]],
+        into: dict[TopicPartition, PartitionLog],
+        now_ms: int,
+    ) -> None:
+        """The persist step's first part (the writer's thread): the new partitions, each empty in
+        a fresh directory with its leader epoch checkpointed, into ``into`` (the plan's ``logs``:
+        on a failure the completion deletes those made). Nothing else sees them before the
+        completion publishes them, so they may be made on another thread than the owner's."""
+        for tp, config in parts:
+            into[tp] = self._new_partition(tp, config, now_ms)
 
     def _new_partition(self, tp: TopicPartition, config: LogConfig, now_ms: int) -> PartitionLog:
-        """An empty partition in a fresh directory, leader epoch assigned (its checkpoint is
-        written by the persist step, before topics.json names the partition)."""
+        """An empty partition in a fresh directory, leader epoch assigned and checkpointed
+        before topics.json names the partition."""
         directory = self._partition_dir(tp)
         shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
         partition_log = PartitionLog.open(
@@ -205,7 +218,7 @@ class TopicChanges:
         )
         # Kafka records the epoch when the replica becomes leader, at creation, not inside the
         # first produce request.
-        partition_log.leader_epochs.assign(INITIAL_LEADER_EPOCH, 0, durable=False)
+        partition_log.leader_epochs.assign(INITIAL_LEADER_EPOCH, 0)
         return partition_log
 
     def prepare_delete(self, name: str) -> TopicChangePlan:
@@ -227,15 +240,16 @@ class TopicChanges:
                 partition_log.leader_epochs.discard()
             after.append(partial(shutil.rmtree, self._partition_dir(tp), ignore_errors=True))
             after.append(partial(self.cleaner_manager.remove, tp))
-        self._busy.add(name)
-        self._in_flight.update(detached)
         change = TopicChange(
             remove=(name,),
             recovery_points=recovery_points_of(self._logs),
             log_starts=log_starts_of(self._logs),
             after_commit=tuple(after),
         )
-        return TopicChangePlan(change, (), MappingProxyType(detached), (info,), frozenset({name}))
+        plan = TopicChangePlan(change, (), detached, (info,), frozenset({name}))
+        self._busy.add(name)
+        self._in_flight[id(plan)] = plan
+        return plan
 
     # --- persist (any one thread) and complete (owner's thread) ----------------------------------
     def persist_topic_change(self, plan: TopicChangePlan) -> None:
@@ -248,8 +262,7 @@ class TopicChanges:
         if self._closed:
             return
         self._busy -= plan.names
-        for tp in plan.logs:
-            self._in_flight.pop(tp, None)
+        self._in_flight.pop(id(plan), None)
         if error is None:
             for info in plan.topics:
                 self._topics[info.name] = info
@@ -281,12 +294,13 @@ class TopicChanges:
         """At close, once the writer stopped: the logs of changes never completed are closed if
         topics.json lists them, else deleted (start-up would delete them anyway)."""
         committed = self._writer.committed
-        for tp, partition_log in self._in_flight.items():
-            info = committed.get(tp.topic)
-            if info is not None and tp.partition < info.partitions:
-                partition_log.close()
-            else:
-                partition_log.delete()
+        for plan in self._in_flight.values():
+            for tp, partition_log in plan.logs.items():
+                info = committed.get(tp.topic)
+                if info is not None and tp.partition < info.partitions:
+                    partition_log.close()
+                else:
+                    partition_log.delete()
         self._in_flight.clear()
 
     # --- synchronous drivers -----------------------------------------------------------------------

@@ -6,8 +6,8 @@ Creating a topic made six fsyncs per one-partition topic on the broker's event l
 the partition's leader-epoch checkpoint and the recovery-point checkpoint, each file and
 directory): one CreateTopics of 20 topics stalled every connection for 0.75-0.92 s at load 9
 (bench/results/mends-s21.md). A topic change is therefore split in three (``topic_changes``):
-*prepare* on the owner's thread (validate, reserve the name, open the new partitions with their
-leader epoch assigned but not yet written), *persist* here, on any one thread at a time (the
+*prepare* on the owner's thread (validate, reserve the name, snapshot the checkpoints), *persist*
+here (make the new partitions, write the checkpoints and topics.json), on any one thread at a time (the
 broker: one worker thread, jobs in order), and *complete* on the owner's thread (publish, or undo).
 
 Invariants
@@ -19,7 +19,7 @@ Invariants
   reserves a name for the whole prepare -> complete), so jobs commute and the order they run in
   changes nothing but which one waits.
 * topics.json is the commit point. Before it, a job only writes what is harmless without it: the
-  new partitions' leader-epoch checkpoints (their directories are unlisted: start-up deletes them)
+  new partitions' directories with their leader-epoch checkpoints (unlisted: start-up deletes them)
   and the offset checkpoints without stale entries of an older topic of the same name (entries of
   unlisted partitions are ignored). After it, nothing may fail the job: the removal of a deleted
   topic's directories and its checkpoint entries are best effort (start-up deletes unlisted
@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from exactly.storage.config import LogConfig
 from exactly.storage.durable import write_durably
@@ -48,9 +47,6 @@ from exactly.storage.log_checkpoints import (
     LogCheckpoints,
 )
 from exactly.types import TopicPartition
-
-if TYPE_CHECKING:
-    from exactly.storage.leader_epoch import LeaderEpochCache
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +123,14 @@ class TopicChange:
     """The durable part of one topic change (any number of topics), built on the owner's thread.
 
     ``put``: the entries of created or grown topics after the change; ``remove``: deleted topics;
-    ``epochs``: leader-epoch caches of prepared partitions whose checkpoint is owed (written before
-    the commit); ``recovery_points`` / ``log_starts``: the offset checkpoints as of the change
+    ``make_files``: makes the new partitions (directories, segments, leader-epoch checkpoints),
+    run first (what it made before failing is the owner's to undo); ``recovery_points`` / ``log_starts``: the offset checkpoints as of the change
     (snapshots: the logs are the owner's); ``after_commit``: best-effort steps once topics.json is
     written (a deleted topic's directories and cleaner checkpoint entries)."""
 
     put: tuple[TopicInfo, ...] = ()
     remove: tuple[str, ...] = ()
-    epochs: tuple[LeaderEpochCache, ...] = ()
+    make_files: Callable[[], object] | None = None
     recovery_points: Mapping[TopicPartition, int] = field(default_factory=dict)
     log_starts: Mapping[TopicPartition, int] = field(default_factory=dict)
     after_commit: tuple[Callable[[], object], ...] = ()
@@ -159,8 +155,8 @@ class TopicsWriter:
             return dict(self._committed)
 
     def persist(self, change: TopicChange) -> None:
-        """Write ``change`` durably: owed epoch checkpoints and (for a create or growth) the
-        offset checkpoints, then topics.json as "committed + change" (the commit point), then the
+        """Write ``change`` durably: the new partitions and (for a create or growth) the offset
+        checkpoints, then topics.json as "committed + change" (the commit point), then the
         best-effort steps. Raises OSError (``TopicsWriterStopped`` after ``stop``) with nothing
         committed; ``committed`` then stays as it was."""
         with self._lock:
@@ -168,9 +164,9 @@ class TopicsWriter:
                 raise TopicsWriterStopped("the log manager is closed")
             after = {k: v for k, v in self._committed.items() if k not in change.remove}
             after.update((info.name, info) for info in change.put)
+            if change.make_files is not None:
+                change.make_files()
             if change.put:
-                for cache in change.epochs:
-                    cache.flush()
                 self._write_checkpoints(change, after)
             write_durably(self.path, encode_topics(after))
             self._committed = after
