@@ -161,6 +161,16 @@ def test_a_local_replica_is_persisted_off_the_loop_and_its_role_applied_once_pub
         )
         assert reapplied[1].log_end_offset == 0 and logs.topic("orders") is not None
 
+        # deleted from the cluster while its local creation is in flight: deleted after it
+        topics.cache.set_topic(cached("brief", uuid.uuid4(), partitions=1))
+        assert topics.local_log(TopicPartition("brief", 0), lambda: ready.append(tp0)) is None
+        topics.cache.remove_topic("brief")
+        topics.forget_waiting(TopicPartition("brief", 0))
+        topics.delete_local("brief")
+        await settle()
+        assert logs.topic("brief") is None and not logs.topic_busy("brief")
+        assert not (logs.data_dir / "brief-0").exists()
+
     asyncio.run(script())
 
 

@@ -109,6 +109,7 @@ class ClusterTopics:
         self._apply_change = apply_change or _apply_here(logs)
         # partitions waiting for their topic's local change in flight: topic -> tp -> when_ready
         self._waiting: dict[str, dict[TopicPartition, Callable[[], None]]] = {}
+        self._doomed: set[str] = set()  # deleted from the cluster while a local change was in flight
 
     # --- ids -------------------------------------------------------------------------------------
 
@@ -349,11 +350,15 @@ class ClusterTopics:
 
     def delete_local(self, name: str) -> None:
         """The topic left the cluster: unpublish its local replica now, delete its files off the
-        loop; partitions hosted again meanwhile wait for that (``local_log``)."""
+        loop; partitions hosted again meanwhile wait for that (``local_log``). A local creation
+        or growth in flight is let finish, then the topic is deleted (unless it is back)."""
+        if self.logs.topic_busy(name):  # a local creation in flight: deleted once it completed
+            self._doomed.add(name)
+            return
         try:
             plan = self.logs.prepare_delete(name)
         except UnknownTopicError:
-            return  # not local, or a change of it already in flight
+            return  # not local
         self._spawn(self._persist(plan, f"{name}: local replicas deleted"), f"delete-{name}")
 
     def forget_waiting(self, tp: TopicPartition) -> None:
@@ -377,5 +382,11 @@ class ClusterTopics:
         else:
             log.info("%s", what)
         for name in sorted(plan.names):
+            if name in self._doomed:  # the topic left the cluster while it was being created
+                self._doomed.discard(name)
+                if self.cache.topic(name) is None:
+                    self._waiting.pop(name, None)
+                    self.delete_local(name)
+                    continue
             for ready in self._waiting.pop(name, {}).values():
                 ready()
