@@ -134,9 +134,13 @@ def test_a_local_replica_is_persisted_off_the_loop_and_its_role_applied_once_pub
         assert logs.topic_busy("orders") and logs.topic("orders") is None
         assert topics.local_log(tp1, lambda: ready.append(tp1)) is None  # waits for the same change
         assert [t.get_name() for t in tasks] == ["local-orders"]
+        # what Metadata hides this broker's leadership of until the replica exists
+        assert topics.waiting_partitions("orders") == {0, 1}
         topics.forget_waiting(tp1)  # its replica stopped meanwhile
+        assert topics.waiting_partitions("orders") == {0}
         await settle()
         assert ready == [tp0]
+        assert topics.waiting_partitions("orders") == frozenset()
         info = logs.topic("orders")
         assert info is not None and info.topic_id == topic_id
         plog = topics.local_log(tp0, lambda: ready.append(tp0))

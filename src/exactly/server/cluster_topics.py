@@ -361,6 +361,12 @@ class ClusterTopics:
             return  # not local
         self._spawn(self._persist(plan, f"{name}: local replicas deleted"), f"delete-{name}")
 
+    def waiting_partitions(self, name: str) -> frozenset[int]:
+        """Partitions of ``name`` whose role waits for their local replica's creation (off the
+        loop): this broker does not serve them yet, whatever the metadata cache says."""
+        waiting = self._waiting.get(name)
+        return frozenset(tp.partition for tp in waiting) if waiting else frozenset()
+
     def forget_waiting(self, tp: TopicPartition) -> None:
         """``tp`` no longer needs its local log (its replica stopped): drop its ``when_ready``."""
         waiting = self._waiting.get(tp.topic)
