@@ -6,9 +6,7 @@ One broker (this checkout's ``src``, or ``--src``) runs with the loop-lag monito
 each, (4) produces one record to as many new topic names (auto-creation through Metadata).
 Per phase: the late loop turns (count, sum, max ms) seen between its start and 0.2 s after its
 end, on the client's clock (CLOCK_MONOTONIC, as the monitor's). Topic creation writes the
-leader-epoch checkpoint, topics.json and the recovery-point checkpoint durably: on the loop before
-topicfs-s21, in the topic-writes thread since (``server.topic_writes``). A/B: alternate runs with
-``--src`` (results/topicfs-s21.md).
+leader-epoch checkpoint, topics.json and the recovery-point checkpoint durably on the loop.
 
 Ad-hoc tool::
 

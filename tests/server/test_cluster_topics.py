@@ -3,7 +3,6 @@ local replica of a cluster topic (the ZooKeeper writes run in tests/cluster)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ from exactly.server.config import BrokerConfig
 from exactly.server.metadata_cache import BrokerEndpoint, CachedTopic, MetadataCache
 from exactly.storage.config import LogConfig
 from exactly.storage.log_manager import LogManager
-from exactly.storage.partition_log import PartitionLog
 from exactly.types import TopicPartition
 
 NOW = 1_700_000_000_000
@@ -105,82 +103,3 @@ def test_the_local_replica_takes_the_cluster_topic_id(logs: LogManager) -> None:
     info = logs.topic("orders")
     assert info is not None and info.topic_id == topic_id and info.partitions == 3
     assert topics.local_log(TopicPartition("orders", 1)) is plog
-
-
-def test_a_local_replica_is_persisted_off_the_loop_and_its_role_applied_once_published(
-    logs: LogManager,
-) -> None:
-    """A serving broker: ``local_log`` with ``when_ready`` prepares the creation, persists it in a
-    task (the broker's topic writer) and calls back once the topic is published; a partition
-    asking meanwhile waits for the same change; a deletion in flight is waited for too, and the
-    topic is then created anew."""
-
-    async def script() -> None:
-        tasks: list[asyncio.Task[None]] = []
-
-        def spawn(coro: Coroutine[Any, Any, None], name: str) -> None:
-            tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
-
-        async def settle() -> None:
-            while tasks:
-                await tasks.pop(0)
-
-        topics = make(logs, 3, spawned_by(spawn))
-        topic_id = uuid.uuid4()
-        topics.cache.set_topic(cached("orders", topic_id, partitions=2))
-        ready: list[TopicPartition] = []
-        tp0, tp1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
-        assert topics.local_log(tp0, lambda: ready.append(tp0)) is None
-        assert logs.topic_busy("orders") and logs.topic("orders") is None
-        assert topics.local_log(tp1, lambda: ready.append(tp1)) is None  # waits for the same change
-        assert [t.get_name() for t in tasks] == ["local-orders"]
-        # what Metadata hides this broker's leadership of until the replica exists
-        assert topics.waiting_partitions("orders") == {0, 1}
-        topics.forget_waiting(tp1)  # its replica stopped meanwhile
-        assert topics.waiting_partitions("orders") == {0}
-        await settle()
-        assert ready == [tp0]
-        assert topics.waiting_partitions("orders") == frozenset()
-        info = logs.topic("orders")
-        assert info is not None and info.topic_id == topic_id
-        plog = topics.local_log(tp0, lambda: ready.append(tp0))
-        assert plog is not None and logs.get_partition(tp1) is not None
-
-        topics.delete_local("orders")  # the topic left the cluster; then came back
-        assert logs.topic("orders") is None and logs.topic_busy("orders")
-        reapplied: list[PartitionLog | None] = []
-
-        def reapply() -> None:  # as the replica manager's: apply the role again
-            reapplied.append(topics.local_log(tp1, reapply))
-
-        assert topics.local_log(tp1, reapply) is None
-        # the deletion; its completion applied the role again: a new creation (None), whose
-        # completion applied it once more: the new log
-        await settle()
-        assert (
-            len(reapplied) == 2
-            and reapplied[0] is None
-            and reapplied[1] is not None
-            and reapplied[1] is not plog
-        )
-        assert reapplied[1].log_end_offset == 0 and logs.topic("orders") is not None
-
-        # deleted from the cluster while its local creation is in flight: deleted after it
-        topics.cache.set_topic(cached("brief", uuid.uuid4(), partitions=1))
-        assert topics.local_log(TopicPartition("brief", 0), lambda: ready.append(tp0)) is None
-        topics.cache.remove_topic("brief")
-        topics.forget_waiting(TopicPartition("brief", 0))
-        topics.delete_local("brief")
-        await settle()
-        assert logs.topic("brief") is None and not logs.topic_busy("brief")
-        assert not (logs.data_dir / "brief-0").exists()
-
-    asyncio.run(script())
-
-
-def spawned_by(spawn: Callable[[Coroutine[Any, Any, None], str], None]) -> Spawned:
-    class Running(Spawned):
-        def __call__(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-            spawn(coro, name)
-
-    return Running()

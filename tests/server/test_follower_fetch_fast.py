@@ -65,9 +65,6 @@ def _open(data_dir: Path, fast: bool, isr: tuple[int, ...]) -> tuple[Broker, lis
     )
     assignment = TopicAssignment({0: (0, 1, 2), 1: (0, 1, 2)}, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
     rm._set_topic(CachedTopic(TOPIC, assignment, {}))
-    # the local replica, created on this thread (a serving broker persists it off its loop and
-    # applies the role once it is published: test_cluster_topics)
-    assert rm.topics.local_log(TP0) is not None
     for tp in (TP0, TP1):
         rm._on_state(tp, ObservedState(PartitionState(LeaderAndIsr(0, EPOCH, isr, 1), 1), 1))
         assert tp in rm.leaders

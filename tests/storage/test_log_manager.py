@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from exactly.storage import topics_file
 from exactly.storage.checkpoint import read_offset_checkpoint
 from exactly.storage.config import InvalidConfigError, LogConfig
 from exactly.storage.log_checkpoints import RECOVERY_POINT_CHECKPOINT
@@ -326,26 +325,21 @@ def test_add_partitions_failure_while_preparing_leaves_the_topic_as_it_was(
     manager.close()
 
 
-def _die_around_topics_file(before_topics_file: bool) -> None:
-    """Make the next write of topics.json die like kill -9 (os._exit: no cleanup, no flush),
-    just before or just after the file is written (the persist step's commit point)."""
-    real_write = topics_file.write_durably
+def _crash_inside_add_partitions(data_dir: Path, count: int, *, before_topics_file: bool) -> None:
+    """Child process: grow topic 't' and die like kill -9 (os._exit: no cleanup, no flush)
+    just before or just after topics.json is written."""
+    manager = LogManager(data_dir, LogConfig(), now_ms=NOW)
+    real_write = LogManager._write_topics
 
-    def write_then_die(path: Path, data: bytes, **kwargs: Any) -> None:
-        if path.name != TOPICS_FILE:
-            real_write(path, data, **kwargs)
+    def write_then_die(self: LogManager, topics: Any = None) -> None:
+        if topics is None:  # not the write of add_partitions
+            real_write(self, topics)
             return
         if not before_topics_file:
-            real_write(path, data, **kwargs)
+            real_write(self, topics)
         os._exit(9)
 
-    topics_file.write_durably = write_then_die  # type: ignore[assignment]
-
-
-def _crash_inside_add_partitions(data_dir: Path, count: int, *, before_topics_file: bool) -> None:
-    """Child process: grow topic 't' and die just before or just after topics.json is written."""
-    manager = LogManager(data_dir, LogConfig(), now_ms=NOW)
-    _die_around_topics_file(before_topics_file)
+    LogManager._write_topics = write_then_die  # type: ignore[method-assign]
     manager.add_partitions("t", count, now_ms=NOW)
     os._exit(0)  # not reached
 

@@ -50,14 +50,13 @@ from exactly.server.internal_topics import InternalTopics
 from exactly.server.metrics import Metrics
 from exactly.server.produce_fast import FastProduce
 from exactly.server.produce_fast_cluster import ClusterFastProduce
-from exactly.server.topic_writes import TopicWrites
 from exactly.server.txn_runtime import TxnRuntime
 from exactly.server.txn_verification import TxnVerifier
 from exactly.storage.cleaner.cleaner import CleaningAbortedError
 from exactly.storage.cleaner.runner import LogCleaner
 from exactly.storage.cleaner.swap import SwapHook, SwapStep
 from exactly.storage.cleaner.worker import FAULT_EXIT_AFTER_FIRST_GROUP
-from exactly.storage.log_manager import LogManager, NewTopic, TopicExistsError, TopicInfo
+from exactly.storage.log_manager import LogManager, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.rolled_flush import finish_rolled_flush, rolled_flush_steps
 from exactly.topics import INTERNAL_TOPICS, topic_name_error
@@ -106,7 +105,6 @@ class Broker:
         self.default_log_config = config.log_config()
         self.metrics = Metrics()
         self.waiters = AppendWaiters()
-        self.topic_writes = TopicWrites(logs)  # topic changes' durable writes, off the loop
         self.fast_produce = FastProduce(self)  # the common single-broker Produce (produce_fast)
         self.cluster_produce = ClusterFastProduce(self)  # the same at a cluster leader (produce_fast_cluster)
         self.fast_fetch = FastFetch(self)  # the common single-broker consumer Fetch (fetch_fast)
@@ -217,10 +215,8 @@ class Broker:
     def partition(self, topic: str, partition: int) -> PartitionLog | None:
         return self.logs.get_partition(TopicPartition(topic, partition))
 
-    async def auto_create(self, name: str) -> TopicInfo | None:
-        """Create ``name`` with num.partitions if auto.create.topics.enable allows it; None when
-        it does not, or (single broker) while another change of that name is in flight, or the
-        creation failed (logged). The files are written off the loop (``topic_writes``)."""
+    def auto_create(self, name: str) -> TopicInfo | None:
+        """Create ``name`` with num.partitions if auto.create.topics.enable allows it."""
         if not self.auto_create_topics or topic_name_error(name) is not None:
             return None
         if name in INTERNAL_TOPICS:
@@ -228,16 +224,9 @@ class Broker:
         if self.replicas is not None:
             self.replicas.topics.request_auto_create(name, self.num_partitions)
             return None  # answered LEADER_NOT_AVAILABLE until the controller elected leaders
-        if self.logs.topic_busy(name):
-            return None
-        try:
-            plan = self.logs.prepare_create([NewTopic(name, self.num_partitions, {})], now_ms=now_ms())
-            await self.topic_writes.apply(plan)
-        except (TopicExistsError, OSError) as exc:
-            log.error("auto-creation of topic %s failed: %s", name, exc)
-            return self.logs.topic(name)
+        info = self.logs.create_topic(name, self.num_partitions, {}, now_ms=now_ms())
         log.info("auto-created topic %s with %d partitions", name, self.num_partitions)
-        return plan.topics[0]
+        return info
 
     def after_append(self, plog: PartitionLog) -> None:
         """Single broker: the high watermark follows the log end offset at once. A cluster
@@ -431,7 +420,6 @@ class Broker:
             # From an executor: a cleaner thread may be waiting for this loop to run its swap.
             await asyncio.get_running_loop().run_in_executor(None, self.cleaner.stop)
         self.logs.close()
-        self.topic_writes.close()
         self.metrics.log_summary(force=True)
         log.info("shutdown complete")
 

@@ -39,8 +39,6 @@ from exactly.storage.config import InvalidConfigError
 from exactly.storage.log_manager import (
     InvalidPartitionsError,
     LogManager,
-    NewTopic,
-    TopicChangePlan,
     TopicExistsError,
     UnknownTopicError,
 )
@@ -68,14 +66,6 @@ class ObservedTopic:
 
 WaitForCache = Callable[[Callable[[], bool], float], Awaitable[bool]]
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
-ApplyChange = Callable[[TopicChangePlan], Awaitable[None]]
-
-
-def _apply_here(logs: LogManager) -> ApplyChange:
-    async def apply(plan: TopicChangePlan) -> None:
-        logs.apply_topic_change(plan)
-
-    return apply
 
 
 class ClusterTopics:
@@ -94,7 +84,6 @@ class ClusterTopics:
         *,
         wait_for_cache: WaitForCache,
         spawn: Spawn,
-        apply_change: ApplyChange | None = None,
     ) -> None:
         self.zk = zk
         self.cache = cache
@@ -104,12 +93,6 @@ class ClusterTopics:
         self._spawn = spawn
         self._auto_creating: set[str] = set()
         self._refused: set[str] = set()  # internal topics refused for too few brokers (logged once)
-        # the persist step of local topic changes (the broker's ``TopicWrites.apply``); on the
-        # calling thread when None (tests)
-        self._apply_change = apply_change or _apply_here(logs)
-        # partitions waiting for their topic's local change in flight: topic -> tp -> when_ready
-        self._waiting: dict[str, dict[TopicPartition, Callable[[], None]]] = {}
-        self._doomed: set[str] = set()  # deleted from the cluster while a local change was in flight
 
     # --- ids -------------------------------------------------------------------------------------
 
@@ -280,21 +263,11 @@ class ClusterTopics:
 
     # --- local replicas ----------------------------------------------------------------------------
 
-    def local_log(
-        self, tp: TopicPartition, when_ready: Callable[[], None] | None = None
-    ) -> PartitionLog | None:
+    def local_log(self, tp: TopicPartition) -> PartitionLog | None:
         """The local log of a hosted partition, creating the topic locally (with the cluster's
-        topic id and config) the first time this broker hosts one of its partitions, or growing
-        it after CreatePartitions. The local topic has every partition's directory; only hosted
-        ones are ever written or served. None while the topic is not in the metadata cache or
-        cannot be created locally.
-
-        With ``when_ready`` the creation (or growth) is prepared now and persisted off the loop
-        (``server.topic_writes``): None is returned meanwhile, and ``when_ready`` (the latest
-        given for ``tp``) is called on the loop once the change is durable and published, or once
-        a deletion of the topic's old local replica in flight settled; it is dropped if the
-        creation fails (logged, as a synchronous failure is) or by ``forget_waiting``. Without
-        it everything runs on the calling thread (tests)."""
+        topic id and config) the first time this broker hosts one of its partitions. The local
+        topic has every partition's directory; only hosted ones are ever written or served.
+        None while the topic is not in the metadata cache or cannot be created locally."""
         logs = self.logs
         plog = logs.get_partition(tp)
         if plog is not None:
@@ -302,97 +275,35 @@ class ClusterTopics:
         cached = self.cache.topic(tp.topic)
         if cached is None:
             return None
-        if when_ready is not None:
-            self._waiting.setdefault(tp.topic, {})[tp] = when_ready
-            if logs.topic_busy(tp.topic):
-                return None  # the change in flight calls it
-        count = len(cached.assignment.partitions)
         local = logs.topic(tp.topic)
-        try:
-            if local is not None and tp.partition >= local.partitions:
-                # CreatePartitions grew the topic: add the partitions the cluster has now (all of
-                # them, as at creation; only the hosted ones are ever written or served).
-                plan = logs.prepare_add_partitions(tp.topic, count, now_ms=now_ms())
-            elif local is None:
-                topic_id = self._cluster_topic_id(tp.topic, cached.assignment.topic_id)
-                spec = NewTopic(tp.topic, count, dict(cached.config), tp.topic in INTERNAL_TOPICS, topic_id)
-                plan = logs.prepare_create([spec], now_ms=now_ms())
-            else:
-                return None  # listed locally but not opened: nothing to create
-        except (
-            TopicExistsError,
-            InvalidConfigError,
-            InvalidPartitionsError,
-            UnknownTopicError,
-            OSError,
-        ) as exc:
-            log.error("%s: local replica not created: %s", tp, exc)
-            self._waiting.pop(tp.topic, None)
-            return None
-        if when_ready is None:
+        if local is not None and tp.partition >= local.partitions:
+            # CreatePartitions grew the topic: add the partitions the cluster has now (all of
+            # them, as at creation; only the hosted ones are ever written or served).
             try:
-                logs.apply_topic_change(plan)
-            except OSError as exc:
+                logs.add_partitions(tp.topic, len(cached.assignment.partitions), now_ms=now_ms())
+            except (InvalidPartitionsError, UnknownTopicError, OSError) as exc:
                 log.error("%s: local replica not created: %s", tp, exc)
                 return None
-            return logs.get_partition(tp)
-        self._spawn(self._persist(plan, f"{tp.topic}: local replica"), f"local-{tp.topic}")
-        return None
-
-    def _cluster_topic_id(self, name: str, encoded: str | None) -> uuid.UUID | None:
-        if encoded is None:
-            return None
-        try:
-            return decode_topic_id(encoded)
-        except ZnodeFormatError:
-            log.warning("%s: bad topic id %r, a local one is used", name, encoded)
-            return None
-
-    def delete_local(self, name: str) -> None:
-        """The topic left the cluster: unpublish its local replica now, delete its files off the
-        loop; partitions hosted again meanwhile wait for that (``local_log``). A local creation
-        or growth in flight is let finish, then the topic is deleted (unless it is back)."""
-        if self.logs.topic_busy(name):  # a local creation in flight: deleted once it completed
-            self._doomed.add(name)
-            return
-        try:
-            plan = self.logs.prepare_delete(name)
-        except UnknownTopicError:
-            return  # not local
-        self._spawn(self._persist(plan, f"{name}: local replicas deleted"), f"delete-{name}")
-
-    def waiting_partitions(self, name: str) -> frozenset[int]:
-        """Partitions of ``name`` whose role waits for their local replica's creation (off the
-        loop): this broker does not serve them yet, whatever the metadata cache says."""
-        waiting = self._waiting.get(name)
-        return frozenset(tp.partition for tp in waiting) if waiting else frozenset()
-
-    def forget_waiting(self, tp: TopicPartition) -> None:
-        """``tp`` no longer needs its local log (its replica stopped): drop its ``when_ready``."""
-        waiting = self._waiting.get(tp.topic)
-        if waiting is not None:
-            waiting.pop(tp, None)
-
-    async def _persist(self, plan: TopicChangePlan, what: str) -> None:
-        """Persist ``plan`` off the loop, then call the ``when_ready`` of its topics' partitions
-        (dropped when a creation failed: a retry would fail alike, and a later role change asks
-        again)."""
-        try:
-            await self._apply_change(plan)
-        except OSError as exc:
-            log.error("%s: failed: %s", what, exc)
-            if not plan.deleted:
-                for name in plan.names:
-                    self._waiting.pop(name, None)
-                return
-        else:
-            log.info("%s", what)
-        for name in sorted(plan.names):
-            if name in self._doomed:  # the topic left the cluster while it was being created
-                self._doomed.discard(name)
-                if self.cache.topic(name) is None:
-                    self._waiting.pop(name, None)
-                    self.delete_local(name)
-                    continue
-            for ready in self._waiting.pop(name, {}).values():
-                ready()
+            log.info("%s: topic grown locally to %d partitions", tp, len(cached.assignment.partitions))
+        elif local is None:
+            topic_id = None
+            if cached.assignment.topic_id is not None:
+                try:
+                    topic_id = decode_topic_id(cached.assignment.topic_id)
+                except ZnodeFormatError:
+                    log.warning(
+                        "%s: bad topic id %r, a local one is used", tp.topic, cached.assignment.topic_id
+                    )
+            try:
+                logs.create_topic(
+                    tp.topic,
+                    len(cached.assignment.partitions),
+                    dict(cached.config),
+                    now_ms=now_ms(),
+                    internal=tp.topic in INTERNAL_TOPICS,
+                    topic_id=topic_id,
+                )
+            except (TopicExistsError, InvalidConfigError) as exc:
+                log.error("%s: local replica not created: %s", tp, exc)
+                return None
+        return logs.get_partition(tp)

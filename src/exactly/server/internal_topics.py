@@ -47,7 +47,7 @@ from exactly.records.control import ControlType, build_control_batch, control_ty
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
 from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH
-from exactly.storage.log_manager import NewTopic, TopicExistsError, TopicInfo
+from exactly.storage.log_manager import TopicExistsError, TopicInfo
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import AppendOrigin, ProducerStateError
 from exactly.topics import CONSUMER_OFFSETS_TOPIC
@@ -119,26 +119,17 @@ class InternalTopics:
             overrides["min.insync.replicas"] = cfg.get("transaction.state.log.min.isr")
         return overrides
 
-    async def request(self, name: str) -> ErrorCode:
+    def request(self, name: str) -> ErrorCode:
         """Make sure ``name`` exists (FindCoordinator's first lookup creates it): NONE when it
         does, else COORDINATOR_NOT_AVAILABLE (cluster mode: until the admin path has written it
-        and the cache has seen it; a single broker: while another request's creation of it is in
-        flight, or when storage refuses). A single broker creates it with the files written off
-        the event loop (``server.topic_writes``: 50 partitions are 100 epoch-checkpoint fsyncs)."""
+        and the cache has seen it; never when storage refuses on a single broker)."""
         replicas = self.broker.replicas
         if replicas is None:
-            logs = self.broker.logs
-            if logs.topic(name) is not None:
-                return ErrorCode.none
-            if logs.topic_busy(name):
-                return ErrorCode.coordinator_not_available
-            spec = NewTopic(name, self.partitions_of(name), self._overrides(name), internal=True)
             try:
-                await self.broker.topic_writes.apply(logs.prepare_create([spec], now_ms=now_ms()))
-            except (TopicExistsError, InvalidConfigError, OSError) as exc:
+                self.ensure(name)
+            except AppendFailed as exc:
                 log.error("cannot create %s: %s", name, exc)
                 return ErrorCode.coordinator_not_available
-            log.info("created internal topic %s with %d partitions", name, spec.partitions)
             return ErrorCode.none
         rf_key = (
             "offsets.topic.replication.factor"

@@ -31,7 +31,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -123,13 +122,7 @@ class ReplicaManager:
         self._background: set[asyncio.Task[None]] = set()
         # CreateTopics / DeleteTopics / auto-creation, and the local replica of a hosted topic.
         self.topics = ClusterTopics(
-            self.zk,
-            self.cache,
-            broker.logs,
-            config,
-            wait_for_cache=self.wait_for_cache,
-            spawn=self._spawn,
-            apply_change=broker.topic_writes.apply,
+            self.zk, self.cache, broker.logs, config, wait_for_cache=self.wait_for_cache, spawn=self._spawn
         )
         # What the log cleaner may remove tombstones and markers below (replica_floors).
         self.floors = ReplicaFloors(
@@ -308,7 +301,10 @@ class ReplicaManager:
         self.cache.remove_topic(name)
         if name in INTERNAL_TOPICS:
             self._coordinators_follow(name)
-        self.topics.delete_local(name)  # unpublished now, the files deleted off the loop
+        info = self.broker.logs.topic(name)
+        if info is not None:
+            self.broker.logs.delete_topic(name)
+            log.info("deleted local replicas of topic %s", name)
         self._changed()
 
     def _on_state(self, tp: TopicPartition, observed: ObservedState | None) -> None:
@@ -351,13 +347,11 @@ class ReplicaManager:
             self._become_leader(tp, decision)
             self.broker.waiters.notify(tp)  # parked reads re-check the new epoch
         elif action is RoleAction.BECOME_FOLLOWER:
-            plog = self.topics.local_log(tp, partial(self._apply_when_local, tp, decision))
+            self.topics.local_log(tp)
             self.leaders.pop(tp, None)
             self.leading.wake_acks(tp)  # delayed produces answer NOT_LEADER_OR_FOLLOWER
             self.broker.waiters.notify(tp)  # parked reads re-check and get NOT_LEADER_OR_FOLLOWER
             self._unfollow(tp)
-            if plog is None and self.broker.logs.topic_busy(tp.topic):
-                return  # applied again once the local replica is created (off the loop)
             if decision.leader >= 0:
                 self._follow(tp, decision.leader, decision.leader_epoch)
             log.info("%s: follower of %d at leader epoch %d", tp, decision.leader, decision.leader_epoch)
@@ -371,24 +365,14 @@ class ReplicaManager:
             ):
                 self.leading.publish_high_watermark(tp, leader)
         elif action is RoleAction.STOP_REPLICA:
-            self.topics.forget_waiting(tp)
             self.leaders.pop(tp, None)
             self._unfollow(tp)
             self.leading.wake_acks(tp)
             self.broker.waiters.notify(tp)
             log.info("%s: replica stopped", tp)
 
-    def _apply_when_local(self, tp: TopicPartition, decision: RoleDecision) -> None:
-        """A role that waited for its local replica's creation (off the loop): applied now."""
-        try:
-            self._apply(tp, decision)
-        except Exception:
-            log.exception("%s: %s failed", tp, decision.action.value)
-        if tp.topic in INTERNAL_TOPICS:
-            self._coordinators_follow(tp.topic)
-
     def _become_leader(self, tp: TopicPartition, decision: RoleDecision) -> None:
-        plog = self.topics.local_log(tp, partial(self._apply_when_local, tp, decision))
+        plog = self.topics.local_log(tp)
         state = self.cache.state(tp)
         self._unfollow(tp)
         if plog is None or state is None:

@@ -39,7 +39,6 @@ nothing.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -65,13 +64,9 @@ class StartOffsets:
 
 
 class LogCheckpoints:
-    """The checkpoint files of ``data_dir``. The owner's thread (the log manager's) takes the
-    snapshots; ``write_offsets`` may also run on the topic writer's thread (``topics_file``): the
-    recovery-point and log-start writes, and what was last written, are under one lock, so two
-    writers never share a temporary file and the memo always names the file's content.
+    """The checkpoint files of ``data_dir``. Single-threaded, like its owner (the log manager).
     Invariant: a file only ever records state that is already durable (recovery points of flushed
-    data; log starts and high watermarks the broker has acknowledged). A snapshot written late
-    (older than the file's) only costs a longer recovery scan."""
+    data; log starts and high watermarks the broker has acknowledged)."""
 
     def __init__(self, data_dir: Path, *, replicated: bool, interval_ms: int, now_ms: int) -> None:
         self.data_dir = data_dir
@@ -80,7 +75,6 @@ class LogCheckpoints:
         self._last_ms = now_ms
         # file name -> the offsets last written to it by this instance (absent: unknown, write)
         self._written: dict[str, dict[TopicPartition, int]] = {}
-        self._lock = threading.Lock()
 
     def read(self) -> StartOffsets:
         d = self.data_dir
@@ -99,22 +93,28 @@ class LogCheckpoints:
 
     def write_recovery_points(self, logs: Mapping[TopicPartition, PartitionLog]) -> None:
         """Every partition's recovery point (flushed data only, by construction)."""
-        self.write_offsets(RECOVERY_POINT_CHECKPOINT, recovery_points_of(logs))
+        self._write_if_changed(
+            RECOVERY_POINT_CHECKPOINT, {tp: plog.recovery_point for tp, plog in logs.items()}
+        )
 
     def write_log_start_offsets(self, logs: Mapping[TopicPartition, PartitionLog]) -> None:
         """The log start offsets that the segments alone do not tell."""
-        self.write_offsets(LOG_START_OFFSET_CHECKPOINT, log_starts_of(logs))
+        self._write_if_changed(
+            LOG_START_OFFSET_CHECKPOINT,
+            {
+                tp: plog.log_start_offset
+                for tp, plog in logs.items()
+                if plog.log_start_offset > plog.segments[0].base_offset
+            },
+        )
 
-    def write_offsets(self, name: str, offsets: Mapping[TopicPartition, int]) -> None:
-        """Write ``offsets`` to checkpoint ``name`` unless this instance last wrote exactly them
-        (recorded only after the durable write returned, so a failed write is retried next
-        time). Any thread (see the class docstring)."""
-        offsets = dict(offsets)
-        with self._lock:
-            if self._written.get(name) == offsets:
-                return
-            write_offset_checkpoint(self.data_dir / name, offsets)
-            self._written[name] = offsets
+    def _write_if_changed(self, name: str, offsets: dict[TopicPartition, int]) -> None:
+        """Write ``offsets`` unless this instance last wrote exactly them (recorded only after
+        the durable write returned, so a failed write is retried next time)."""
+        if self._written.get(name) == offsets:
+            return
+        write_offset_checkpoint(self.data_dir / name, offsets)
+        self._written[name] = offsets
 
     def write_high_watermarks(self, logs: Mapping[TopicPartition, PartitionLog]) -> None:
         """Cluster mode: every partition's high watermark. A no-op on a single broker."""
@@ -129,17 +129,3 @@ class LogCheckpoints:
             return None
         offsets = {tp: plog.high_watermark for tp, plog in logs.items()}
         return partial(write_offset_checkpoint, self.data_dir / REPLICATION_OFFSET_CHECKPOINT, offsets)
-
-
-def recovery_points_of(logs: Mapping[TopicPartition, PartitionLog]) -> dict[TopicPartition, int]:
-    """The recovery-point checkpoint's content for ``logs`` (the owner's thread)."""
-    return {tp: plog.recovery_point for tp, plog in logs.items()}
-
-
-def log_starts_of(logs: Mapping[TopicPartition, PartitionLog]) -> dict[TopicPartition, int]:
-    """The log-start checkpoint's content: starts above the first segment's base (owner's thread)."""
-    return {
-        tp: plog.log_start_offset
-        for tp, plog in logs.items()
-        if plog.log_start_offset > plog.segments[0].base_offset
-    }

@@ -27,56 +27,85 @@ The ``.clean_shutdown`` marker is written last by ``close`` and removed as soon 
 open, so its presence at start-up means the previous process shut down cleanly (every recovery
 point then equals its log end offset and recovery reads nothing). ``had_clean_shutdown`` reports it.
 
-topics.json is the commit point of every topic change. Creating, growing and deleting topics
-are prepare -> persist -> complete (``topic_changes``, the mixin this class inherits), with the
-durable writes (topics.json by its one writer, ``topics_file.TopicsWriter``, and the epoch and
-offset checkpoints) off the owner's thread when the broker drives them: a crash before topics.json
-is written leaves unlisted directories, which start-up deletes; after it the change is whole.
+topics.json is the commit point of every topic change, and both orders around it are safe:
+``create_topic`` and ``delete_topic`` write it *before* touching partition directories (a crash in
+between leaves either a listed topic whose missing directories are created on open, or unlisted
+directories that start-up deletes). ``add_partitions`` prepares the new partitions' directories
+*first* and then writes topics.json: a crash before the write leaves directories numbered beyond
+the listed partition count, which start-up deletes, and a failure while preparing only has to
+delete what it made - the listed topic never names a partition that could not be created.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import re
 import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from exactly.storage.cleaner.manager import LogCleanerManager
 from exactly.storage.config import LogConfig
 from exactly.storage.durable import write_durably
-from exactly.storage.leader_epoch import flush_caches
+from exactly.storage.leader_epoch import INITIAL_LEADER_EPOCH, flush_caches
 from exactly.storage.log_checkpoints import DEFAULT_CHECKPOINT_INTERVAL_MS, LogCheckpoints
 from exactly.storage.log_read import OffsetOutOfRangeError
 from exactly.storage.partition_log import PartitionLog
 from exactly.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from exactly.storage.rolled_flush import RolledFlushRunner
-from exactly.storage.topic_changes import NewTopic, TopicChangePlan, TopicChanges, validate_topic_name
-from exactly.storage.topics_file import (
-    TOPICS_FILE,
-    InvalidPartitionsError,
-    InvalidTopicError,
-    TopicExistsError,
-    TopicInfo,
-    TopicsWriter,
-    UnknownTopicError,
-    load_topics,
-)
+from exactly.topics import topic_name_error
 from exactly.types import TopicPartition
 
 log = logging.getLogger(__name__)
 
 META_PROPERTIES = "meta.properties"
+TOPICS_FILE = "topics.json"
 DELETE_RECORDS_HIGH_WATERMARK = -1  # DeleteRecords offset meaning "up to the high watermark"
 CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 
+class TopicExistsError(Exception):
+    pass
+
+
+class UnknownTopicError(Exception):
+    pass
+
+
+class InvalidTopicError(ValueError):
+    """A topic name Kafka would refuse (INVALID_TOPIC_EXCEPTION)."""
+
+
+class InvalidPartitionsError(ValueError):
+    """A partition count below 1 (INVALID_PARTITIONS)."""
+
+
 class PolicyViolationError(Exception):
     """DeleteRecords on a topic whose cleanup.policy lacks ``delete`` (POLICY_VIOLATION)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    overrides: Mapping[str, str]  # Kafka-named topic config overrides
+    config: LogConfig  # defaults + overrides
+    internal: bool
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's Topic.validate (exactly.topics): 1..249 chars of [a-zA-Z0-9._-], not '.' or '..'."""
+    problem = topic_name_error(name)
+    if problem is not None:
+        raise InvalidTopicError(problem)
 
 
 def new_cluster_id() -> str:
@@ -84,7 +113,7 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-class LogManager(TopicChanges):
+class LogManager:
     """The broker's data directory: every partition log, the topic registry and the broker-wide
     metadata files.
 
@@ -93,17 +122,15 @@ class LogManager(TopicChanges):
     log-start-offset checkpoints and the ``.clean_shutdown`` marker.
 
     Lifecycle: the constructor opens (and, after an unclean shutdown, recovers) every partition
-    and removes the clean-shutdown marker; from then on topic changes (``topic_changes``: prepare,
-    persist, complete; ``create_topic``, ``add_partitions`` and ``delete_topic`` run all three)
-    change the registry, ``delete_records`` moves log start offsets, and
+    and removes the clean-shutdown marker; from then on ``create_topic``, ``add_partitions`` and
+    ``delete_topic`` change the registry, ``delete_records`` moves log start offsets, and
     ``run_maintenance`` runs periodically (rolls, retention, flushes, producer expiry,
     checkpoints); ``close`` flushes and closes every partition, writes the checkpoints and the
     marker, and is idempotent. Nothing may be used after ``close``. Single-threaded: the
     broker's event loop is the only caller (the one thread of its own, started by
     ``start_epoch_flush``, only rewrites the leader-epoch checkpoints recovery truncated; ``close``
-    waits for it), except ``rolled_flush_runner``'s fsyncs and ``persist_topic_change``, each of
-    which any one thread at a time may run (``storage.rolled_flush``, ``storage.topics_file``;
-    ``close`` waits for them too).
+    waits for it), except ``rolled_flush_runner``'s fsyncs, which any one thread at a time may run
+    (``storage.rolled_flush``; ``close`` waits for them too).
     """
 
     def __init__(
@@ -127,7 +154,7 @@ class LogManager(TopicChanges):
         self._cluster_id = self._load_or_create_meta()
         marker = data_dir / CLEAN_SHUTDOWN_MARKER
         self.had_clean_shutdown = marker.exists()
-        self._topics: dict[str, TopicInfo] = load_topics(data_dir / TOPICS_FILE, default_config)
+        self._topics: dict[str, TopicInfo] = self._load_topics()
         if self._topics and not self.had_clean_shutdown:
             log.warning("%s was not shut down cleanly: validating unflushed data", data_dir)
         self._logs: dict[TopicPartition, PartitionLog] = {}
@@ -135,9 +162,6 @@ class LogManager(TopicChanges):
             data_dir, replicated=replicated, interval_ms=checkpoint_interval_ms, now_ms=now_ms
         )
         start = self._checkpoints.read()
-        self._writer = TopicsWriter(data_dir / TOPICS_FILE, self._topics, self._checkpoints)
-        self._busy: set[str] = set()
-        self._in_flight: dict[int, TopicChangePlan] = {}
         high_watermarks = start.high_watermarks
         self._remove_orphan_directories()
         for info in self._topics.values():
@@ -193,6 +217,43 @@ class LogManager(TopicChanges):
         write_durably(path, f"version=0\nbroker.id=0\ncluster.id={cluster_id}\n".encode())
         return cluster_id
 
+    def _load_topics(self) -> dict[str, TopicInfo]:
+        path = self.data_dir / TOPICS_FILE
+        if not path.exists():
+            return {}
+        doc = json.loads(path.read_text())
+        topics: dict[str, TopicInfo] = {}
+        for name, entry in doc["topics"].items():
+            overrides = {str(k): str(v) for k, v in entry.get("configs", {}).items()}
+            topics[name] = TopicInfo(
+                name=name,
+                topic_id=uuid.UUID(entry["id"]),
+                partitions=int(entry["partitions"]),
+                overrides=MappingProxyType(overrides),
+                config=self.default_config.with_overrides(overrides),
+                internal=bool(entry.get("internal", False)),
+            )
+        return topics
+
+    def _write_topics(self, topics: Mapping[str, TopicInfo] | None = None) -> None:
+        """Persist ``topics`` (default: the current ones) to topics.json, atomically."""
+        doc = {
+            "version": 1,
+            "topics": {
+                info.name: {
+                    "id": str(info.topic_id),
+                    "partitions": info.partitions,
+                    "configs": dict(info.overrides),
+                    "internal": info.internal,
+                }
+                for info in (self._topics if topics is None else topics).values()
+            },
+        }
+        write_durably(self.data_dir / TOPICS_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+    def _partition_dir(self, tp: TopicPartition) -> Path:
+        return self.data_dir / f"{tp.topic}-{tp.partition}"
+
     def _remove_orphan_directories(self) -> None:
         """Partition directories of topics that are not listed (a delete interrupted by a crash)."""
         for path in self.data_dir.iterdir():
@@ -221,6 +282,108 @@ class LogManager(TopicChanges):
             if info.topic_id == topic_id:
                 return info
         return None
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        overrides: Mapping[str, str],
+        *,
+        now_ms: int,
+        internal: bool = False,
+        topic_id: uuid.UUID | None = None,
+    ) -> TopicInfo:
+        """Raises TopicExistsError, InvalidConfigError (bad overrides), InvalidTopicError,
+        InvalidPartitionsError. ``topic_id``: the cluster's id for the topic (every replica
+        uses the one in ZooKeeper); a new random one when None."""
+        if name in self._topics:
+            raise TopicExistsError(f"Topic '{name}' already exists.")
+        validate_topic_name(name)
+        if partitions < 1:
+            raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {partitions}")
+        clean = {k: str(v) for k, v in overrides.items() if v is not None}
+        config = self.default_config.with_overrides(clean)
+        info = TopicInfo(
+            name=name,
+            topic_id=topic_id if topic_id is not None else uuid.uuid4(),
+            partitions=partitions,
+            overrides=MappingProxyType(clean),
+            config=config,
+            internal=internal,
+        )
+        self._topics[name] = info
+        self._write_topics()
+        for partition in range(partitions):
+            tp = TopicPartition(name, partition)
+            self._logs[tp] = self._new_partition(tp, config, now_ms)
+        # No stale recovery point or log start of an older topic with this name may survive.
+        self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
+        return info
+
+    def add_partitions(self, name: str, count: int, *, now_ms: int) -> TopicInfo:
+        """Grow topic ``name`` to ``count`` partitions, created with the topic's config.
+
+        prepare (open the new partitions, empty, with their leader epoch) -> persist (topics.json
+        names the new count: the commit point) -> complete (publish them, checkpoint). If
+        preparing or persisting fails, the new directories are deleted and the topic is as
+        before. Raises UnknownTopicError, InvalidPartitionsError (``count`` is not an increase),
+        OSError."""
+        info = self._topics.get(name)
+        if info is None:
+            raise UnknownTopicError(f"Topic '{name}' does not exist.")
+        if count <= info.partitions:
+            raise InvalidPartitionsError(
+                f"Topic '{name}' has {info.partitions} partitions; {count} would not be an increase"
+            )
+        grown = replace(info, partitions=count)
+        prepared: dict[TopicPartition, PartitionLog] = {}
+        try:
+            for partition in range(info.partitions, count):
+                tp = TopicPartition(name, partition)
+                prepared[tp] = self._new_partition(tp, info.config, now_ms)
+            self._write_topics({**self._topics, name: grown})
+        except BaseException:
+            for partition_log in prepared.values():
+                partition_log.delete()
+            raise
+        self._topics[name] = grown
+        self._logs.update(prepared)
+        self.checkpoint_recovery_points()
+        return grown
+
+    def _new_partition(self, tp: TopicPartition, config: LogConfig, now_ms: int) -> PartitionLog:
+        """An empty partition in a fresh directory, leader epoch recorded."""
+        directory = self._partition_dir(tp)
+        shutil.rmtree(directory, ignore_errors=True)  # leftovers of an older topic of that name
+        partition_log = PartitionLog.open(
+            directory,
+            tp,
+            config,
+            recovery_point=0,
+            now_ms=now_ms,
+            producer_id_expiration_ms=self.producer_id_expiration_ms,
+        )
+        # Kafka records the epoch when the replica becomes leader, at creation: the
+        # checkpoint write (an fsync) happens here, not inside the first produce request.
+        partition_log.leader_epochs.assign(INITIAL_LEADER_EPOCH, 0)
+        return partition_log
+
+    def delete_topic(self, name: str) -> TopicInfo:
+        """Close and delete the topic's partitions. Raises UnknownTopicError."""
+        info = self._topics.pop(name, None)
+        if info is None:
+            raise UnknownTopicError(f"Topic '{name}' does not exist.")
+        self._write_topics()
+        for partition in range(info.partitions):
+            tp = TopicPartition(name, partition)
+            partition_log = self._logs.pop(tp, None)
+            if partition_log is not None:
+                partition_log.delete()
+            self.cleaner_manager.remove(tp)
+        self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
+        return info
 
     def get_partition(self, tp: TopicPartition) -> PartitionLog | None:
         return self._logs.get(tp)
@@ -326,8 +489,6 @@ class LogManager(TopicChanges):
         if self._epoch_flush is not None:
             self._epoch_flush.join()
         self._rolled_flushes.stop()  # waits for a background fsync in flight
-        self._writer.stop()  # waits for a topic change's persist step in flight
-        self.close_in_flight()
         # whatever is still owed: everything when start_epoch_flush never ran, else nothing
         # unless a partition opened later owed a rewrite the thread had no list entry for
         flush_caches([plog.leader_epochs for plog in self._logs.values() if plog.leader_epochs.unflushed])
@@ -338,22 +499,3 @@ class LogManager(TopicChanges):
         self.checkpoint_high_watermarks()
         write_durably(self.data_dir / CLEAN_SHUTDOWN_MARKER, b"")
         self._closed = True
-
-
-__all__ = [
-    "CLEAN_SHUTDOWN_MARKER",
-    "DELETE_RECORDS_HIGH_WATERMARK",
-    "META_PROPERTIES",
-    "TOPICS_FILE",
-    "InvalidPartitionsError",
-    "InvalidTopicError",
-    "LogManager",
-    "NewTopic",
-    "PolicyViolationError",
-    "TopicChangePlan",
-    "TopicExistsError",
-    "TopicInfo",
-    "UnknownTopicError",
-    "new_cluster_id",
-    "validate_topic_name",
-]

@@ -29,7 +29,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     if error is not ErrorCode.none:
         broker.metrics.error(API_KEY, error)
         return build(ctx.api.response_type, error_code=error)
-    await broker.internal.request(CONSUMER_OFFSETS_TOPIC)
+    broker.internal.request(CONSUMER_OFFSETS_TOPIC)
     coord = broker.txn.coordinator
     result = await broker.txn.execute(
         lambda: coord.add_offsets_to_txn(

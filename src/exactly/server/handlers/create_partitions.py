@@ -32,9 +32,8 @@ Deliberate differences, and why:
   inside the DeleteTopics request.
 
 New partitions get the topic's config (its overrides over the broker defaults) and start empty at
-leader epoch 0; Metadata lists them once the change is durable (prepared on the event loop,
-persisted off it: storage.topic_changes, which states the crash safety, and server.topic_writes).
-While another change of the topic is in flight (a deletion) it answers UNKNOWN_TOPIC_OR_PARTITION.
+leader epoch 0; Metadata lists them at once. The change is persisted by LogManager.add_partitions
+(see its crash-safety notes).
 
 Cluster mode (``zookeeper.connect``) takes Kafka's ZooKeeper admin path (ZkAdminManager.
 createPartitions): the same checks against the assignment read from ZooKeeper and the live
@@ -276,7 +275,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     results = list(denied)
     for outcome in plan(topics, existing, frozenset({broker.node_id})):
         if isinstance(outcome, Increase):
-            code, message = await _apply(broker, outcome, request.validate_only, timeout_ms)
+            code, message = _apply(broker, outcome, request.validate_only, timeout_ms)
         else:
             code, message = outcome.error_code, outcome.message
             log.info("CreatePartitions for topic %s refused: %s (%s)", outcome.name, code.name, message)
@@ -287,15 +286,14 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     return build(ctx.api.response_type, results=tuple(results))
 
 
-async def _apply(
+def _apply(
     broker: Broker, increase: Increase, validate_only: bool, timeout_ms: int
 ) -> tuple[ErrorCode, str | None]:
     if validate_only:
         return ErrorCode.none, None
-    try:  # prepared on the loop, the files written off it (server.topic_writes)
-        plan = broker.logs.prepare_add_partitions(increase.name, increase.count, now_ms=now_ms())
-        await broker.topic_writes.apply(plan)
-    except UnknownTopicError as exc:  # deleted, or another change of it in flight
+    try:
+        broker.logs.add_partitions(increase.name, increase.count, now_ms=now_ms())
+    except UnknownTopicError as exc:  # not reachable on one loop; kept for the storage contract
         return ErrorCode.unknown_topic_or_partition, str(exc)
     except InvalidPartitionsError as exc:
         return ErrorCode.invalid_partitions, str(exc)

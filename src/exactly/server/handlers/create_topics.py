@@ -24,7 +24,7 @@ from exactly.protocol.apis import ApiKey, build
 from exactly.server.authz import CREATE, TOPIC, authorize, authorize_cluster
 from exactly.server.clock import now_ms
 from exactly.storage.config import InvalidConfigError
-from exactly.storage.log_manager import NewTopic, TopicExistsError, TopicInfo
+from exactly.storage.log_manager import TopicExistsError, TopicInfo
 from exactly.topics import topic_name_error
 
 if TYPE_CHECKING:
@@ -39,14 +39,11 @@ DYNAMIC_TOPIC_CONFIG_SOURCE = 1
 
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
-    results: list[Any] = []
+    results = []
     seen: dict[str, int] = {}
     for topic in request.topics:
         seen[topic.name] = seen.get(topic.name, 0) + 1
     cluster_create = authorize_cluster(broker, ctx, CREATE, log_denied=False)
-    # single broker: the valid topics of the request are created together, after the loop
-    # (one prepare, one persist off the event loop: one topics.json and one checkpoint write)
-    to_create: list[tuple[int, Any, NewTopic]] = []
     for topic in request.topics:
         if seen[topic.name] == 1 and not (
             cluster_create or authorize(broker, ctx, CREATE, TOPIC, topic.name)
@@ -67,86 +64,39 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
         if broker.replicas is not None:
             results.append(await _create_in_cluster(broker, ctx, request, topic, seen))
             continue
-        code, message, info = _validate_one(broker, topic, seen)
-        if code == ErrorCode.none and not request.validate_only:
-            assert isinstance(info, TopicInfo)
-            to_create.append((len(results), topic, NewTopic(info.name, info.partitions, info.overrides)))
-            results.append(None)  # filled in once created
-            continue
-        results.append(_result(broker, mod, topic, code, message, info))
-    if to_create:
-        outcomes = await _create_together(broker, [spec for _i, _t, spec in to_create])
-        for (index, topic, _spec), (code, message, info) in zip(to_create, outcomes, strict=True):
-            results[index] = _result(broker, mod, topic, code, message, info)
+        code, message, info = _create_one(broker, topic, seen, request.validate_only)
+        broker.metrics.error(ApiKey.CREATE_TOPICS, code)
+        fields: dict[str, Any] = {"name": topic.name, "error_code": code, "error_message": message}
+        if info is not None and hasattr(mod, "CreatableTopicConfigs"):
+            fields.update(
+                topic_id=info.topic_id,
+                num_partitions=info.partitions,
+                replication_factor=1,
+                configs=tuple(
+                    build(
+                        mod.CreatableTopicConfigs,
+                        name=k,
+                        value=v,
+                        read_only=False,
+                        config_source=DYNAMIC_TOPIC_CONFIG_SOURCE
+                        if k in info.overrides
+                        else DEFAULT_CONFIG_SOURCE,
+                        is_sensitive=False,
+                    )
+                    for k, v in sorted(info.config.as_kafka_configs().items())
+                ),
+            )
+        elif info is not None:
+            fields.update(topic_id=info.topic_id)
+        else:
+            fields.update(num_partitions=-1, replication_factor=-1)
+        results.append(build(mod.CreatableTopicResult, **fields))
     return build(ctx.api.response_type, topics=tuple(results))
 
 
-def _result(
-    broker: Broker, mod: Any, topic: Any, code: ErrorCode, message: str | None, info: TopicInfo | None
-) -> Any:
-    broker.metrics.error(ApiKey.CREATE_TOPICS, code)
-    fields: dict[str, Any] = {"name": topic.name, "error_code": code, "error_message": message}
-    if info is not None and hasattr(mod, "CreatableTopicConfigs"):
-        fields.update(
-            topic_id=info.topic_id,
-            num_partitions=info.partitions,
-            replication_factor=1,
-            configs=tuple(
-                build(
-                    mod.CreatableTopicConfigs,
-                    name=k,
-                    value=v,
-                    read_only=False,
-                    config_source=DYNAMIC_TOPIC_CONFIG_SOURCE
-                    if k in info.overrides
-                    else DEFAULT_CONFIG_SOURCE,
-                    is_sensitive=False,
-                )
-                for k, v in sorted(info.config.as_kafka_configs().items())
-            ),
-        )
-    elif info is not None:
-        fields.update(topic_id=info.topic_id)
-    else:
-        fields.update(num_partitions=-1, replication_factor=-1)
-    return build(mod.CreatableTopicResult, **fields)
-
-
-Outcome = tuple[ErrorCode, str | None, TopicInfo | None]
-
-
-async def _create_together(broker: Broker, specs: list[NewTopic]) -> list[Outcome]:
-    """Create ``specs`` (validated) as one change: prepared on the loop, persisted in the topic
-    writer's thread (``server.topic_writes``), answered once durable. When the batch cannot be
-    prepared (a storage error), each topic is tried alone so each gets its own error."""
-    try:
-        plan = broker.logs.prepare_create(specs, now_ms=now_ms())
-    except (TopicExistsError, InvalidConfigError, OSError):
-        if len(specs) == 1:
-            return [await _create_alone(broker, specs[0])]
-        return [await _create_alone(broker, spec) for spec in specs]
-    try:
-        await broker.topic_writes.apply(plan)
-    except OSError as exc:
-        return [(ErrorCode.kafka_storage_error, str(exc), None)] * len(specs)
-    return [(ErrorCode.none, None, info) for info in plan.topics]
-
-
-async def _create_alone(broker: Broker, spec: NewTopic) -> Outcome:
-    try:
-        plan = broker.logs.prepare_create([spec], now_ms=now_ms())
-        await broker.topic_writes.apply(plan)
-    except TopicExistsError:
-        return ErrorCode.topic_already_exists, f"Topic '{spec.name}' already exists.", None
-    except InvalidConfigError as exc:
-        return ErrorCode.invalid_config, str(exc), None
-    except OSError as exc:
-        return ErrorCode.kafka_storage_error, str(exc), None
-    return ErrorCode.none, None, plan.topics[0]
-
-
-def _validate_one(broker: Broker, topic: Any, seen: dict[str, int]) -> Outcome:
-    """Kafka's checks, in its order; NONE with the topic as it would be created (id zero)."""
+def _create_one(
+    broker: Broker, topic: Any, seen: dict[str, int], validate_only: bool
+) -> tuple[ErrorCode, str | None, Any]:
     name = topic.name
     if seen[name] > 1:
         return (
@@ -157,7 +107,7 @@ def _validate_one(broker: Broker, topic: Any, seen: dict[str, int]) -> Outcome:
     problem = topic_name_error(name)
     if problem is not None:
         return ErrorCode.invalid_topic_exception, problem, None
-    if broker.logs.topic(name) is not None or broker.logs.topic_busy(name):
+    if broker.logs.topic(name) is not None:
         return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
     if topic.assignments:
         partitions = len(topic.assignments)
@@ -180,7 +130,17 @@ def _validate_one(broker: Broker, topic: Any, seen: dict[str, int]) -> Outcome:
         config = broker.default_log_config.with_overrides(overrides)
     except InvalidConfigError as exc:
         return ErrorCode.invalid_config, str(exc), None
-    return ErrorCode.none, None, TopicInfo(name, uuid.UUID(int=0), partitions, overrides, config, False)
+    if validate_only:
+        return ErrorCode.none, None, TopicInfo(name, uuid.UUID(int=0), partitions, overrides, config, False)
+    try:
+        info = broker.logs.create_topic(name, partitions, overrides, now_ms=now_ms())
+    except TopicExistsError:
+        return ErrorCode.topic_already_exists, f"Topic '{name}' already exists.", None
+    except InvalidConfigError as exc:
+        return ErrorCode.invalid_config, str(exc), None
+    except OSError as exc:
+        return ErrorCode.kafka_storage_error, str(exc), None
+    return ErrorCode.none, None, info
 
 
 async def _create_in_cluster(

@@ -54,13 +54,10 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
             elif not broker.config.get_bool("delete.topic.enable"):
                 code, message = ErrorCode.topic_deletion_disabled, "Topic deletion is disabled."
             else:
-                # prepared on the loop, the files written off it (server.topic_writes)
                 try:
-                    await broker.topic_writes.apply(broker.logs.prepare_delete(info.name))
-                except UnknownTopicError:  # a change of it in flight (a delete, or a growth)
+                    broker.logs.delete_topic(info.name)
+                except UnknownTopicError:
                     code = ErrorCode.unknown_topic_or_partition
-                except OSError as exc:  # the topic is as before
-                    code, message = ErrorCode.kafka_storage_error, str(exc)
         broker.metrics.error(ApiKey.DELETE_TOPICS, code)
         results.append(
             build(

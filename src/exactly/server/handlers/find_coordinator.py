@@ -46,7 +46,7 @@ def _refused(error: ErrorCode, message: str | None) -> Coordinator:
     return error, message, -1, "", -1
 
 
-async def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) -> Coordinator:
+def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) -> Coordinator:
     topic = KEY_TYPE_TOPICS.get(key_type)
     if topic is None:
         return _refused(ErrorCode.invalid_request, INVALID_REQUEST_MESSAGE)
@@ -57,7 +57,7 @@ async def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) ->
         return _refused(
             ErrorCode.transactional_id_authorization_failed, "Transactional Id authorization failed."
         )
-    error = await broker.internal.request(topic)
+    error = broker.internal.request(topic)
     if error is not ErrorCode.none:
         return _refused(error, COORDINATOR_NOT_AVAILABLE_MESSAGE)
     replicas = broker.replicas
@@ -79,7 +79,7 @@ async def _find(broker: Broker, ctx: RequestContext, key_type: int, key: str) ->
 async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     key_type = int(getattr(request, "key_type", 0))
     if ctx.version < MIN_BATCHED_VERSION:
-        error, message, node_id, host, port = await _find(broker, ctx, key_type, request.key)
+        error, message, node_id, host, port = _find(broker, ctx, key_type, request.key)
         broker.metrics.error(API_KEY, error)
         ok = error is ErrorCode.none
         return build(
@@ -93,7 +93,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: Any) -> Any:
     mod = ctx.api.response_module
     coordinators = []
     for key in request.coordinator_keys:
-        error, message, node_id, host, port = await _find(broker, ctx, key_type, key)
+        error, message, node_id, host, port = _find(broker, ctx, key_type, key)
         broker.metrics.error(API_KEY, error)
         coordinators.append(
             build(

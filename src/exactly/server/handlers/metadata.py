@@ -141,11 +141,7 @@ async def handle(broker: Broker, ctx: RequestContext, request: MetadataRequestDa
                 if broker.auto_create_topics and not _may_create(broker, ctx, name):
                     topic_results.append(_unauthorized_topic(broker, mod, name, None))
                     continue
-                info = await broker.auto_create(name)
-        if info is None and logs.topic_busy(name):  # being created (or deleted) right now
-            topic_results.append(_error_topic(mod, name, ErrorCode.leader_not_available))
-            broker.metrics.error(ApiKey.METADATA, ErrorCode.leader_not_available)
-            continue
+                info = broker.auto_create(name)
         if info is None:
             topic_results.append(_error_topic(mod, name, ErrorCode.unknown_topic_or_partition))
             broker.metrics.error(ApiKey.METADATA, ErrorCode.unknown_topic_or_partition)
@@ -277,26 +273,17 @@ def _handle_cluster(broker: Broker, ctx: RequestContext, request: MetadataReques
                 if not _may_create(broker, ctx, name):
                     topic_results.append(_unauthorized_topic(broker, mod, name, None))
                     continue
-                replicas.topics.request_auto_create(name, broker.num_partitions)
+                broker.auto_create(name)
                 code = ErrorCode.leader_not_available
             topic_results.append(_error_topic(mod, name, code))
             broker.metrics.error(ApiKey.METADATA, code)
             continue
-        # Kafka's broker takes up a leadership (LeaderAndIsr: its log created) before the
-        # controller's UpdateMetadata names it, so a broker never names itself leader of a
-        # partition it cannot serve yet. Here the local replica is created off the loop after
-        # the role arrives: until then this broker answers LEADER_NOT_AVAILABLE (leader -1) for
-        # the partitions it would lead, as Kafka does for a partition without a usable leader.
-        waiting = replicas.topics.waiting_partitions(name)
-        me = broker.node_id
         partitions = tuple(
             build(
                 mod.MetadataResponsePartition,
-                error_code=ErrorCode.leader_not_available
-                if p.leader == me and p.partition in waiting
-                else _partition_error(p.leader, reachable, ctx.version),
+                error_code=_partition_error(p.leader, reachable, ctx.version),
                 partition_index=p.partition,
-                leader_id=-1 if p.leader == me and p.partition in waiting else p.leader,
+                leader_id=p.leader,
                 leader_epoch=p.leader_epoch,
                 replica_nodes=p.replicas,
                 isr_nodes=p.isr,
