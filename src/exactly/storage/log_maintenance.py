@@ -27,6 +27,14 @@ from exactly.storage.segment import LogSegment
 from exactly.types import TopicPartition
 
 
+def stable_offset(first_unstable: int | None, high_watermark: int, log_start_offset: int) -> int:
+    """The last stable offset: min(first unstable offset, high watermark), never below the log
+    start; the high watermark when no transaction is open."""
+    if first_unstable is None:
+        return high_watermark
+    return max(min(first_unstable, high_watermark), log_start_offset)
+
+
 class LogMaintenance:
     """Rolls, flushes, retention, log-start moves and truncation over the attributes ``PartitionLog`` owns."""
 
@@ -63,11 +71,9 @@ class LogMaintenance:
         (the append paths, markers, truncation, log-start moves, high watermark updates); a plain
         attribute rather than a property because the consumer Fetch fast path reads it per
         request (``fetch_fast``). ``append_plain`` inlines it."""
-        first_unstable = self._first_unstable
-        if first_unstable is None:
-            self.last_stable_offset = self.high_watermark
-        else:
-            self.last_stable_offset = max(min(first_unstable, self.high_watermark), self.log_start_offset)
+        self.last_stable_offset = stable_offset(
+            self._first_unstable, self.high_watermark, self.log_start_offset
+        )
 
     def roll(self, now_ms: int) -> LogSegment:
         """Start a new active segment at the log end offset and snapshot producer state there

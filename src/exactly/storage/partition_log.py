@@ -64,7 +64,7 @@ from exactly.records.control import marker_of
 from exactly.storage.config import LogConfig
 from exactly.storage.leader_epoch import LeaderEpochCache
 from exactly.storage.log_loader import LoadResult, load_log
-from exactly.storage.log_maintenance import LogMaintenance
+from exactly.storage.log_maintenance import LogMaintenance, stable_offset
 from exactly.storage.log_read import (
     AbortedTxn,
     OffsetOutOfRangeError,
@@ -213,9 +213,7 @@ class PartitionLog(LogMaintenance):
     def computed_last_stable_offset(self) -> int:
         """``last_stable_offset`` computed afresh from what it depends on (tests compare the
         attribute with it after every kind of change)."""
-        if self._first_unstable is None:
-            return self.high_watermark
-        return max(min(self._first_unstable, self.high_watermark), self.log_start_offset)
+        return stable_offset(self._first_unstable, self.high_watermark, self.log_start_offset)
 
     @property
     def recovery_point(self) -> int:
